@@ -1,0 +1,158 @@
+"""A model of the dataplane's ladder walk, for tests and policy studies.
+
+It states the walking rules the planner assumes (the dataplane implements its
+own; this model is the reference), over a byte-level memory model
+free = pool - kv - expert weights:
+
+* A rung applies only while its block is at the rung's from_bits (a stale
+  rung is skipped). A block that changed less than min_residence_ms ago is
+  *resident*: it is never promoted, and demoted only when no other rung
+  applies (residence must not cause a preemption or break the budget).
+* Pressure (free < low_watermark * pool, or expert bytes above the plan's
+  memory budget): first undo the most recent promotion applied under this
+  plan (its benefit per byte is the smallest), else apply the first
+  applicable demotion; repeat until the pressure is gone or nothing applies.
+* Room (free > high_watermark * pool): first undo the most recent demotion
+  applied under this plan, else apply the first applicable promotion; only
+  while free stays >= high_watermark * pool after the step, the budget holds,
+  and the promotion byte rate allows it (a token bucket of one second; a
+  rate of 0 means no limit).
+* A new plan resets the undo stack.
+
+The gap between the watermarks plus the residence time are the hysteresis:
+a load oscillating inside the band causes no transitions at all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.convert import step_to_rung
+from controlplane.planner import ModelShape, Rung
+from pagedweight.v1 import telemetry_pb2
+
+MS_PER_S = 1000.0
+# The promotion token bucket holds this many seconds of the byte rate.
+BUCKET_SECONDS = 1.0
+
+
+def reverse(rung: Rung) -> Rung:
+    """The same transition undone: the bytes change sign; the quality stays
+    (a demotion's cost is its reversal's benefit)."""
+    return Rung(rung.layer, rung.expert, rung.proj, rung.to_bits, rung.from_bits, -rung.bytes_delta,
+                rung.quality_delta)
+
+
+@dataclass
+class WalkStats:
+    demotions: int = 0
+    promotions: int = 0
+    stalls: int = 0  # steps where KV did not fit and no demotion was left (preemption)
+
+    @property
+    def transitions(self) -> int:
+        return self.demotions + self.promotions
+
+
+class LadderWalker:
+    """Walks one plan at a time over a simulated pool. Not thread-safe."""
+
+    def __init__(self, shape: ModelShape, bits: np.ndarray, pool_bytes: int) -> None:
+        self.shape = shape
+        self.bits = np.array(bits, dtype=np.int64).reshape(shape.num_layers, shape.num_experts, 3)  # [L, E, 3]
+        self.pool_bytes = pool_bytes
+        self.weight_bytes = shape.expert_bytes(self.bits)
+        self.quality_cost = 0.0  # sum of applied rung costs (TelemetryReport.predicted_quality_cost)
+        self.stats = WalkStats()
+        self._changed_ms = np.full(self.bits.shape, -math.inf)  # [L, E, 3] last change time
+        self._plan: telemetry_pb2.PrecisionPlan | None = None
+        self._demotions: list[Rung] = []
+        self._promotions: list[Rung] = []
+        self._applied: list[Rung] = []  # undo stack of this plan
+        self._tokens = 0.0
+        self._last_ms: float | None = None
+
+    def set_plan(self, plan: telemetry_pb2.PrecisionPlan) -> None:
+        self._plan = plan
+        self._demotions = [step_to_rung(s) for s in plan.demotions]
+        self._promotions = [step_to_rung(s) for s in plan.promotions]
+        self._applied = []
+        self._tokens = float(plan.promotion_bytes_per_s) * BUCKET_SECONDS
+
+    def _may_change(self, r: Rung, now_ms: float, strict: bool) -> bool:
+        if self.bits[r.layer, r.expert, r.proj] != r.from_bits:
+            return False
+        settled = now_ms - self._changed_ms[r.layer, r.expert, r.proj] >= self._plan.min_residence_ms
+        return settled or not strict
+
+    def _apply(self, r: Rung, now_ms: float, undo: bool) -> None:
+        self.bits[r.layer, r.expert, r.proj] = r.to_bits
+        self._changed_ms[r.layer, r.expert, r.proj] = now_ms
+        self.weight_bytes -= r.bytes_delta
+        if r.bytes_delta > 0:
+            self.quality_cost += r.quality_delta
+            self.stats.demotions += 1
+        else:
+            self.quality_cost -= r.quality_delta
+            self.stats.promotions += 1
+            self._tokens -= -r.bytes_delta
+        if undo:
+            self._applied.pop()
+        else:
+            self._applied.append(r)
+
+    def _next(self, demote: bool, now_ms: float, strict: bool = True) -> tuple[Rung, bool] | None:
+        """The next rung in the given direction and whether it undoes one;
+        strict=False lets resident blocks move too."""
+        if self._applied and (self._applied[-1].bytes_delta < 0) == demote:
+            undo = reverse(self._applied[-1])
+            if self._may_change(undo, now_ms, strict):
+                return undo, True
+        for r in self._demotions if demote else self._promotions:
+            if self._may_change(r, now_ms, strict):
+                return r, False
+        return None
+
+    def free_bytes(self, kv_bytes: int) -> int:
+        return self.pool_bytes - kv_bytes - self.weight_bytes
+
+    def step(self, now_ms: float, kv_bytes: int) -> None:
+        """One engine step with kv_bytes of KV demand at time now_ms."""
+        if self._plan is None:
+            raise RuntimeError("no plan")
+        plan = self._plan
+        if self._last_ms is not None:
+            elapsed_s = max(0.0, now_ms - self._last_ms) / MS_PER_S
+            cap = plan.promotion_bytes_per_s * BUCKET_SECONDS
+            self._tokens = min(cap, self._tokens + plan.promotion_bytes_per_s * elapsed_s)
+        self._last_ms = now_ms
+        low = plan.low_watermark * self.pool_bytes
+        high = plan.high_watermark * self.pool_bytes
+        budget = plan.memory_budget_bytes
+
+        def pressed() -> bool:
+            return self.free_bytes(kv_bytes) < low or (budget > 0 and self.weight_bytes > budget)
+
+        while pressed():
+            nxt = self._next(True, now_ms) or self._next(True, now_ms, strict=False)
+            if nxt is None:
+                break
+            self._apply(nxt[0], now_ms, undo=nxt[1])
+        if self.free_bytes(kv_bytes) < 0:
+            self.stats.stalls += 1
+            return
+        while self.free_bytes(kv_bytes) > high:
+            nxt = self._next(False, now_ms)
+            if nxt is None:
+                break
+            rung, undo = nxt
+            need = -rung.bytes_delta
+            if self.free_bytes(kv_bytes) - need < high or (budget > 0 and self.weight_bytes + need > budget):
+                break
+            rate = plan.promotion_bytes_per_s
+            if rate > 0 and self._tokens < min(need, rate * BUCKET_SECONDS):
+                break
+            self._apply(rung, now_ms, undo=undo)

@@ -1,0 +1,1 @@
+"""PagedWeight dataplane: the GPU engine (token ids in, token ids out)."""

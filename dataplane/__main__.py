@@ -1,0 +1,71 @@
+"""CLI: ``python -m dataplane --model PATH --port N --controlplane HOST:PORT --gpu-memory-gb X``.
+
+Builds the engine, serves gRPC (Inference + health), dials the controlplane
+when one is given, prints the address it serves on, and runs until SIGINT or
+SIGTERM. Flags override PW_DATAPLANE_* environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any
+
+from dataplane.app import Dataplane
+from dataplane.config import GIB, DataplaneConfig
+
+
+def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
+    """Flags given on the command line, as DataplaneConfig field overrides."""
+    p = argparse.ArgumentParser(prog="python -m dataplane", description="PagedWeight dataplane")
+    p.add_argument("--model", dest="model_path", help="Hugging Face model folder")
+    p.add_argument("--synthetic", help="synthetic preset (random weights at real shapes), e.g. mixtral-8x7b")
+    p.add_argument("--model-name")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--controlplane", help="controlplane HOST:PORT")
+    p.add_argument("--dataplane-id")
+    p.add_argument("--gpu-memory-gb", type=float, help="memory budget in GiB (model + arena)")
+    p.add_argument("--memory-budget-bytes", type=int)
+    p.add_argument("--device")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"))
+    p.add_argument("--kv-block-size", type=int)
+    p.add_argument("--max-running-seqs", type=int)
+    p.add_argument("--max-batched-tokens", type=int)
+    p.add_argument("--max-context-length", type=int)
+    p.add_argument("--telemetry-interval-ms", type=int)
+    p.add_argument("--max-arena-pages", type=int, help="cap on arena pages (forces memory pressure)")
+    p.add_argument("--expert-precision", choices=("paged", "dense"))
+    p.add_argument("--initial-expert-bits", type=int, choices=(2, 3, 4, 6, 8))
+    p.add_argument(
+        "--static-precision", dest="dynamic_precision", action="store_false", default=None,
+        help="never change expert precision at run time (the static baseline)",
+    )
+    p.add_argument("--low-watermark", type=float)
+    p.add_argument("--high-watermark", type=float)
+    p.add_argument("--min-residence-ms", type=int)
+    p.add_argument("--log-level", default="INFO")
+    args = vars(p.parse_args(argv))
+    logging.basicConfig(level=args.pop("log_level"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    gib = args.pop("gpu_memory_gb")
+    if gib is not None:
+        args["memory_budget_bytes"] = int(gib * GIB)
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = DataplaneConfig(**parse_args(argv))
+    dataplane = Dataplane(config)
+    address = dataplane.start()
+    print(f"dataplane serving {dataplane.engine.model_info.name} on {address}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    dataplane.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The whole dataplane process as one object: engine, gRPC server, telemetry.
+
+Used by the CLI and by tests that need a real dataplane in process. The
+hooks a precision controller needs are constructor arguments: the scheduler's
+``reclaim_pages``, the ``PrecisionReporter`` telemetry reads, and the plan
+callback (default: ``LatestPlan``, readable as ``Dataplane.plans``).
+"""
+
+from __future__ import annotations
+
+from dataplane.config import DataplaneConfig
+from dataplane.engine import Engine
+from dataplane.engine_builder import build
+from dataplane.precision_state import PrecisionReporter, StaticPrecision
+from dataplane.scheduler import ReclaimPages
+from dataplane.server import ServerThread
+from dataplane.telemetry_client import LatestPlan, PlanCallback, TelemetryClient, TelemetryConfig
+
+
+class Dataplane:
+    """Builds on construction; ``start`` serves and dials; ``stop`` undoes it."""
+
+    def __init__(
+        self,
+        config: DataplaneConfig,
+        *,
+        reclaim_pages: ReclaimPages | None = None,
+        precision: PrecisionReporter | None = None,
+        on_plan: PlanCallback | None = None,
+    ) -> None:
+        self.config = config
+        built = build(config, reclaim_pages=reclaim_pages)
+        self.engine: Engine = built.engine
+        self.controller = built.precision
+        info = self.engine.model_info
+        self.precision = precision or self.controller or StaticPrecision(
+            info.num_layers, info.num_experts, info.hidden_size, info.ffn_size, self.engine.arena.page_bytes
+        )
+        self.plans = LatestPlan()
+        self.on_plan = on_plan or self._plan_fanout
+        self.server = ServerThread(self.engine, config.host, config.port)
+        self.telemetry: TelemetryClient | None = None
+
+    def _plan_fanout(self, plan) -> None:
+        """Keeps the latest plan readable and hands it to the precision controller."""
+        self.plans(plan)
+        if self.controller is not None:
+            self.controller.set_plan(plan)
+
+    def start(self) -> str:
+        """Starts the engine, the server and (with a controlplane) telemetry; returns host:port."""
+        self.engine.start()
+        port = self.server.start()
+        if self.config.controlplane is not None:
+            self.telemetry = TelemetryClient(
+                TelemetryConfig(
+                    target=self.config.controlplane,
+                    dataplane_id=self.config.resolved_dataplane_id(port),
+                    interval_ms=self.config.telemetry_interval_ms,
+                    backoff_initial_s=self.config.telemetry_backoff_initial_s,
+                    backoff_max_s=self.config.telemetry_backoff_max_s,
+                ),
+                self.engine,
+                self.precision,
+                self.on_plan,
+            )
+            self.telemetry.start()
+        return self.server.address
+
+    def stop(self) -> None:
+        if self.telemetry is not None:
+            self.telemetry.stop()
+        self.server.stop()
+        self.engine.stop()

@@ -1,0 +1,135 @@
+"""Typed configuration of the dataplane process.
+
+The only place in the dataplane that reads environment variables: every field
+can be set as ``PW_DATAPLANE_<FIELD>`` (e.g. ``PW_DATAPLANE_PORT=50051``);
+explicit constructor arguments (the CLI) win over the environment. The config
+is validated once here and passed down explicitly; nothing below reads it from
+a global.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+
+class DataplaneConfig(BaseSettings):
+    """Everything the dataplane process needs to start."""
+
+    model_config = SettingsConfigDict(env_prefix="PW_DATAPLANE_", frozen=True, extra="forbid")
+
+    # -- model ---------------------------------------------------------------
+    # Hugging Face model folder; exactly one of model_path / synthetic is set.
+    model_path: str | None = None
+    # Synthetic mode: a preset name of dataplane.models.synthetic (random
+    # weights at real shapes, built in memory; no files, no tokenizer).
+    synthetic: str | None = None
+    # Name reported to clients; defaults to the folder (or preset) name.
+    model_name: str | None = None
+    # Caps the context length below the model's max_position_embeddings.
+    max_context_length: int | None = Field(default=None, ge=2)
+
+    # -- serving -------------------------------------------------------------
+    host: str = "127.0.0.1"
+    # 0 picks a free port; the CLI prints the address it serves on.
+    port: int = Field(default=0, ge=0, le=65535)
+    # Controlplane "host:port"; None runs without telemetry.
+    controlplane: str | None = None
+    # Stable id reported to the controlplane; defaults to "<hostname>-<port>".
+    dataplane_id: str | None = None
+    telemetry_interval_ms: int = Field(default=1000, ge=10)
+    # Reconnect backoff of the telemetry stream: first delay and cap.
+    telemetry_backoff_initial_s: float = Field(default=0.2, gt=0)
+    telemetry_backoff_max_s: float = Field(default=10.0, gt=0)
+
+    # -- device and memory ---------------------------------------------------
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    # Total memory the dataplane may use on its device (fixed residents +
+    # arena). None: on CUDA a fraction of free memory, on CPU the CPU default.
+    memory_budget_bytes: int | None = Field(default=None, gt=0)
+    # Fraction of free GPU memory taken when no budget is given.
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    # Arena size on the CPU when no budget is given (only the pool, not the
+    # model): enough KV blocks for tests and small demos.
+    cpu_arena_bytes: int = Field(default=256 * MIB, gt=0)
+    # Scratch for activations of one step, counted as a fixed resident. None:
+    # estimated from max_batched_tokens and the model's shapes.
+    workspace_bytes: int | None = Field(default=None, ge=0)
+    # Upper bound on arena pages (tests use it to force KV pressure).
+    max_arena_pages: int | None = Field(default=None, gt=0)
+
+    # -- expert precision ----------------------------------------------------
+    # "paged": expert weights live in the arena as multi-precision pages
+    # (dataplane/weights); "dense": plain dense experts outside the arena.
+    expert_precision: Literal["paged", "dense"] = "paged"
+    # Bits every expert block starts at (one of 2, 3, 4, 6, 8).
+    initial_expert_bits: int = 8
+    # Walk the precision ladder under KV pressure (False: precision stays at
+    # initial_expert_bits and KV pressure preempts, the static baseline).
+    dynamic_precision: bool = True
+    # Local walk limits, used until a controlplane plan sets its own.
+    low_watermark: float = Field(default=0.05, ge=0, lt=1)
+    high_watermark: float = Field(default=0.15, ge=0, lt=1)
+    min_residence_ms: int = Field(default=2000, ge=0)
+    promotion_bytes_per_s: int = Field(default=0, ge=0)  # 0 = unlimited
+
+    # -- scheduling ----------------------------------------------------------
+    kv_block_size: int = Field(default=16, gt=0)
+    max_running_seqs: int = Field(default=64, gt=0)
+    max_batched_tokens: int = Field(default=2048, gt=0)
+    # Requests admitted to the engine but not finished; beyond it Generate
+    # fails with RESOURCE_EXHAUSTED.
+    max_pending_requests: int = Field(default=1024, gt=0)
+    # Decay per token of each running sequence's mean routing distribution.
+    demand_decay: float = Field(default=0.9, gt=0, lt=1)
+    # Seed of the engine's generator for requests without a seed.
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> DataplaneConfig:
+        if (self.model_path is None) == (self.synthetic is None):
+            raise ValueError("set exactly one of model_path and synthetic")
+        if self.max_batched_tokens < self.max_running_seqs:
+            raise ValueError(
+                "max_batched_tokens must be >= max_running_seqs so every running "
+                "sequence can decode in one step"
+            )
+        if self.controlplane is not None and ":" not in self.controlplane:
+            raise ValueError(f"controlplane must be host:port, got {self.controlplane!r}")
+        if self.initial_expert_bits not in (2, 3, 4, 6, 8):
+            raise ValueError(f"initial_expert_bits must be one of 2, 3, 4, 6, 8, got {self.initial_expert_bits}")
+        if self.low_watermark > self.high_watermark:
+            raise ValueError("low_watermark must be <= high_watermark")
+        if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
+            raise ValueError(f"unknown device {self.device!r}")
+        return self
+
+    # -- resolved values -----------------------------------------------------
+    def resolved_device(self) -> torch.device:
+        """The device to run on: CUDA when available under "auto"."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolved_dtype(self) -> torch.dtype:
+        """bf16 on GPU, fp32 on CPU under "auto"."""
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    def resolved_dataplane_id(self, port: int) -> str:
+        return self.dataplane_id or f"{socket.gethostname()}-{port}"

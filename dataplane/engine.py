@@ -1,0 +1,383 @@
+"""The engine loop: receive -> schedule -> execute -> update -> emit.
+
+One thread owns the scheduler, the KV manager, the arena and the model. Other
+threads talk to it only through ``add_request`` / ``abort`` (a command
+queue) and read published snapshots (``stats``, routing sums). Outputs go to
+each request's sink, called on the engine thread: a sink must not block
+(``QueueSink`` is a per-request queue for in-process callers; the gRPC server
+hands outputs to its event loop).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from dataplane.kv_cache import KVCacheManager, blocks_for_tokens
+from dataplane.memory.arena import Arena, ArenaSnapshot
+from dataplane.model_info import ModelInfo
+from dataplane.routing_stats import DemandTracker, RoutingWindow
+from dataplane.runner import ModelRunner, StepResult
+from dataplane.sampling_params import SamplingParams
+from dataplane.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from dataplane.sequence import FinishReason, Sequence
+
+IDLE_WAIT_S = 0.05  # how long an idle loop sleeps waiting for commands
+STOP_JOIN_S = 30.0
+
+
+class InvalidRequest(ValueError):
+    """The request breaks the contract (empty prompt, bad ids or sampling...)."""
+
+
+class QueueFull(RuntimeError):
+    """The engine holds max_pending_requests unfinished requests already."""
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """Tokens of one request produced by one step (or its end)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None  # set on the request's last output
+    prompt_tokens: int
+    completion_tokens: int  # generated so far, including new_token_ids
+
+
+OutputSink = Callable[[RequestOutput], None]
+
+
+class QueueSink:
+    """A per-request output queue for in-process callers (tests, tools)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[RequestOutput] = queue.Queue()
+
+    def __call__(self, output: RequestOutput) -> None:
+        self.queue.put(output)
+
+    def outputs(self, timeout: float | None = None) -> Iterator[RequestOutput]:
+        """Yields outputs until the final one (finish_reason set)."""
+        while True:
+            out = self.queue.get(timeout=timeout)
+            yield out
+            if out.finish_reason is not None:
+                return
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A consistent snapshot of the engine (see inference.proto EngineStats)."""
+
+    running_requests: int = 0
+    waiting_requests: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    kv_block_size: int = 0
+    generated_tokens_total: int = 0
+    prompt_tokens_total: int = 0
+    preemptions_total: int = 0
+    finished_requests_total: int = 0
+    aborted_requests_total: int = 0
+    steps_total: int = 0
+    arena: ArenaSnapshot | None = None
+    fixed_resident_bytes: int = 0
+
+
+@dataclass
+class _Counters:
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    finished: int = 0
+    aborted: int = 0
+    steps: int = 0
+
+
+@dataclass
+class _Command:
+    kind: str  # "add", "abort" or "stop"
+    seq: Sequence | None = None
+    sink: OutputSink | None = None
+    request_id: str = ""
+
+
+@dataclass
+class _Pending:
+    """Book-keeping the caller side needs (under the engine's lock)."""
+
+    ids: set[str] = field(default_factory=set)
+    next_arrival: int = 0
+
+
+class Engine:
+    """Continuous-batching engine over one model and one arena."""
+
+    def __init__(
+        self,
+        model_info: ModelInfo,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        arena: Arena,
+        kv: KVCacheManager,
+        fixed_resident_bytes: int,
+        max_pending_requests: int,
+        demand_decay: float,
+        before_step: Callable[[], None] | None = None,
+    ) -> None:
+        """``before_step`` runs on the engine thread once per loop iteration (also
+        when idle), before scheduling: the precision controller keeps the arena
+        between its watermarks there."""
+        self.model_info = model_info
+        self.scheduler = scheduler
+        self.runner = runner
+        self.arena = arena
+        self.kv = kv
+        self.fixed_resident_bytes = fixed_resident_bytes
+        self.max_pending_requests = max_pending_requests
+        self.before_step = before_step
+        self.routing_window = RoutingWindow(model_info.num_layers, model_info.num_experts)
+        self.demand = DemandTracker(model_info.num_layers, model_info.num_experts, demand_decay)
+        self._eos = frozenset(model_info.eos_token_ids)
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._sinks: dict[str, OutputSink] = {}  # engine thread only
+        self._lock = threading.Lock()
+        self._pending = _Pending()
+        self._counters = _Counters()
+        self._stats = EngineStats()
+        self._thread: threading.Thread | None = None
+        self._closed = False  # set by stop() or a crash; no new requests then
+        self._error: BaseException | None = None
+        self._publish_stats()
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the loop; unfinished requests end with ABORT."""
+        with self._lock:
+            self._closed = True
+        if self._thread is None:
+            return
+        self._commands.put(_Command("stop"))
+        self._thread.join(STOP_JOIN_S)
+        self._thread = None
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that killed the engine loop, if any."""
+        return self._error
+
+    # -- thread-safe API -----------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, sink: OutputSink
+    ) -> None:
+        """Queues a request. Raises InvalidRequest or QueueFull (nothing queued then)."""
+        self._validate(request_id, prompt_token_ids, sampling)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"engine is stopped (error: {self._error!r})")
+            if request_id in self._pending.ids:
+                raise InvalidRequest(f"request_id {request_id!r} is already running")
+            if len(self._pending.ids) >= self.max_pending_requests:
+                raise QueueFull(f"engine holds {self.max_pending_requests} requests already")
+            self._pending.ids.add(request_id)
+            seq = Sequence(request_id, list(prompt_token_ids), sampling, self._pending.next_arrival)
+            self._pending.next_arrival += 1
+            # Queued under the lock: after stop() nothing can land behind "stop".
+            self._commands.put(_Command("add", seq=seq, sink=sink))
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request if it is still unfinished (its sink gets ABORT).
+
+        Ids are matched when the engine thread gets to the abort: callers
+        must not reuse an id right after its request finished.
+        """
+        self._commands.put(_Command("abort", request_id=request_id))
+
+    def stats(self) -> EngineStats:
+        """The snapshot published after the latest loop iteration."""
+        with self._lock:
+            return self._stats
+
+    def _validate(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> None:
+        info = self.model_info
+        if not request_id:
+            raise InvalidRequest("request_id must not be empty")
+        if not prompt:
+            raise InvalidRequest("prompt_token_ids must not be empty")
+        if len(prompt) >= info.context_length:
+            raise InvalidRequest(
+                f"prompt has {len(prompt)} tokens; the context length is {info.context_length}"
+            )
+        bad = [t for t in prompt if not 0 <= t < info.vocab_size]
+        if bad:
+            raise InvalidRequest(f"prompt token ids outside the vocabulary (size {info.vocab_size}): {bad[:5]}")
+        needed = blocks_for_tokens(len(prompt) + 1, self.kv.block_size)
+        if needed > self.arena.num_pages:
+            raise InvalidRequest(f"prompt needs {needed} KV blocks; the memory pool has {self.arena.num_pages}")
+        try:
+            sampling.validate(info.vocab_size)
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from err
+
+    # -- the loop (engine thread) -------------------------------------------
+    # Outputs are collected while the state changes and delivered after the
+    # stats are published, so a caller that sees an output also sees its step
+    # (and its request's end) in ``stats()``.
+    def _loop(self) -> None:
+        try:
+            while True:
+                outbox: list[tuple[OutputSink, RequestOutput]] = []
+                keep_going = self._receive(block=not self.scheduler.has_work(), outbox=outbox)
+                if keep_going and self.before_step is not None:
+                    self.before_step()
+                if keep_going and self.scheduler.has_work():
+                    self._step(outbox)
+                self._publish_stats()
+                self._deliver(outbox)
+                if not keep_going:
+                    break
+        except BaseException as err:  # the loop must not die silently
+            with self._lock:
+                self._error = err
+                self._closed = True
+            raise
+        finally:
+            self._shutdown()
+
+    def _receive(self, block: bool, outbox: list[tuple[OutputSink, RequestOutput]]) -> bool:
+        """Applies queued commands; False when asked to stop."""
+        try:
+            cmd = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if cmd.kind == "stop":
+                return False
+            if cmd.kind == "add":
+                assert cmd.seq is not None and cmd.sink is not None
+                self._sinks[cmd.seq.seq_id] = cmd.sink
+                self.scheduler.add(cmd.seq)
+            elif cmd.kind == "abort":
+                seq = self.scheduler.abort(cmd.request_id)
+                if seq is not None:
+                    self._end(seq, [], outbox)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _step(self, outbox: list[tuple[OutputSink, RequestOutput]]) -> None:
+        out: SchedulerOutput = self.scheduler.schedule()
+        for seq in out.preempted:
+            self.demand.remove(seq.seq_id)
+        for seq in out.rejected:
+            self._end(seq, [], outbox)
+        if not out.scheduled:
+            return
+        result = self.runner.execute(out.scheduled)
+        self._account(out.scheduled, result)
+        finished = {s.seq_id for s in self.scheduler.update(out.scheduled, result.sampled, self._eos)}
+        for item in out.scheduled:
+            seq = item.seq
+            token = result.sampled.get(seq.seq_id)
+            if seq.seq_id in finished:
+                self._end(seq, [token] if token is not None else [], outbox)
+            elif token is not None and seq.seq_id in self._sinks:
+                outbox.append((self._sinks[seq.seq_id], self._output(seq, [token], None)))
+
+    def _account(self, scheduled: list[ScheduledSeq], result: StepResult) -> None:
+        """Counters, routing window and per-sequence demand of one step."""
+        self._counters.steps += 1
+        self._counters.generated_tokens += len(result.sampled)
+        for item in scheduled:
+            seq = item.seq
+            is_decode = bool(seq.output_token_ids) and item.start == seq.num_tokens - 1
+            if not is_decode:
+                self._counters.prompt_tokens += item.num_new_tokens
+        self.routing_window.add(result.routed_tokens, result.prob_mass)
+        self.demand.update(
+            [item.seq.seq_id for item in scheduled],
+            result.seq_prob_sum,
+            [item.num_new_tokens for item in scheduled],
+        )
+
+    @staticmethod
+    def _output(seq: Sequence, tokens: list[int], reason: FinishReason | None) -> RequestOutput:
+        return RequestOutput(seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids))
+
+    def _end(self, seq: Sequence, new_tokens: list[int], outbox: list[tuple[OutputSink, RequestOutput]]) -> None:
+        """Forgets a finished sequence and queues its last output (with its newest tokens)."""
+        reason = seq.finish_reason or FinishReason.ABORT
+        sink = self._sinks.pop(seq.seq_id, None)
+        if sink is not None:
+            outbox.append((sink, self._output(seq, new_tokens, reason)))
+        self.demand.remove(seq.seq_id)
+        self._counters.finished += 1
+        if reason == FinishReason.ABORT:
+            self._counters.aborted += 1
+        with self._lock:
+            self._pending.ids.discard(seq.seq_id)
+
+    @staticmethod
+    def _deliver(outbox: list[tuple[OutputSink, RequestOutput]]) -> None:
+        for sink, output in outbox:
+            sink(output)
+
+    def _shutdown(self) -> None:
+        """Ends every unfinished request with ABORT (the loop is exiting)."""
+        outbox: list[tuple[OutputSink, RequestOutput]] = []
+        while True:  # requests queued but never received
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd.kind == "add" and cmd.seq is not None and cmd.sink is not None:
+                self._sinks[cmd.seq.seq_id] = cmd.sink
+                self.scheduler.add(cmd.seq)
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.abort(seq.seq_id)
+            self._end(seq, [], outbox)
+        self._publish_stats()
+        self._deliver(outbox)
+
+    def _publish_stats(self) -> None:
+        counters = self._counters
+        stats = EngineStats(
+            running_requests=len(self.scheduler.running),
+            waiting_requests=len(self.scheduler.waiting),
+            kv_blocks_used=self.kv.used_blocks,
+            kv_blocks_free=self.kv.free_blocks,
+            kv_block_size=self.kv.block_size,
+            generated_tokens_total=counters.generated_tokens,
+            prompt_tokens_total=counters.prompt_tokens,
+            preemptions_total=self.scheduler.preemptions_total,
+            finished_requests_total=counters.finished,
+            aborted_requests_total=counters.aborted,
+            steps_total=counters.steps,
+            arena=self.arena.snapshot(),
+            fixed_resident_bytes=self.fixed_resident_bytes,
+        )
+        with self._lock:
+            self._stats = stats
+
+    # -- telemetry (any thread) ----------------------------------------------
+    def drain_routing(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(routed_tokens int64, prob_mass float64) [layers, experts] since the last drain.
+
+        One consumer only (the telemetry client): a drain resets the window.
+        """
+        return self.routing_window.drain()
+
+    def running_demand(self) -> torch.Tensor:
+        """Sum over running sequences of their decayed mean routing, [layers, experts]."""
+        return self.demand.running_demand()

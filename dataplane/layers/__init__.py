@@ -1,0 +1,1 @@
+"""Building blocks of the model families: attention, MoE, norms, rotary."""

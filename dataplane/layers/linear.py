@@ -1,0 +1,38 @@
+"""Bias-free linear and embedding layers with uninitialised weights.
+
+The loader or the synthetic initialiser fills every weight, so construction
+does no random init (nn.Linear's would cost seconds on real model sizes).
+Parameter names match nn.Linear / nn.Embedding (``weight``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T with weight [out_features, in_features]."""
+
+    def __init__(self, in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, in_features] -> [T, out_features]
+        return F.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    """Row lookup in weight [vocab, hidden]."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, device=device, dtype=dtype))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [T] int64 -> [T, hidden]
+        return F.embedding(ids, self.weight)

@@ -1,0 +1,57 @@
+"""Sparse MoE block as Mixtral defines it: router, top-k, renormalise, experts."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dataplane.layers.experts import DenseExperts, Experts
+from dataplane.layers.linear import Linear
+from dataplane.routing_stats import RoutingStats
+
+
+def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mixtral routing: softmax over all experts in float32, top-k, renormalise.
+
+    router_logits: [T, E]. Returns (probs [T, E] float32, topk_ids [T, k]
+    int64, topk_weights [T, k] float32 summing to 1 per token).
+    """
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
+    topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return probs, topk_ids, topk_weights
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + experts of one decoder layer.
+
+    ``experts`` is any module with the interface of
+    ``dataplane.layers.experts`` and can be swapped after loading (e.g. for the
+    multi-precision paged implementation).
+    """
+
+    def __init__(
+        self,
+        layer_index: int,
+        hidden_size: int,
+        ffn_size: int,
+        num_experts: int,
+        top_k: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be in 1..{num_experts}, got {top_k}")
+        self.layer_index = layer_index
+        self.top_k = top_k
+        self.gate = Linear(hidden_size, num_experts, device, dtype)
+        self.experts: Experts = DenseExperts(num_experts, hidden_size, ffn_size, device, dtype)
+
+    def forward(self, x: torch.Tensor, routing: RoutingStats | None) -> torch.Tensor:
+        # x: [T, H]
+        router_logits = self.gate(x)  # [T, E]
+        probs, topk_ids, topk_weights = route(router_logits, self.top_k)
+        if routing is not None:
+            routing.record(self.layer_index, topk_ids, probs)
+        return self.experts(x, topk_ids, topk_weights)  # [T, H]

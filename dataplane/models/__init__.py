@@ -1,0 +1,1 @@
+"""Model families as plain nn.Modules, and the table that names them."""

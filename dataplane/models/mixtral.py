@@ -1,0 +1,238 @@
+"""Mixtral as a plain nn.Module over the flattened, paged batch layout.
+
+Parameter names mirror the Hugging Face checkpoint
+(``model.layers.N.self_attn.q_proj.weight`` ...) except the experts, which are
+stacked per layer: ``model.layers.N.block_sparse_moe.experts.{w1,w2,w3}``
+(see dataplane/layers/experts.py). ``load_weights`` maps both the classic
+per-expert names and the fused transformers-5 names onto them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dataplane.forward_context import ForwardContext
+from dataplane.layers.attention import paged_attention, write_kv
+from dataplane.layers.linear import Embedding, Linear
+from dataplane.layers.moe import SparseMoeBlock
+from dataplane.layers.norm import RMSNorm
+from dataplane.layers.rotary import RotaryEmbedding
+
+FAMILY = "mixtral"
+DEFAULT_ROPE_THETA = 1e6  # transformers' Mixtral default when config.json has none
+
+
+@dataclass(frozen=True)
+class MixtralSpec:
+    """The hyperparameters of a Mixtral-family model (from config.json)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_experts: int
+    top_k: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    family = FAMILY
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"heads ({self.num_heads}) must be a multiple of kv heads ({self.num_kv_heads})")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} outside 1..{self.num_experts}")
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> MixtralSpec:
+        """Parses a Hugging Face ``config.json``; ValueError for another family."""
+        model_type = cfg.get("model_type")
+        if model_type != FAMILY:
+            raise ValueError(f"not a Mixtral checkpoint: model_type is {model_type!r}")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r} (Mixtral uses silu)")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"unsupported rope_type {rope_type!r}")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", DEFAULT_ROPE_THETA))
+        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            num_experts=cfg["num_local_experts"],
+            top_k=cfg["num_experts_per_tok"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(theta),
+            max_position_embeddings=cfg["max_position_embeddings"],
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            sliding_window=cfg.get("sliding_window"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+class MixtralAttention(nn.Module):
+    """GQA self-attention with rotary embeddings over the paged KV cache."""
+
+    def __init__(self, spec: MixtralSpec, layer_index: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.scale = spec.head_dim**-0.5
+        self.q_proj = Linear(spec.hidden_size, spec.num_heads * spec.head_dim, device, dtype)
+        self.k_proj = Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, device, dtype)
+        self.v_proj = Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, device, dtype)
+        self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, device, dtype)
+        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, device)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        # x: [T, H]; positions: [T]
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)  # [T, heads, D]
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, kvh, D]
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        k_cache, v_cache = ctx.kv_caches[self.layer_index]
+        write_kv(k, v, k_cache, v_cache, ctx.attn.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, ctx.attn, self.scale)  # [T, heads, D]
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class MixtralDecoderLayer(nn.Module):
+    def __init__(self, spec: MixtralSpec, layer_index: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
+        self.self_attn = MixtralAttention(spec, layer_index, device, dtype)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
+        self.block_sparse_moe = SparseMoeBlock(
+            layer_index,
+            spec.hidden_size,
+            spec.intermediate_size,
+            spec.num_experts,
+            spec.top_k,
+            device,
+            dtype,
+        )
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        # x: [T, H]
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
+        return x + self.block_sparse_moe(self.post_attention_layernorm(x), ctx.routing)
+
+
+class MixtralModel(nn.Module):
+    def __init__(self, spec: MixtralSpec, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, device, dtype)
+        self.layers = nn.ModuleList(
+            MixtralDecoderLayer(spec, i, device, dtype) for i in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        # input_ids, positions: [T] int64 -> [T, H]
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, ctx)
+        return self.norm(x)
+
+
+_EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight")
+_FUSED_NAME = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+_FUSED_GATE = re.compile(r"model\.layers\.(\d+)\.mlp\.gate\.weight")
+
+
+class MixtralForCausalLM(nn.Module):
+    """Mixtral decoder + LM head. Parameters are allocated uninitialised."""
+
+    def __init__(self, spec: MixtralSpec, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = MixtralModel(spec, device, dtype)
+        if spec.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, device, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Final hidden states [T, H] of the step's tokens (no LM head)."""
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, H] -> logits [N, vocab] in float32."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()
+
+    # -- loading -------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies checkpoint tensors into the parameters, one at a time.
+
+        Accepts classic names (``...experts.N.w1.weight``) and fused
+        transformers-5 names (``...mlp.experts.gate_up_proj``). Raises
+        ValueError for an unknown name or a wrong shape, and when a parameter
+        was not fully covered by the checkpoint.
+        """
+        params = dict(self.named_parameters())
+        filled: dict[str, int] = {}  # param name -> expert slices filled (1 for plain params)
+        for name, tensor in tensors:
+            for target, index, value in self._map_tensor(name, tensor):
+                if target not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} has no matching parameter {target!r}")
+                dest = params[target] if index is None else params[target][index]
+                if tuple(dest.shape) != tuple(value.shape):
+                    raise ValueError(f"{name}: shape {tuple(value.shape)} != expected {tuple(dest.shape)}")
+                dest.copy_(value)
+                filled[target] = filled.get(target, 0) + 1
+        missing = []
+        for target, param in params.items():
+            want = self.spec.num_experts if target.endswith(("experts.w1", "experts.w2", "experts.w3")) else 1
+            if filled.get(target, 0) < want:
+                missing.append(target)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def _map_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, int | None, torch.Tensor]]:
+        """(parameter name, expert index or None, value) pieces of one checkpoint tensor."""
+        if name == "lm_head.weight" and self.lm_head is None:
+            return []  # tied: the embedding is the head
+        if match := _EXPERT_NAME.fullmatch(name):
+            layer, expert, which = match.groups()
+            return [(f"model.layers.{layer}.block_sparse_moe.experts.{which}", int(expert), tensor)]
+        if match := _FUSED_NAME.fullmatch(name):
+            layer, which = match.groups()
+            prefix = f"model.layers.{layer}.block_sparse_moe.experts"
+            if which == "down_proj":
+                return [(f"{prefix}.w2", e, tensor[e]) for e in range(tensor.shape[0])]
+            ffn = tensor.shape[1] // 2  # gate rows first, then up rows
+            return [
+                piece
+                for e in range(tensor.shape[0])
+                for piece in ((f"{prefix}.w1", e, tensor[e, :ffn]), (f"{prefix}.w3", e, tensor[e, ffn:]))
+            ]
+        if match := _FUSED_GATE.fullmatch(name):
+            return [(f"model.layers.{match.group(1)}.block_sparse_moe.gate.weight", None, tensor)]
+        return [(name, None, tensor)]

@@ -1,0 +1,1 @@
+"""Dataplane side of the precision policy: walks the controlplane's ladder."""

@@ -1,0 +1,231 @@
+"""PrecisionController: executes the precision ladder against the weight store.
+
+Policy lives in the controlplane; this is the dataplane's fast local half of
+it. It runs on the engine thread (the weight store is single-threaded):
+
+* ``reclaim(n_pages)`` — the scheduler's hook, called before any preemption:
+  demote along the ladder until ``n_pages`` are free or the ladder is spent;
+* ``on_step()`` — called once per engine iteration: adopt a new plan, demote
+  while free pages are under the low watermark (before KV runs out), promote
+  while they stay over the high watermark, within the residence time and the
+  promotion byte rate (hysteresis against thrashing).
+
+The telemetry thread only calls ``set_plan`` and the ``PrecisionReporter``
+methods, which read a snapshot guarded by a lock. When the controlplane is
+away the last ladder stays in force (fail-static); before any plan arrives a
+local fallback ladder (least recently used blocks first, one view at a time)
+is used so the dataplane can still trade precision for KV on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from dataplane.memory.arena import Arena, OutOfPages
+from dataplane.precision.ladder import Ladder, Rung, WalkLimits, ladder_from_plan
+from dataplane.precision_state import PROJECTIONS, Footprint, PrecisionCounters
+from dataplane.weights.layout import HOST_ONLY_BITS, VIEW_BITS
+from dataplane.weights.store import WeightStore
+from pagedweight.v1 import telemetry_pb2
+
+DEFAULT_LIMITS = WalkLimits(
+    low_watermark=0.05, high_watermark=0.15, min_residence_s=2.0, promotion_bytes_per_s=0
+)
+# At most this many promotions per engine step: promotions are background work
+# and must not stall a decode step.
+MAX_PROMOTIONS_PER_STEP = 4
+
+
+class PrecisionController:
+    """Walks a ladder of demotions/promotions over a WeightStore in an Arena."""
+
+    def __init__(
+        self,
+        store: WeightStore,
+        arena: Arena,
+        num_experts: int,
+        defaults: WalkLimits = DEFAULT_LIMITS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.arena = arena
+        self.num_experts = num_experts
+        self.defaults = defaults
+        self.clock = clock
+        self._ladder: Ladder | None = None
+        self._incoming: telemetry_pb2.PrecisionPlan | None = None
+        self._changed_at = [float("-inf")] * store.num_blocks
+        self._bucket_bytes = 0.0
+        self._bucket_at = clock()
+        self._quality_cost = 0.0
+        self._lock = threading.Lock()
+        self._bits_snapshot = store.block_bits()
+        self._counters_snapshot = replace(store.counters)
+        self._reported = replace(store.counters)
+
+    # -- inputs (any thread) ---------------------------------------------------
+    def set_plan(self, plan: telemetry_pb2.PrecisionPlan) -> None:
+        """Hands a new plan to the engine thread (the telemetry client's callback)."""
+        with self._lock:
+            self._incoming = plan
+
+    @property
+    def limits(self) -> WalkLimits:
+        return self._ladder.limits if self._ladder is not None else self.defaults
+
+    @property
+    def plan_id(self) -> int:
+        return self._ladder.plan_id if self._ladder is not None else 0
+
+    # -- engine-thread hooks -----------------------------------------------------
+    def reclaim(self, n_pages: int) -> int:
+        """Demotes along the ladder until ``n_pages`` more pages are free; returns pages freed."""
+        self._adopt_plan()
+        start = self.arena.free_pages
+        while self.arena.free_pages - start < n_pages:
+            if not self._demote_next(ignore_residence=False) and not self._demote_next(ignore_residence=True):
+                break
+        self._publish()
+        return self.arena.free_pages - start
+
+    def on_step(self) -> None:
+        """Once per engine iteration: adopt plans, keep free pages between the watermarks."""
+        self._adopt_plan()
+        self.store.poll()
+        limits = self.limits
+        total = self.arena.num_pages
+        while self.arena.free_pages < limits.low_watermark * total:
+            if not self._demote_next(ignore_residence=False) and not self._demote_next(ignore_residence=True):
+                break
+        for _ in range(MAX_PROMOTIONS_PER_STEP):
+            if not self._promote_next(limits, total):
+                break
+        self._publish()
+
+    # -- the walk ------------------------------------------------------------------
+    def _adopt_plan(self) -> None:
+        with self._lock:
+            plan, self._incoming = self._incoming, None
+        if plan is not None:
+            self._ladder = ladder_from_plan(plan, self.num_experts, self.defaults)
+
+    def _resident_long_enough(self, block: int) -> bool:
+        return self.clock() - self._changed_at[block] >= self.limits.min_residence_s
+
+    def _demote_next(self, ignore_residence: bool) -> bool:
+        """Applies the first applicable demotion; False when none is left."""
+        for rung in self._demotion_candidates():
+            if self.store.bits(rung.block) != rung.from_bits or rung.to_bits >= rung.from_bits:
+                continue
+            if self.store.pending_bits(rung.block) is not None:
+                continue
+            if not ignore_residence and not self._resident_long_enough(rung.block):
+                continue
+            self.store.demote(rung.block, rung.to_bits)
+            self._changed_at[rung.block] = self.clock()
+            self._quality_cost += rung.quality_delta
+            return True
+        return False
+
+    def _promote_next(self, limits: WalkLimits, total_pages: int) -> bool:
+        """Applies the first promotion that keeps free pages above the high watermark."""
+        self._refill_bucket(limits)
+        for rung in self._promotion_candidates():
+            block = rung.block
+            if self.store.bits(block) != rung.from_bits or rung.to_bits <= rung.from_bits:
+                continue
+            if self.store.pending_bits(block) is not None or not self._resident_long_enough(block):
+                continue
+            need = self.store.block_pages(block, rung.to_bits) - self.store.block_pages(block, rung.from_bits)
+            if self.arena.free_pages - need <= limits.high_watermark * total_pages:
+                return False  # the best promotion does not fit: wait, do not skip ahead
+            nbytes = need * self.arena.page_bytes
+            if limits.promotion_bytes_per_s and nbytes > self._bucket_bytes:
+                return False
+            try:
+                self.store.promote(block, rung.to_bits)
+            except OutOfPages:
+                return False
+            self._bucket_bytes -= nbytes
+            self._changed_at[block] = self.clock()
+            self._quality_cost = max(0.0, self._quality_cost - rung.quality_delta)
+            return True
+        return False
+
+    def _refill_bucket(self, limits: WalkLimits) -> None:
+        now = self.clock()
+        rate = limits.promotion_bytes_per_s
+        # A one-second bucket: bursts up to one second's worth of bytes.
+        self._bucket_bytes = min(float(rate), self._bucket_bytes + (now - self._bucket_at) * rate)
+        self._bucket_at = now
+
+    # -- candidate orders ----------------------------------------------------------
+    def _demotion_candidates(self) -> list[Rung]:
+        if self._ladder is not None:
+            return list(self._ladder.demotions)
+        return self._fallback_demotions()
+
+    def _promotion_candidates(self) -> list[Rung]:
+        if self._ladder is not None:
+            return list(self._ladder.promotions)
+        return self._fallback_promotions()
+
+    def _fallback_demotions(self) -> list[Rung]:
+        """No plan yet: highest-bit blocks first, least recently used first, one view down."""
+        blocks = [b for b in range(self.store.num_blocks) if self.store.bits(b) > VIEW_BITS[0]]
+        blocks = self.store.lru_order(blocks)
+        blocks.sort(key=lambda b: -self.store.bits(b))  # stable: LRU within equal bits
+        out = []
+        for b in blocks:
+            bits = self.store.bits(b)
+            out.append(Rung(b, bits, VIEW_BITS[VIEW_BITS.index(bits) - 1], 0.0))
+        return out
+
+    def _fallback_promotions(self) -> list[Rung]:
+        """No plan yet: lowest-bit blocks first, most recently used first, one view up."""
+        blocks = [
+            b for b in range(self.store.num_blocks)
+            if self.store.bits(b) != HOST_ONLY_BITS and self.store.bits(b) < VIEW_BITS[-1]
+        ]
+        blocks = list(reversed(self.store.lru_order(blocks)))
+        blocks.sort(key=lambda b: self.store.bits(b))
+        return [Rung(b, self.store.bits(b), VIEW_BITS[VIEW_BITS.index(self.store.bits(b)) + 1], 0.0) for b in blocks]
+
+    # -- reporting (PrecisionReporter; any thread) -----------------------------------
+    def _publish(self) -> None:
+        """Copies what the telemetry thread may read (the store itself is engine-thread only)."""
+        bits = self.store.block_bits()
+        counters = replace(self.store.counters)
+        with self._lock:
+            self._bits_snapshot = bits
+            self._counters_snapshot = counters
+
+    def supported_bits(self) -> list[int]:
+        return list(VIEW_BITS)
+
+    def footprints(self) -> list[Footprint]:
+        return [
+            Footprint(name, bits, self.store.footprint_bytes(proj, bits))
+            for proj, name in enumerate(PROJECTIONS)
+            for bits in (HOST_ONLY_BITS, *VIEW_BITS)
+        ]
+
+    def block_bits(self) -> list[int]:
+        with self._lock:
+            return list(self._bits_snapshot)
+
+    def take_counters(self) -> PrecisionCounters:
+        with self._lock:
+            now, last = self._counters_snapshot, self._reported
+            self._reported = now
+            return PrecisionCounters(
+                predicted_quality_cost=self._quality_cost,
+                demotions=now.demotions - last.demotions,
+                promotions=now.promotions - last.promotions,
+                host_fetches=now.host_fetches - last.host_fetches,
+                host_fetch_stall_us=now.host_fetch_stall_us - last.host_fetch_stall_us,
+                plan_id=self.plan_id,
+            )

@@ -1,0 +1,84 @@
+"""The ladder the dataplane walks: plan steps in engine-friendly form.
+
+A ``Ladder`` is the dataplane's copy of the controlplane's PrecisionPlan (or
+of its local fallback when no plan ever arrived): demotion rungs cheapest
+quality per byte first, promotion rungs most quality per byte first, plus the
+watermarks and anti-thrashing limits. Pure data; no store access here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedweight.v1 import common_pb2, telemetry_pb2
+
+# Projection enum of common.proto -> block-index projection (gate, up, down).
+_PROJ_OF_ENUM = {
+    common_pb2.PROJECTION_GATE: 0,
+    common_pb2.PROJECTION_UP: 1,
+    common_pb2.PROJECTION_DOWN: 2,
+}
+
+
+@dataclass(frozen=True)
+class Rung:
+    """Move one block from ``from_bits`` to ``to_bits`` (0 = host-only)."""
+
+    block: int
+    from_bits: int
+    to_bits: int
+    quality_delta: float  # cost (demotion) or benefit (promotion), >= 0
+
+
+@dataclass(frozen=True)
+class WalkLimits:
+    """When to walk, and how fast."""
+
+    low_watermark: float  # demote while free pages / total < this
+    high_watermark: float  # promote only while free pages / total stays > this
+    min_residence_s: float  # a block keeps its bits at least this long (promotions)
+    promotion_bytes_per_s: int  # 0 = unlimited
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.low_watermark <= self.high_watermark < 1.0:
+            raise ValueError(
+                f"watermarks must satisfy 0 <= low <= high < 1, got {self.low_watermark}, {self.high_watermark}"
+            )
+        if self.min_residence_s < 0 or self.promotion_bytes_per_s < 0:
+            raise ValueError("residence and promotion rate must be >= 0")
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """Demotions and promotions in the order to apply them, and the limits."""
+
+    plan_id: int
+    demotions: tuple[Rung, ...]
+    promotions: tuple[Rung, ...]
+    limits: WalkLimits
+
+
+def ladder_from_plan(plan: telemetry_pb2.PrecisionPlan, num_experts: int, defaults: WalkLimits) -> Ladder:
+    """Converts a PrecisionPlan; plan fields left at 0 fall back to ``defaults``."""
+
+    def rung(step: telemetry_pb2.PrecisionStep) -> Rung:
+        proj = _PROJ_OF_ENUM.get(step.block.projection)
+        if proj is None:
+            raise ValueError(f"plan step with unknown projection {step.block.projection}")
+        block = (step.block.layer * num_experts + step.block.expert) * 3 + proj
+        return Rung(block, step.from_bits, step.to_bits, abs(step.quality_delta))
+
+    low = plan.low_watermark or defaults.low_watermark
+    high = plan.high_watermark or defaults.high_watermark
+    limits = WalkLimits(
+        low_watermark=low,
+        high_watermark=max(high, low),
+        min_residence_s=plan.min_residence_ms / 1000.0 if plan.min_residence_ms else defaults.min_residence_s,
+        promotion_bytes_per_s=plan.promotion_bytes_per_s or defaults.promotion_bytes_per_s,
+    )
+    return Ladder(
+        plan_id=plan.plan_id,
+        demotions=tuple(rung(s) for s in plan.demotions),
+        promotions=tuple(rung(s) for s in plan.promotions),
+        limits=limits,
+    )

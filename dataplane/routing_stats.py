@@ -1,0 +1,124 @@
+"""Routing statistics: what the router did, per layer and expert.
+
+Three objects, from the hot path outwards:
+
+* ``RoutingStats`` — filled by the MoE blocks during ONE forward step (it is
+  handed to them in the forward context, never through global state). Device
+  tensors, no host syncs.
+* ``RoutingWindow`` — host-side sums over the steps since the last telemetry
+  report (``drain`` returns and resets them).
+* ``DemandTracker`` — per running sequence, an exponentially decayed mean of
+  its tokens' routing distributions; the sum over running sequences is the
+  ``running_demand`` of telemetry.proto.
+
+The engine thread owns all three; ``RoutingWindow`` and ``DemandTracker`` are
+read by the telemetry thread, so they lock.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class RoutingStats:
+    """Routing of one forward step, per layer and expert (device tensors)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_experts: int,
+        token_seq_index: torch.Tensor,
+        num_seqs: int,
+    ) -> None:
+        # token_seq_index: [T] int64, the batch index of each token's sequence
+        device = token_seq_index.device
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.token_seq_index = token_seq_index
+        # Tokens routed to each expert (a token counts once per chosen expert).
+        self.routed_tokens = torch.zeros(num_layers, num_experts, dtype=torch.int64, device=device)
+        # Sum over tokens of the router's softmax probability.
+        self.prob_mass = torch.zeros(num_layers, num_experts, dtype=torch.float32, device=device)
+        # The same sum split by sequence: [B, layers, experts].
+        self.seq_prob_sum = torch.zeros(num_seqs, num_layers, num_experts, dtype=torch.float32, device=device)
+
+    def record(self, layer: int, topk_ids: torch.Tensor, probs: torch.Tensor) -> None:
+        """Adds one MoE layer's routing. topk_ids: [T, k] int64; probs: [T, E] float32."""
+        self.routed_tokens[layer] += torch.bincount(topk_ids.reshape(-1), minlength=self.num_experts)
+        self.prob_mass[layer] += probs.sum(dim=0)
+        self.seq_prob_sum[:, layer].index_add_(0, self.token_seq_index, probs)
+
+
+class RoutingWindow:
+    """Routing sums since the last ``drain`` (host tensors, thread-safe)."""
+
+    def __init__(self, num_layers: int, num_experts: int) -> None:
+        self._lock = threading.Lock()
+        self._routed = torch.zeros(num_layers, num_experts, dtype=torch.int64)
+        self._mass = torch.zeros(num_layers, num_experts, dtype=torch.float64)
+
+    def add(self, routed_tokens: torch.Tensor, prob_mass: torch.Tensor) -> None:
+        """routed_tokens, prob_mass: [layers, experts] host tensors of one step."""
+        with self._lock:
+            self._routed += routed_tokens
+            self._mass += prob_mass.double()
+
+    def drain(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (routed_tokens int64, prob_mass float64), [layers, experts], and resets."""
+        with self._lock:
+            routed, mass = self._routed.clone(), self._mass.clone()
+            self._routed.zero_()
+            self._mass.zero_()
+        return routed, mass
+
+
+class DemandTracker:
+    """Decayed mean routing distribution per running sequence.
+
+    After a step in which a sequence computed ``n`` tokens whose router
+    probabilities sum to ``S`` ([layers, experts]), its mean becomes
+    ``decay^n * mean + (1 - decay^n) * S / n``: each token weighs as one
+    observation of an exponential moving average with factor ``decay``.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self._lock = threading.Lock()
+        self._shape = (num_layers, num_experts)
+        self._decay = decay
+        self._means: dict[str, torch.Tensor] = {}
+
+    def update(self, seq_ids: list[str], seq_prob_sum: torch.Tensor, num_tokens: list[int]) -> None:
+        """seq_prob_sum: [B, layers, experts] host tensor, row i for seq_ids[i]."""
+        with self._lock:
+            for i, seq_id in enumerate(seq_ids):
+                n = num_tokens[i]
+                if n <= 0:
+                    continue
+                step_mean = seq_prob_sum[i] / n
+                old = self._means.get(seq_id)
+                if old is None:
+                    self._means[seq_id] = step_mean.clone()
+                else:
+                    keep = self._decay**n
+                    self._means[seq_id] = keep * old + (1.0 - keep) * step_mean
+
+    def remove(self, seq_id: str) -> None:
+        """Forgets a sequence (finished, aborted or preempted)."""
+        with self._lock:
+            self._means.pop(seq_id, None)
+
+    def running_demand(self) -> torch.Tensor:
+        """Sum of the tracked sequences' means: [layers, experts] float32."""
+        with self._lock:
+            total = torch.zeros(self._shape, dtype=torch.float32)
+            for mean in self._means.values():
+                total += mean
+        return total
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._means)

@@ -1,0 +1,126 @@
+"""Builds a step's batch tensors and runs the model.
+
+Input: the scheduler's ``ScheduledSeq`` list. Output: the sampled token of
+every sequence that completed its tokens this step, plus the step's routing
+statistics. The batch is flattened (see dataplane/layers/attention.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dataplane.forward_context import ForwardContext
+from dataplane.kv_cache import KVCacheManager
+from dataplane.layers.attention import AttentionMetadata
+from dataplane.routing_stats import RoutingStats
+from dataplane.sampler import Sampler
+from dataplane.scheduler import ScheduledSeq
+
+
+@dataclass
+class StepResult:
+    """What one forward step produced (host data only)."""
+
+    sampled: dict[str, int]  # seq_id -> next token, for sequences that sampled
+    routed_tokens: torch.Tensor  # [layers, experts] int64
+    prob_mass: torch.Tensor  # [layers, experts] float32
+    seq_prob_sum: torch.Tensor  # [B, layers, experts] float32, scheduled order
+    num_tokens: int
+
+
+class ModelRunner:
+    """Owns the model on its device; one ``execute`` per engine step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kv: KVCacheManager,
+        num_layers: int,
+        num_experts: int,
+        device: torch.device,
+        sliding_window: int | None,
+        sampler: Sampler,
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.device = device
+        self.sliding_window = sliding_window
+        self.sampler = sampler
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+        """(input_ids [T], positions [T], context) for the scheduled sequences."""
+        block_size = self.kv.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_index: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        tables: list[list[int]] = []
+        for i, item in enumerate(scheduled):
+            seq, start, n = item.seq, item.start, item.num_new_tokens
+            table = self.kv.block_table(seq.seq_id)
+            input_ids += seq.tokens(start, start + n)
+            positions += range(start, start + n)
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
+            seq_index += [i] * n
+            query_lens.append(n)
+            context_lens.append(start + n)
+            tables.append(table)
+        max_blocks = max(len(t) for t in tables)
+        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
+        query_start = [0]
+        for n in query_lens:
+            query_start.append(query_start[-1] + n)
+
+        def dev(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        token_seq = dev(seq_index, torch.int64)  # [T]
+        meta = AttentionMetadata(
+            slot_mapping=dev(slots, torch.int64),
+            query_start_loc=dev(query_start, torch.int32),
+            context_lens=dev(context_lens, torch.int32),
+            block_tables=dev(padded, torch.int32),
+            query_lens_host=query_lens,
+            context_lens_host=context_lens,
+            block_size=block_size,
+            sliding_window=self.sliding_window,
+        )
+        routing = RoutingStats(self.num_layers, self.num_experts, token_seq, len(scheduled))
+        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=routing)
+        return dev(input_ids, torch.int64), dev(positions, torch.int64), ctx
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
+        """Runs one step. ``scheduled`` must be non-empty with blocks allocated."""
+        input_ids, positions, ctx = self.prepare(scheduled)
+        hidden = self.model(input_ids, positions, ctx)  # [T, H]
+        sampling = [i for i, item in enumerate(scheduled) if item.samples]
+        sampled: dict[str, int] = {}
+        if sampling:
+            last_rows: list[int] = []
+            row = 0
+            for i, item in enumerate(scheduled):
+                row += item.num_new_tokens
+                if item.samples:
+                    last_rows.append(row - 1)
+            rows = torch.tensor(last_rows, device=self.device)
+            logits = self.model.compute_logits(hidden[rows])  # [S, vocab] float32
+            seqs = [scheduled[i].seq for i in sampling]
+            for seq, token in zip(seqs, self.sampler.sample(logits, seqs)):
+                sampled[seq.seq_id] = token
+        routing = ctx.routing
+        assert routing is not None
+        return StepResult(
+            sampled=sampled,
+            routed_tokens=routing.routed_tokens.cpu(),
+            prob_mass=routing.prob_mass.cpu(),
+            seq_prob_sum=routing.seq_prob_sum.cpu(),
+            num_tokens=int(input_ids.shape[0]),
+        )

@@ -1,0 +1,37 @@
+"""Per-request sampling parameters (the engine's copy of inference.proto's)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. Greedy when temperature is 0."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0  # in (0, 1]; 1 disables
+    top_k: int = 0  # 0 disables
+    seed: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def validate(self, vocab_size: int) -> None:
+        """Raises ValueError naming the first bad field."""
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

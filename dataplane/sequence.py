@@ -1,0 +1,69 @@
+"""One request as the scheduler sees it: tokens, progress, and how it ended."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from dataplane.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # a stop token or end-of-sequence was generated
+    LENGTH = "length"  # max_tokens or the context length was reached
+    ABORT = "abort"  # cancelled by the client, or the engine could not hold it
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request's state. Owned by the engine thread; not thread-safe.
+
+    ``num_computed_tokens`` counts the tokens whose K/V are in the cache. A
+    preempted sequence drops its cache (back to 0) and recomputes its prompt
+    and its generated tokens as one prefill.
+    """
+
+    seq_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival: int  # admission order: lower runs first and is preempted last
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    # The request's own random stream (seeded sampling is reproducible even
+    # across preemption); created by the sampler on first use.
+    generator: torch.Generator | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids at positions start..end-1 (prompt then output)."""
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED

@@ -1,0 +1,218 @@
+"""Plain-torch reference encoder/decoder of the multi-precision layout.
+
+This is the reference every other implementation (kernels, the paged store)
+is checked against. Layout: docs/WEIGHT_LAYOUT.md (constants in layout.py).
+
+* ``encode(W)`` quantizes an [N, K] matrix once to 8-bit group-wise codes and
+  cuts them into the bit-fields of FIELD_WIDTHS, plus one (scale, offset) pair
+  per (row, group) for every view.
+* ``decode(block, bits)`` reconstructs the ``bits`` view from the leading fields.
+* ``rtn_quantize(W, bits)`` is plain round-to-nearest min-max at ``bits``: the
+  quality baseline the views are measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from dataplane.weights.layout import (
+    CODE_BITS,
+    FIELD_WIDTHS,
+    GROUP,
+    NUM_FIELDS,
+    SCALE_PAIR,
+    VIEW_BITS,
+    WORD_BITS,
+    check_block_shape,
+    field_shift,
+    field_size,
+    fields_for_bits,
+)
+
+_CODE_MAX = (1 << CODE_BITS) - 1
+_WORD_MASK = (1 << WORD_BITS) - 1
+_INT32_SIGN = 1 << (WORD_BITS - 1)
+
+
+class ScaleFit(str, Enum):
+    """How each view's (scale, offset) per group is chosen."""
+
+    MIDPOINT = "midpoint"  # middle of the truncated interval (layout default)
+    LSQ = "lsq"  # least-squares refit of (scale, offset) to the group's weights
+
+
+DEFAULT_SCALE_FIT = ScaleFit.LSQ  # measured: benchmarks/weights_codec.py (view error vs RTN)
+
+
+@dataclass(frozen=True)
+class EncodedBlock:
+    """One block at every precision: fields plus per-view scales.
+
+    fields[f]: int32 [N, K * FIELD_WIDTHS[f] / 32], packed as in the layout.
+    scales[j]: float16 [N, K / GROUP, 2] = (scale, offset) of the view made by
+    the first j + 1 fields (VIEW_BITS[j] bits).
+    """
+
+    n: int
+    k: int
+    fields: tuple[torch.Tensor, ...]
+    scales: tuple[torch.Tensor, ...]
+
+    def field_bytes(self, f: int) -> torch.Tensor:
+        """Field ``f`` as the layout's byte string: codes then view-f scales. [bytes] uint8."""
+        return field_to_bytes(self.fields[f], self.scales[f])
+
+
+# -- packing ------------------------------------------------------------------
+def pack_field(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, K] integer codes < 2**width -> int32 [N, K * width / 32] words.
+
+    Weight i of a word sits at bit position i * width (little end first).
+    """
+    n, k = values.shape
+    per_word = WORD_BITS // width
+    shifts = torch.arange(per_word, device=values.device, dtype=torch.int64) * width  # [per_word]
+    grouped = values.to(torch.int64).reshape(n, k // per_word, per_word)  # [N, words, per_word]
+    words = (grouped << shifts).sum(dim=-1)  # [N, words], in [0, 2**32): fields are disjoint bits
+    words = torch.where(words >= _INT32_SIGN, words - (1 << WORD_BITS), words)
+    return words.to(torch.int32)
+
+
+def unpack_field(words: torch.Tensor, width: int) -> torch.Tensor:
+    """int32 [N, J] words -> int64 [N, J * 32 / width] codes (inverse of pack_field)."""
+    n, j = words.shape
+    per_word = WORD_BITS // width
+    shifts = torch.arange(per_word, device=words.device, dtype=torch.int64) * width  # [per_word]
+    unsigned = words.to(torch.int64) & _WORD_MASK  # [N, J]
+    codes = (unsigned.unsqueeze(-1) >> shifts) & ((1 << width) - 1)  # [N, J, per_word]
+    return codes.reshape(n, j * per_word)
+
+
+def field_to_bytes(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Codes [N, J] int32 and scales [N, G, 2] fp16 -> one uint8 byte string."""
+    return torch.cat(
+        [words.contiguous().view(torch.uint8).reshape(-1), scales.contiguous().view(torch.uint8).reshape(-1)]
+    )
+
+
+def field_from_bytes(buf: torch.Tensor, n: int, k: int, f: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of field_to_bytes; ``buf`` may carry trailing page padding.
+
+    Returns (codes int32 [N, K * w / 32], scales fp16 [N, K / GROUP, 2]).
+    """
+    size = field_size(n, k, f)
+    if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() < size.total:
+        raise ValueError(
+            f"field {f} of [{n}, {k}] needs >= {size.total} uint8 bytes, got {tuple(buf.shape)} {buf.dtype}"
+        )
+    buf = buf[: size.total].contiguous()
+    words = buf[: size.code_bytes].view(torch.int32).reshape(n, k * FIELD_WIDTHS[f] // WORD_BITS)
+    scales = buf[size.code_bytes :].view(torch.float16).reshape(n, k // GROUP, SCALE_PAIR)
+    return words, scales
+
+
+# -- quantization ---------------------------------------------------------------
+def _group_min_max(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [N, G, GROUP] -> lo [N, G, 1], step s [N, G, 1] of the 8-bit grid, q [N, G, GROUP] int32."""
+    lo = w.amin(dim=-1, keepdim=True)
+    hi = w.amax(dim=-1, keepdim=True)
+    s = (hi - lo) / _CODE_MAX
+    s = torch.where(hi == lo, torch.ones_like(s), s)
+    q = torch.clamp(torch.round((w - lo) / s), 0, _CODE_MAX).to(torch.int32)
+    return lo, s, q
+
+
+def _midpoint_params(lo: torch.Tensor, s: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    drop = 1 << (CODE_BITS - bits)  # 8-bit codes per b-bit code
+    return s * drop, lo + s * (drop - 1) / 2
+
+
+def _lsq_params(w: torch.Tensor, t: torch.Tensor, mid_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Least-squares (scale, offset) per group for fixed codes t: minimises ||w - offset - scale*t||.
+
+    Groups whose codes are all equal keep the midpoint scale and take the offset
+    that reproduces the group mean.
+    """
+    t = t.to(w.dtype)
+    t_mean = t.mean(dim=-1, keepdim=True)  # [N, G, 1]
+    w_mean = w.mean(dim=-1, keepdim=True)
+    t_c = t - t_mean
+    var = (t_c * t_c).sum(dim=-1, keepdim=True)
+    cov = (t_c * (w - w_mean)).sum(dim=-1, keepdim=True)
+    flat = var == 0
+    scale = torch.where(flat, mid_scale, cov / torch.where(flat, torch.ones_like(var), var))
+    # The pair is stored in fp16: refit the offset to the rounded scale.
+    scale = scale.to(torch.float16).to(w.dtype)
+    offset = w_mean - scale * t_mean
+    return scale, offset
+
+
+def encode(w: torch.Tensor, scale_fit: ScaleFit = DEFAULT_SCALE_FIT) -> EncodedBlock:
+    """Quantizes W [N, K] (any float dtype) into an EncodedBlock (tensors on W's device)."""
+    if w.dim() != 2:
+        raise ValueError(f"encode expects a 2-D [N, K] matrix, got shape {tuple(w.shape)}")
+    n, k = w.shape
+    check_block_shape(n, k)
+    if not torch.isfinite(w).all():
+        raise ValueError("cannot quantize a matrix with inf/nan entries")
+    wg = w.detach().to(torch.float32).reshape(n, k // GROUP, GROUP)  # [N, G, GROUP]
+    lo, s, q = _group_min_max(wg)
+    fields = []
+    for f, width in enumerate(FIELD_WIDTHS):
+        values = (q >> field_shift(f)) & ((1 << width) - 1)  # [N, G, GROUP]
+        fields.append(pack_field(values.reshape(n, k), width))
+    scales = []
+    for bits in VIEW_BITS:
+        scale, offset = _midpoint_params(lo, s, bits)
+        if scale_fit == ScaleFit.LSQ:
+            scale, offset = _lsq_params(wg, q >> (CODE_BITS - bits), scale)
+        scales.append(torch.cat([scale, offset], dim=-1).to(torch.float16))  # [N, G, 2]
+    return EncodedBlock(n, k, tuple(fields), tuple(scales))
+
+
+def decode_view(codes: Sequence[torch.Tensor], scales: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Reconstructs the view made by the leading fields ``codes`` -> float32 [N, K].
+
+    codes[f]: int32 [N, K * FIELD_WIDTHS[f] / 32] for f < len(codes);
+    scales: fp16 [N, K / GROUP, 2] of that view.
+    """
+    if not 1 <= len(codes) <= NUM_FIELDS:
+        raise ValueError(f"a view needs 1..{NUM_FIELDS} fields, got {len(codes)}")
+    bits = VIEW_BITS[len(codes) - 1]
+    t = torch.zeros(n, k, dtype=torch.int64, device=scales.device)  # [N, K] b-bit codes
+    for f, words in enumerate(codes):
+        t |= unpack_field(words, FIELD_WIDTHS[f]) << (field_shift(f) - (CODE_BITS - bits))
+    sc = scales.to(torch.float32)  # [N, G, 2]
+    tg = t.to(torch.float32).reshape(n, k // GROUP, GROUP)
+    return (sc[..., 1:2] + sc[..., 0:1] * tg).reshape(n, k)
+
+
+def decode(block: EncodedBlock, bits: int) -> torch.Tensor:
+    """The ``bits`` view of ``block`` as float32 [N, K]."""
+    j = fields_for_bits(bits)
+    if j == 0:
+        raise ValueError("bits=0 (host-only) has no view to decode")
+    return decode_view(block.fields[:j], block.scales[j - 1], block.n, block.k)
+
+
+def rtn_quantize(w: torch.Tensor, bits: int, group: int = GROUP) -> torch.Tensor:
+    """Round-to-nearest asymmetric min-max at ``bits`` per group; returns the reconstruction (float32 [N, K]).
+
+    Scale and offset are kept in float32 (a baseline slightly stronger than an fp16-stored one).
+    """
+    if w.dim() != 2 or w.shape[1] % group:
+        raise ValueError(f"rtn_quantize expects [N, K] with K a multiple of {group}, got {tuple(w.shape)}")
+    if not 1 <= bits <= 16:
+        raise ValueError(f"bits must be in 1..16, got {bits}")
+    n, k = w.shape
+    wg = w.detach().to(torch.float32).reshape(n, k // group, group)
+    levels = (1 << bits) - 1
+    lo = wg.amin(dim=-1, keepdim=True)
+    hi = wg.amax(dim=-1, keepdim=True)
+    s = torch.where(hi == lo, torch.ones_like(lo), (hi - lo) / levels)
+    q = torch.clamp(torch.round((wg - lo) / s), 0, levels)
+    return (lo + s * q).reshape(n, k)

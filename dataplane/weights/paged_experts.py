@@ -1,0 +1,100 @@
+"""PagedExperts: one MoE layer's experts read through the WeightStore.
+
+Plain-torch path: every expert block is read at its own committed bitwidth
+(gather pages -> field bytes -> decode with the view's scales -> matmul), so
+experts of one layer run at different bits in the same step. The fused Triton
+kernel must agree with this module.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dataplane.weights.layout import NUM_PROJ, PROJ_DOWN, PROJ_GATE, PROJ_UP, block_index
+from dataplane.weights.store import WeightStore
+
+
+class PagedExperts(nn.Module):
+    """Drop-in for DenseExperts (same forward) backed by paged multi-precision blocks.
+
+    Block of (expert e, projection p) = block_index(layer, e, p, num_experts);
+    gate/up blocks are [ffn, hidden], down blocks [hidden, ffn].
+    """
+
+    def __init__(
+        self,
+        store: WeightStore,
+        layer: int,
+        num_experts: int,
+        hidden: int,
+        ffn: int,
+        *,
+        cache_decoded: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.layer = layer
+        self.num_experts = num_experts
+        self.hidden_size = hidden
+        self.ffn_size = ffn
+        # Decoded weights are dense copies outside the arena's budget: cache them
+        # only on the CPU (tests, reference runs) unless told otherwise.
+        self.cache_decoded = store.device.type == "cpu" if cache_decoded is None else cache_decoded
+        want = {PROJ_GATE: (ffn, hidden), PROJ_UP: (ffn, hidden), PROJ_DOWN: (hidden, ffn)}
+        for e in range(num_experts):
+            for proj, shape in want.items():
+                got = store.shape(self.block(e, proj))
+                if got != shape:
+                    raise ValueError(f"layer {layer} expert {e} proj {proj}: store block is {got}, expected {shape}")
+        # block -> (bits, version, dtype, decoded weight [N, K]); stale entries are replaced on read
+        self._cache: dict[int, tuple[int, int, torch.dtype, torch.Tensor]] = {}
+
+    def block(self, expert: int, proj: int) -> int:
+        return block_index(self.layer, expert, proj, self.num_experts)
+
+    def weight(self, expert: int, proj: int, dtype: torch.dtype) -> torch.Tensor:
+        """Decoded weight of one block at its committed bits: [N, K] in ``dtype``."""
+        b = self.block(expert, proj)
+        version = self.store.version(b)
+        bits = self.store.bits(b)
+        hit = self._cache.get(b)
+        if hit is not None and hit[:3] == (bits, version, dtype):
+            return hit[3]
+        _, w = self.store.decode(b)
+        w = w.to(dtype)
+        if self.cache_decoded:
+            self._cache[b] = (bits, version, dtype, w)
+        return w
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H], topk_ids [T, k] int64, topk_weights [T, k] -> [T, H].
+
+        out[t] = sum_j topk_weights[t, j] * W2_e @ (silu(W1_e x_t) * (W3_e x_t)), e = topk_ids[t, j],
+        each W at its block's committed bits.
+        """
+        if x.dim() != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f"x must be [tokens, {self.hidden_size}], got {tuple(x.shape)}")
+        if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must be [tokens, k]"
+            )
+        self.store.poll()  # commit promotions whose copies have landed
+        out = torch.zeros_like(x)  # [T, H]
+        if x.shape[0] == 0:
+            return out
+        experts = torch.unique(topk_ids).tolist()
+        if experts[0] < 0 or experts[-1] >= self.num_experts:
+            raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {experts[0]}..{experts[-1]}")
+        blocks = [self.block(e, p) for e in experts for p in range(NUM_PROJ)]
+        self.store.touch(blocks)
+        self.store.ensure_resident(blocks)
+        for e in experts:
+            tok, pos = torch.where(topk_ids == e)  # [t_e], [t_e]
+            xe = x[tok]  # [t_e, H]
+            gate = xe @ self.weight(e, PROJ_GATE, x.dtype).T  # [t_e, F]
+            up = xe @ self.weight(e, PROJ_UP, x.dtype).T  # [t_e, F]
+            y = (F.silu(gate) * up) @ self.weight(e, PROJ_DOWN, x.dtype).T  # [t_e, H]
+            out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
+        return out

@@ -1,0 +1,379 @@
+"""WeightStore: expert-weight blocks paged into the shared arena at per-block bitwidths.
+
+Mechanism only (policy — which block to move and when — lives elsewhere).
+
+Contracts:
+* The host keeps every field of every block (pinned memory on a GPU); the
+  arena holds the leading fields of each block's current view.
+* ``page_table`` int32 [num_blocks, NUM_FIELDS, max_pages] and ``block_fields``
+  int32 [num_blocks] are persistent tensors on the arena's device (kernels
+  read them; they are updated in place, never reallocated). Entries of
+  fields at or beyond ``block_fields[b]`` are -1.
+* Every arena page a block holds is tagged ``PageTag("weight", bits)`` with
+  the block's committed bits; pages of an in-flight promotion are tagged with
+  its target bits.
+* ``demote`` is immediate: ``block_fields`` is lowered first, then the pages of
+  the dropped fields go back to the arena.
+* ``promote`` allocates pages (all or nothing: ``OutOfPages`` changes
+  nothing), starts the host copy on the copy engine, and commits only when the
+  copy is complete (``poll``/``sync``/readers), writing the page-table rows
+  first and ``block_fields`` last. Until then readers see the old bits.
+* A host-only block (bits 0) has no arena pages; ``ensure_resident`` fetches
+  it on demand (counted and timed as a stall).
+* Not thread-safe: one engine thread drives it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.memory.arena import Arena, OutOfPages, PageTag
+from dataplane.weights.codec import EncodedBlock, decode_view, field_from_bytes
+from dataplane.weights.copy_engine import Copy, CopyEngine, CopyHandle, default_copy_engine
+from dataplane.weights.layout import (
+    HOST_ONLY_BITS,
+    NUM_FIELDS,
+    NUM_PROJ,
+    VIEW_BITS,
+    bits_for_fields,
+    field_size,
+    fields_for_bits,
+    pages_for,
+)
+
+_NS_PER_US = 1000
+
+
+@dataclass
+class WeightCounters:
+    """Cumulative transition counters (telemetry reports deltas of these)."""
+
+    demotions: int = 0
+    promotions: int = 0  # committed promotions, on-demand fetches excluded
+    bytes_promoted: int = 0  # host -> arena bytes (promotions and fetches), page-rounded
+    bytes_demoted: int = 0  # arena bytes released by demotions, page-rounded
+    host_fetches: int = 0  # host-only blocks fetched on demand
+    host_fetch_stall_us: int = 0  # time the forward waited for those fetches
+    fetch_failures: int = 0  # on-demand fetches with no free pages (read from host instead)
+
+
+@dataclass
+class _Pending:
+    fields: int  # field count once committed
+    pages: dict[int, list[int]]  # new field -> its arena pages
+    handle: CopyHandle
+    nbytes: int
+    on_demand: bool
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """What a reader needs to reconstruct a block at its committed bits."""
+
+    bits: int
+    codes: tuple[torch.Tensor, ...]  # field f: int32 [N, K * w_f / 32]
+    scales: torch.Tensor  # fp16 [N, K / GROUP, 2] of this view
+
+
+class WeightStore:
+    def __init__(
+        self,
+        arena: Arena,
+        blocks: Iterable[EncodedBlock],
+        *,
+        initial_bits: int | Sequence[int] = VIEW_BITS[-1],
+        copy_engine: CopyEngine | None = None,
+    ) -> None:
+        if arena.storage is None:
+            raise ValueError("the weight store needs an arena with storage")
+        self.arena = arena
+        self.device = arena.device
+        self.page_bytes = arena.page_bytes
+        self._copy = copy_engine if copy_engine is not None else default_copy_engine(self.device)
+        pin = self.device.type == "cuda"
+        self._shapes: list[tuple[int, int]] = []
+        self._num_pages: list[list[int]] = []  # [block][field] -> pages of the field when resident
+        self._host: list[list[torch.Tensor]] = []  # [block][field] -> uint8 [pages, page_bytes], zero-padded
+        for blk in blocks:  # one block at a time: the encoded form is dropped once copied
+            self._shapes.append((blk.n, blk.k))
+            self._num_pages.append(
+                [pages_for(field_size(blk.n, blk.k, f).total, self.page_bytes) for f in range(NUM_FIELDS)]
+            )
+            self._host.append([self._host_pages(blk, f, pin) for f in range(NUM_FIELDS)])
+        if not self._shapes:
+            raise ValueError("the weight store needs at least one block")
+        max_pages = max(max(row) for row in self._num_pages)
+        num = len(self._shapes)
+        self.page_table = torch.full(
+            (num, NUM_FIELDS, max_pages), -1, dtype=torch.int32, device=self.device
+        )  # [blocks, fields, max_pages]
+        self.block_fields = torch.zeros(num, dtype=torch.int32, device=self.device)  # [blocks]
+        self._pages: list[list[list[int]]] = [[[] for _ in range(NUM_FIELDS)] for _ in range(num)]
+        self._fields = [0] * num
+        self._pending: dict[int, _Pending] = {}
+        self._version = [0] * num
+        self._last_access = [0] * num
+        self.clock = 0
+        self.counters = WeightCounters()
+        self._place_initial(initial_bits)
+
+    # -- construction -------------------------------------------------------------
+    def _host_pages(self, blk: EncodedBlock, f: int, pin: bool) -> torch.Tensor:
+        data = blk.field_bytes(f).cpu()
+        npages = pages_for(data.numel(), self.page_bytes)
+        padded = torch.zeros(npages * self.page_bytes, dtype=torch.uint8)
+        padded[: data.numel()] = data
+        padded = padded.reshape(npages, self.page_bytes)
+        return padded.pin_memory() if pin else padded
+
+    def _place_initial(self, initial_bits: int | Sequence[int]) -> None:
+        bits = [initial_bits] * self.num_blocks if isinstance(initial_bits, int) else list(initial_bits)
+        if len(bits) != self.num_blocks:
+            raise ValueError(f"initial_bits has {len(bits)} entries for {self.num_blocks} blocks")
+        need = sum(self.block_pages(b, x) for b, x in enumerate(bits))
+        if need > self.arena.free_pages:
+            raise OutOfPages(f"initial weights need {need} pages, arena has {self.arena.free_pages} free")
+        for b, x in enumerate(bits):
+            if x != HOST_ONLY_BITS:
+                self.promote(b, x)
+        self.sync()
+        self.counters = WeightCounters()  # loading is not a transition
+
+    # -- queries -------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self._shapes)
+
+    def shape(self, block: int) -> tuple[int, int]:
+        return self._shapes[block]
+
+    def bits(self, block: int) -> int:
+        """Committed bits of ``block`` (0 = host-only); what readers use."""
+        return bits_for_fields(self._fields[block])
+
+    def block_bits(self) -> list[int]:
+        """Committed bits of every block in block-index order."""
+        return [bits_for_fields(n) for n in self._fields]
+
+    def pending_bits(self, block: int) -> int | None:
+        """Target bits of an in-flight promotion of ``block``, else None."""
+        pending = self._pending.get(block)
+        return None if pending is None else bits_for_fields(pending.fields)
+
+    def version(self, block: int) -> int:
+        """Bumped on every committed transition (cache key for decoded weights)."""
+        return self._version[block]
+
+    def resident_pages(self, block: int) -> list[int]:
+        """Arena pages of the committed fields of ``block``."""
+        return [p for f in range(self._fields[block]) for p in self._pages[block][f]]
+
+    def pending_pages(self, block: int) -> list[int]:
+        pending = self._pending.get(block)
+        return [] if pending is None else [p for pages in pending.pages.values() for p in pages]
+
+    def field_bytes(self, block: int, f: int) -> torch.Tensor:
+        """Host master bytes of field ``f`` (layout: codes, then view-f scales). uint8 [bytes]."""
+        n, k = self._shapes[block]
+        return self._host[block][f].reshape(-1)[: field_size(n, k, f).total]
+
+    def block_pages(self, block: int, bits: int) -> int:
+        return sum(self._num_pages[block][: fields_for_bits(bits)])
+
+    def footprint_bytes(self, proj: int, bits: int) -> int:
+        """Arena bytes of one block of projection ``proj`` at ``bits`` (whole pages; 0 host-only)."""
+        if not 0 <= proj < NUM_PROJ or proj >= self.num_blocks:
+            raise ValueError(f"no block of projection {proj}")
+        return self.block_pages(proj, bits) * self.page_bytes
+
+    def weight_pages_by_bits(self) -> dict[int, int]:
+        """Pages the store holds per tag bits; equals the arena's weight accounting."""
+        out: dict[int, int] = {}
+        for b in range(self.num_blocks):
+            held = len(self.resident_pages(b))
+            if held:
+                out[self.bits(b)] = out.get(self.bits(b), 0) + held
+            pending = self._pending.get(b)
+            if pending is not None:
+                tgt = bits_for_fields(pending.fields)
+                out[tgt] = out.get(tgt, 0) + len(self.pending_pages(b))
+        return dict(sorted((k, v) for k, v in out.items() if v))
+
+    # -- transitions -------------------------------------------------------------
+    def promote(self, block: int, bits: int, *, on_demand: bool = False) -> int:
+        """Starts copying the missing fields of ``block`` up to ``bits``; returns the bytes to copy.
+
+        Raises OutOfPages (nothing changed) when the arena lacks the pages. An
+        earlier in-flight promotion of the block is completed first.
+        """
+        target = fields_for_bits(bits)
+        if target == 0:
+            raise ValueError("promote needs a view bitwidth; use set_host_only to drop a block")
+        self._finish(block)
+        have = self._fields[block]
+        if target < have:
+            raise ValueError(f"block {block} is at {self.bits(block)} bits; promote to {bits} would lower it")
+        if target == have:
+            return 0
+        allocated = self.arena.alloc(sum(self._num_pages[block][have:target]), PageTag("weight", bits))
+        by_field: dict[int, list[int]] = {}
+        copies: list[Copy] = []
+        rest = allocated
+        for f in range(have, target):
+            n = self._num_pages[block][f]
+            by_field[f], rest = rest[:n], rest[n:]
+            copies.extend(self._copies_for(block, f, by_field[f]))
+        nbytes = len(allocated) * self.page_bytes
+        try:
+            handle = self._copy.submit(copies)
+        except BaseException:
+            self.arena.free(allocated)  # nothing was committed: give the pages back
+            raise
+        self._pending[block] = _Pending(target, by_field, handle, nbytes, on_demand)
+        return nbytes
+
+    def _copies_for(self, block: int, f: int, pages: list[int]) -> list[Copy]:
+        """One copy per run of consecutive arena pages."""
+        storage = self.arena.storage
+        assert storage is not None
+        src = self._host[block][f]
+        copies: list[Copy] = []
+        start = 0
+        for i in range(1, len(pages) + 1):
+            if i == len(pages) or pages[i] != pages[i - 1] + 1:
+                copies.append((storage[pages[start] : pages[i - 1] + 1], src[start:i]))
+                start = i
+        return copies
+
+    def demote(self, block: int, bits: int) -> int:
+        """Drops the trailing fields of ``block`` down to ``bits`` (0 = host-only); returns bytes freed."""
+        target = fields_for_bits(bits)
+        self._finish(block)
+        have = self._fields[block]
+        if target > have:
+            raise ValueError(f"block {block} is at {self.bits(block)} bits; demote to {bits} would raise it")
+        if target == have:
+            return 0
+        self.block_fields[block] = target  # readers stop using the fields before they are freed
+        self.page_table[block, target:have] = -1
+        dropped = [p for f in range(target, have) for p in self._pages[block][f]]
+        for f in range(target, have):
+            self._pages[block][f] = []
+        self._fields[block] = target
+        self.arena.free(dropped)
+        if target:
+            self.arena.retag(self.resident_pages(block), PageTag("weight", bits))
+        self._version[block] += 1
+        self.counters.demotions += 1
+        self.counters.bytes_demoted += len(dropped) * self.page_bytes
+        return len(dropped) * self.page_bytes
+
+    def set_host_only(self, block: int) -> int:
+        """Frees every arena page of ``block``; it stays readable from the host."""
+        return self.demote(block, HOST_ONLY_BITS)
+
+    def poll(self) -> int:
+        """Commits every promotion whose copy has landed; returns how many. Never blocks."""
+        ready = [b for b, p in self._pending.items() if p.handle.done()]
+        for b in ready:
+            self._commit(b)
+        return len(ready)
+
+    def sync(self) -> None:
+        """Waits for and commits every in-flight promotion."""
+        for b in list(self._pending):
+            self._finish(b)
+
+    def _finish(self, block: int) -> None:
+        pending = self._pending.get(block)
+        if pending is not None:
+            pending.handle.wait()
+            self._commit(block)
+
+    def _commit(self, block: int) -> None:
+        pending = self._pending.pop(block)
+        for f, pages in pending.pages.items():
+            self.page_table[block, f, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            self._pages[block][f] = pages
+        old = self.resident_pages(block)
+        self.block_fields[block] = pending.fields  # written last: the commit point
+        self._fields[block] = pending.fields
+        bits = bits_for_fields(pending.fields)
+        if old:
+            self.arena.retag(old, PageTag("weight", bits))
+        self._version[block] += 1
+        self.counters.bytes_promoted += pending.nbytes
+        if not pending.on_demand:
+            self.counters.promotions += 1
+
+    # -- on-demand fetch and recency ---------------------------------------------------
+    def ensure_resident(self, blocks: Iterable[int], bits: int = VIEW_BITS[0]) -> list[int]:
+        """Fetches host-only blocks among ``blocks`` at ``bits`` and waits for them.
+
+        Returns the blocks that stay host-only because the arena had no free
+        pages (readers then decode them from the host copy). The wait is
+        counted in ``host_fetches`` / ``host_fetch_stall_us``.
+        """
+        cold = sorted({b for b in blocks if self._fields[b] == 0})
+        if not cold:
+            return []
+        start = time.perf_counter_ns()
+        failed: list[int] = []
+        fetched = 0
+        for b in cold:
+            if b not in self._pending:
+                try:
+                    self.promote(b, bits, on_demand=True)
+                except OutOfPages:
+                    failed.append(b)
+                    continue
+            self._finish(b)
+            fetched += 1
+        self.counters.host_fetches += fetched
+        self.counters.fetch_failures += len(failed)
+        self.counters.host_fetch_stall_us += (time.perf_counter_ns() - start) // _NS_PER_US
+        return failed
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Records an access (one tick of the logical clock) to ``blocks``."""
+        self.clock += 1
+        for b in blocks:
+            self._last_access[b] = self.clock
+
+    def last_access(self, block: int) -> int:
+        """Logical time of the last access (0 = never)."""
+        return self._last_access[block]
+
+    def lru_order(self, blocks: Iterable[int]) -> list[int]:
+        """``blocks`` ordered least recently used first."""
+        return sorted(blocks, key=lambda b: (self._last_access[b], b))
+
+    # -- readers ----------------------------------------------------------------------
+    def read_view(self, block: int) -> BlockView:
+        """The committed view of ``block`` read through the page table.
+
+        A host-only block is read from the host copy at the lowest view
+        (transient device copy; the arena is not touched).
+        """
+        n, k = self._shapes[block]
+        fields = self._fields[block]
+        if fields == 0:
+            codes, scales = field_from_bytes(self.field_bytes(block, 0).to(self.device), n, k, 0)
+            return BlockView(VIEW_BITS[0], (codes,), scales)
+        storage = self.arena.storage
+        assert storage is not None
+        parsed = []
+        for f in range(fields):
+            idx = self.page_table[block, f, : self._num_pages[block][f]].long()  # [pages]
+            parsed.append(field_from_bytes(storage.index_select(0, idx).reshape(-1), n, k, f))
+        return BlockView(bits_for_fields(fields), tuple(c for c, _ in parsed), parsed[-1][1])
+
+    def decode(self, block: int) -> tuple[int, torch.Tensor]:
+        """(bits, float32 [N, K]) of ``block`` at its committed view."""
+        view = self.read_view(block)
+        n, k = self._shapes[block]
+        return view.bits, decode_view(view.codes, view.scales, n, k)

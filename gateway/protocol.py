@@ -1,0 +1,197 @@
+"""All HTTP messages of the gateway, in one place: the OpenAI chat completions
+request/response/stream chunk, the models list and the error body.
+
+Unknown request fields are ignored (OpenAI clients send optional extras);
+known but unsupported features (logprobs, penalties, tools) are rejected with
+400 so a client never silently gets a different behaviour than it asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+# Most parallel choices one request may ask for (each is one dataplane request).
+MAX_CHOICES = 16
+# Most stop strings per request.
+MAX_STOP_STRINGS = 16
+# Seeds are uint64 on the wire and choice i uses seed + i: keep room for that.
+MAX_SEED = 2**63 - 1
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class TextPart(BaseModel):
+    """One part of a multi-part message content; only text is supported."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """A conversation message. Extra keys (e.g. tool_calls) reach the template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1)
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str | None:
+        """Content as one string (text parts joined), as chat templates expect."""
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions body. `top_k`, `ignore_eos` and
+    `stop_token_ids` are extensions (as in vLLM)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, description="0 or -1 disables top-k.")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[NonNegativeInt] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    user: str | None = None
+    logprobs: bool | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    tools: list[Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if any(stop == "" for stop in stops):
+            raise ValueError("stop strings must be non-empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _reject_unsupported(self) -> ChatCompletionRequest:
+        if self.logprobs:
+            raise ValueError("logprobs are not supported")
+        if self.presence_penalty or self.frequency_penalty:
+            raise ValueError("presence_penalty and frequency_penalty are not supported")
+        if self.tools:
+            raise ValueError("tools are not supported")
+        return self
+
+    def stop_strings(self) -> list[str]:
+        assert self.stop is None or isinstance(self.stop, list)  # normalised by _check_stop
+        return self.stop or []
+
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens (current name) wins over max_tokens (legacy)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+FinishReasonText = Literal["stop", "length"]
+
+
+class Choice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReasonText
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    """Only the fields that are set appear on the wire (`{}` for a final chunk)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    finish_reason: FinishReasonText | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pagedweight"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

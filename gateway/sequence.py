@@ -1,0 +1,130 @@
+"""One generated sequence (one OpenAI "choice"): token stream in, text out.
+
+Runs one dataplane Generate call, detokenizes incrementally, applies stop
+strings (cancelling the dataplane request when one matches), and records the
+per-token metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from gateway.dataplane_client import DataplaneClient, DataplaneError, DataplaneErrorKind
+from gateway.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from gateway.metrics import GatewayMetrics
+from gateway.tokenizer import TextTokenizer
+from pagedweight.v1 import inference_pb2
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+# Metric labels of sequences that did not finish normally.
+FINISH_CANCELLED = "cancelled"
+FINISH_ERROR = "error"
+
+_FINISH_TEXT = {
+    inference_pb2.FINISH_REASON_STOP: FINISH_STOP,
+    inference_pb2.FINISH_REASON_LENGTH: FINISH_LENGTH,
+}
+
+
+@dataclass(frozen=True)
+class SequenceDelta:
+    """New text of choice `index`; the last delta of a choice has
+    `finish_reason` set ("stop" or "length"). `completion_tokens` counts every
+    token the dataplane generated so far (stop tokens included)."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    index: int
+    request: inference_pb2.GenerateRequest
+    stop_strings: Sequence[str]
+    # Token ids that end generation (eos unless ignored, plus requested ones):
+    # a final stop token is not part of the text.
+    stop_token_ids: frozenset[int]
+
+
+async def generate_sequence(
+    spec: SequenceSpec,
+    client: DataplaneClient,
+    tokenizer: TextTokenizer,
+    metrics: GatewayMetrics,
+    arrival_s: float,
+    timeout_s: float,
+) -> AsyncIterator[SequenceDelta]:
+    """Yields deltas with non-empty text, then one final delta with a finish
+    reason. Closing the iterator early aborts the dataplane request. Raises
+    DataplaneError; a dataplane-side abort is reported as UNAVAILABLE.
+    `arrival_s` is the request's time.monotonic() arrival (for TTFT)."""
+    outcome = FINISH_CANCELLED
+    try:
+        # aclosing: when our consumer stops early, the inner stream (and with
+        # it the gRPC call) is closed now, not whenever it is collected.
+        async with aclosing(_generate(spec, client, tokenizer, metrics, arrival_s, timeout_s)) as deltas:
+            async for delta in deltas:
+                if delta.finish_reason is not None:
+                    outcome = delta.finish_reason
+                yield delta
+    except DataplaneError:
+        outcome = FINISH_ERROR
+        raise
+    finally:
+        metrics.sequences_finished.labels(finish_reason=outcome).inc()
+
+
+async def _generate(
+    spec: SequenceSpec,
+    client: DataplaneClient,
+    tokenizer: TextTokenizer,
+    metrics: GatewayMetrics,
+    arrival_s: float,
+    timeout_s: float,
+) -> AsyncIterator[SequenceDelta]:
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    matcher = StopStringMatcher(spec.stop_strings)
+    completion_tokens = 0
+    last_token_s: float | None = None
+    async with aclosing(client.generate(spec.request, timeout_s)) as stream:
+        async for response in stream:
+            token_ids = list(response.token_ids)
+            if token_ids:
+                now = time.monotonic()
+                if last_token_s is None:
+                    metrics.time_to_first_token.observe(now - arrival_s)
+                else:
+                    gap = (now - last_token_s) / len(token_ids)
+                    for _ in token_ids:
+                        metrics.inter_token_latency.observe(gap)
+                last_token_s = now
+                metrics.generation_tokens.inc(len(token_ids))
+            completion_tokens = max(response.completion_tokens, completion_tokens + len(token_ids))
+            reason = response.finish_reason
+            if reason == inference_pb2.FINISH_REASON_ABORT:
+                raise DataplaneError(DataplaneErrorKind.UNAVAILABLE, "the dataplane aborted the request")
+            finished = reason != inference_pb2.FINISH_REASON_UNSPECIFIED
+            if finished and reason == inference_pb2.FINISH_REASON_STOP and token_ids:
+                if token_ids[-1] in spec.stop_token_ids:
+                    token_ids.pop()
+            text = detokenizer.push(token_ids)
+            if finished:
+                text += detokenizer.flush()
+            emitted, matched = matcher.push(text)
+            if matched:
+                # Leaving the `async with` closes the stream: the call is cancelled.
+                yield SequenceDelta(spec.index, emitted, FINISH_STOP, completion_tokens)
+                return
+            if finished:
+                emitted += matcher.flush()
+                yield SequenceDelta(spec.index, emitted, _FINISH_TEXT[reason], completion_tokens)
+                return
+            if emitted:
+                yield SequenceDelta(spec.index, emitted, None, completion_tokens)
+    raise DataplaneError(DataplaneErrorKind.INTERNAL, "the dataplane ended the stream without a finish reason")

@@ -1,0 +1,192 @@
+"""MoE step preparation in one launch: sort tokens by expert and stage activations.
+
+Programs 0..T-1 each take one token: copy its row to fp16 in the MoE kernels'
+in-group K order, store its per-group sums, zero its output row. Program T
+sorts the T * top_k (token, slot) pairs by expert (stable), writes the expert
+offsets and the compacted list of experts that got tokens. Nothing here needs
+a host sync, so the step can run under CUDA graphs.
+
+Outputs (all device tensors):
+* xp        fp16  [T, H]   x in virtual in-group order (weight_layout), clamped to fp16
+* xsum      fp32  [T, H / 128]  sums of xp per group
+* out       fp32  [T, H]   zeroed (the down kernel accumulates into it)
+* sorted    int32 [T * top_k]  flat indices t * top_k + j sorted by expert
+* offsets   int32 [E + 1]  sorted[offsets[e]:offsets[e + 1]] go to expert e
+* active    int32 [E]      experts with tokens, ascending, in slots 0..num_active-1
+* num_active int32 [1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.weight_layout import GROUP, permute_groups
+
+FP16_MAX = 65504.0
+# The single-program sort handles up to this many (token, slot) pairs; larger
+# batches (prefill) sort with torch ops, still without a host sync.
+MAX_PAIRS_IN_KERNEL = 1024
+GROUPS_PER_STEP = 8
+_FP16_MAX_C = tl.constexpr(FP16_MAX)
+
+
+@dataclass
+class MoePrep:
+    xp: torch.Tensor
+    xsum: torch.Tensor
+    out: torch.Tensor
+    sorted_ids: torch.Tensor
+    offsets: torch.Tensor
+    active: torch.Tensor
+    num_active: torch.Tensor
+
+
+@triton.jit
+def _virtual_to_actual(v):
+    word = v // 64
+    s = (v // 16) % 4
+    ab = (v // 8) % 2
+    c = (v // 2) % 4
+    e = v % 2
+    return 32 * c + 16 * word + 4 * ab + s + 8 * e
+
+
+@triton.jit
+def _moe_prep_kernel(
+    x_ptr,  # [T, H] float (row stride stride_x)
+    ids_ptr,  # [T * TOPK] int32 expert of each (token, slot)
+    xp_ptr,  # [T, H] fp16 out
+    xsum_ptr,  # [T, H / 128] fp32 out
+    out_ptr,  # [T, H] fp32 out, zeroed
+    sorted_ptr,  # [T * TOPK] int32 out
+    offsets_ptr,  # [E + 1] int32 out
+    active_ptr,  # [E] int32 out
+    num_active_ptr,  # [1] int32 out
+    T, H, stride_x, E, n_pairs,
+    GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, DO_SORT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < T:
+        n_groups = H // 128
+        v = tl.arange(0, 128)
+        act = _virtual_to_actual(v)
+        gi = tl.arange(0, GB)
+        row = pid.to(tl.int64)
+        for g0 in range(0, n_groups, GB):
+            gg = g0 + gi
+            gm = gg < n_groups
+            xv = tl.load(x_ptr + row * stride_x + gg[:, None] * 128 + act[None, :], mask=gm[:, None], other=0.0)
+            xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+            dst = row * H + gg[:, None] * 128 + v[None, :]
+            tl.store(xp_ptr + dst, xv, mask=gm[:, None])
+            tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
+            tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
+    elif DO_SORT:
+        t = tl.arange(0, PAIRS_PAD)
+        ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
+        e = tl.arange(0, E_PAD)
+        valid = (t < n_pairs) & (ids >= 0) & (ids < E)
+        onehot = ((ids[:, None] == e[None, :]) & valid[:, None]).to(tl.int32)  # [PAIRS_PAD, E_PAD]
+        counts = tl.sum(onehot, axis=0)  # [E_PAD]
+        rank = tl.sum((tl.cumsum(onehot, axis=0) - 1) * onehot, axis=1)  # [PAIRS_PAD]
+        ends = tl.cumsum(counts, axis=0)
+        starts = ends - counts
+        pos = tl.sum(onehot * starts[None, :], axis=1) + rank
+        tl.store(sorted_ptr + pos, t, mask=valid)
+        tl.store(offsets_ptr + e, starts, mask=e < E)
+        tl.store(offsets_ptr + E, tl.sum(counts, axis=0))
+        has = (counts > 0) & (e < E)
+        slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
+        tl.store(active_ptr + slot, e, mask=has)
+        tl.store(num_active_ptr, tl.sum(has.to(tl.int32), axis=0))
+
+
+def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep) -> None:
+    """Same outputs as the in-kernel sort, by torch ops without host syncs."""
+    valid = (ids >= 0) & (ids < num_experts)
+    key = torch.where(valid, ids, torch.full_like(ids, num_experts)).to(torch.int64)
+    order = torch.sort(key, stable=True).indices
+    prep.sorted_ids.copy_(order.to(torch.int32))
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
+    counts.index_add_(0, key, torch.ones_like(key))
+    counts = counts[:num_experts]
+    prep.offsets[0] = 0
+    prep.offsets[1:].copy_(torch.cumsum(counts, 0).to(torch.int32))
+    has = counts > 0
+    slot = torch.cumsum(has.to(torch.int64), 0) - 1
+    slot = torch.where(has, slot, torch.full_like(slot, num_experts))
+    active = torch.zeros(num_experts + 1, dtype=torch.int32, device=ids.device)
+    active.scatter_(0, slot, torch.arange(num_experts, dtype=torch.int32, device=ids.device))
+    prep.active.copy_(active[:num_experts])
+    prep.num_active.copy_(has.sum().to(torch.int32).reshape(1))
+
+
+def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
+               device: torch.device | str) -> MoePrep:
+    """Uninitialised buffers for moe_prepare (reuse them across steps / graphs)."""
+    return MoePrep(
+        xp=torch.empty(num_tokens, hidden, dtype=torch.float16, device=device),
+        xsum=torch.empty(num_tokens, hidden // GROUP, dtype=torch.float32, device=device),
+        out=torch.empty(num_tokens, hidden, dtype=torch.float32, device=device),
+        sorted_ids=torch.empty(num_tokens * top_k, dtype=torch.int32, device=device),
+        offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=device),
+        active=torch.empty(num_experts, dtype=torch.int32, device=device),
+        num_active=torch.empty(1, dtype=torch.int32, device=device),
+    )
+
+
+def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                prep: MoePrep | None = None) -> MoePrep:
+    """Runs the prep launch. x: [T, H] float; topk_ids: [T, top_k] int.
+
+    prep: buffers from alloc_prep for these sizes (allocated when None).
+    """
+    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"need x [T, H] and topk_ids [T, k], got {tuple(x.shape)}, {tuple(topk_ids.shape)}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x must be fp16/bf16/fp32, got {x.dtype}")
+    if x.stride(1) != 1:
+        raise ValueError("x must be contiguous along the hidden dim")
+    t, h = x.shape
+    if h % GROUP:
+        raise ValueError(f"hidden size must be a multiple of {GROUP}, got {h}")
+    if num_experts <= 0:
+        raise ValueError("num_experts must be positive")
+    n_pairs = topk_ids.numel()
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    if prep is None:
+        prep = alloc_prep(t, topk_ids.shape[1], h, num_experts, x.device)
+    elif prep.xp.shape != (t, h) or prep.sorted_ids.shape != (n_pairs,) or prep.active.shape != (num_experts,):
+        raise ValueError("prep buffers do not match these sizes")
+    do_sort = n_pairs <= MAX_PAIRS_IN_KERNEL
+    _moe_prep_kernel[(t + 1,)](
+        x, ids, prep.xp, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active,
+        prep.num_active, t, h, x.stride(0), num_experts, n_pairs,
+        GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
+        E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort, num_warps=4,
+    )
+    if not do_sort:
+        _sort_with_torch(ids, num_experts, prep)
+    return prep
+
+
+def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MoePrep:
+    """Plain-torch version of moe_prepare (same outputs)."""
+    t, h = x.shape
+    xp = permute_groups(x.float().clamp(-FP16_MAX, FP16_MAX)).to(torch.float16)
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    prep = MoePrep(
+        xp=xp,
+        xsum=xp.float().reshape(t, h // GROUP, GROUP).sum(-1),
+        out=torch.zeros(t, h, dtype=torch.float32, device=x.device),
+        sorted_ids=torch.empty(ids.numel(), dtype=torch.int32, device=x.device),
+        offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=x.device),
+        active=torch.empty(num_experts, dtype=torch.int32, device=x.device),
+        num_active=torch.empty(1, dtype=torch.int32, device=x.device),
+    )
+    _sort_with_torch(ids, num_experts, prep)
+    return prep

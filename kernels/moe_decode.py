@@ -1,0 +1,274 @@
+"""Triton device functions: read one block's fields through the page table and
+turn them into fp16 tensor-core operands (docs/WEIGHT_LAYOUT.md, v1).
+
+How the decode stays cheap (instructions per weight, not per element):
+* codes are rebuilt on whole 32-bit words holding four 8-bit lanes: each
+  field is shifted to its fixed bit position inside the 8-bit code and OR-ed
+  in, one shift and one and-or per field serve four weights;
+* the code keeps its fixed 8-bit position whatever the view (t_b << (8 - b)),
+  the view's power of two goes into the scale;
+* lanes become fp16 pairs by OR-ing the exponent 0x6400: the pair reads as
+  (1024 + q0, 1024 + q1), and the 1024 is folded into the group offset, so no
+  per-weight conversion or subtraction remains;
+* the per-group scale and offset are applied to the dot product of the group,
+  sum_k x_k (o + s t_k) = o * sum(x) + s * sum(x t), with the activation group
+  sums precomputed once per token;
+* each thread decodes 32 consecutive weights of a row, which is what it holds
+  of the mma A operand; the activations are stored in the matching in-group
+  order (weight_layout.virtual_to_actual), so no data moves between threads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+GROUP = 128
+# fp16 exponent bits of 1024.0 in both halves of a word.
+_FP16_1024_PAIR = 0x64006400
+_LANES_EVEN = 0x00FF00FF
+
+
+@triton.jit
+def _spread_nibbles(x):
+    # x: uint32 whose low 16 bits hold nibbles n0..n3 -> byte l holds nibble l.
+    y = (x | (x << 8)) & 0x00FF00FF
+    return (y | (y << 4)) & 0x0F0F0F0F
+
+
+@triton.jit
+def _two_bit_lanes(words, s, POS: tl.constexpr):
+    # words: uint32 [BN, 4, 2] of a 2-bit field; s: int32 [1, 1, 1, 4] step.
+    # Lane l of result [BN, 4, 2, 4] holds weight 4l + s at bits POS, POS + 1.
+    x = words[:, :, :, None]
+    left = x << tl.maximum(POS - 2 * s, 0)
+    right = x >> tl.maximum(2 * s - POS, 0)
+    moved = tl.where(2 * s <= POS, left, right)
+    return moved & (0x03030303 << POS)
+
+
+@triton.jit
+def _one_bit_lanes(words, s, POS: tl.constexpr):
+    # words: uint32 [BN, 4] of a 1-bit field (32 weights each); result
+    # [BN, 4, 2, 4]: lane l of (half, s) holds weight 16 half + 4l + s at bit POS.
+    spread = tl.join(_spread_nibbles(words & 0xFFFF), _spread_nibbles(words >> 16))
+    return (spread[:, :, :, None] << (POS - s)) & (0x01010101 << POS)
+
+
+@triton.jit
+def _split_pairs(lanes, USE_ASM: tl.constexpr):
+    # lanes: uint32 [..] of four 8-bit codes -> fp16 pairs (1024 + q) of lanes
+    # (0, 2) and (1, 3).
+    if USE_ASM:
+        even = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, 0x64646464, 0x4240;", "=r,r", [lanes],
+            dtype=tl.uint32, is_pure=True, pack=1)
+        odd = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, 0x64646464, 0x4341;", "=r,r", [lanes],
+            dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        even = (lanes & 0x00FF00FF) | 0x64006400
+        odd = ((lanes >> 8) & 0x00FF00FF) | 0x64006400
+    return even, odd
+
+
+@triton.jit
+def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
+    """fp16 [BN, 128] = 1024 + (t_b << (8 - b)) in the virtual K order.
+
+    f0, f3, f4: uint32 [BN, 4, 2] (2-bit fields: quarter c, word); f1, f2:
+    uint32 [BN, 4] (1-bit fields: quarter c). Fields >= NF are ignored.
+    """
+    s = tl.arange(0, 4)[None, None, None, :]
+    lanes = _two_bit_lanes(f0, s, 6)
+    if NF >= 2:
+        lanes = lanes | _one_bit_lanes(f1, s, 5)
+    if NF >= 3:
+        lanes = lanes | _one_bit_lanes(f2, s, 4)
+    if NF >= 4:
+        lanes = lanes | _two_bit_lanes(f3, s, 2)
+    if NF >= 5:
+        lanes = lanes | _two_bit_lanes(f4, s, 0)
+    # With one field ptxas already fuses mask and exponent into one LOP3; the
+    # byte permute only pays when lanes hold several fields.
+    even, odd = _split_pairs(lanes, USE_ASM and NF >= 2)
+    pairs = tl.join(even, odd)  # [BN, c, word, s, ab]
+    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [.., e]
+    halves = tl.permute(halves, (0, 2, 3, 4, 1, 5))  # [BN, word, s, ab, c, e]
+    return tl.reshape(halves, (BN, 128)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def row_pages(pt_ptr, start, row_bytes, CHUNK: tl.constexpr, log2p):
+    """Per-row page bases of one field region.
+
+    pt_ptr: int32 [max_pages] page-table row of one (block, field); start:
+    int64 [BN] byte offset of each row inside the field's byte string. A row
+    spans at most two pages (page_bytes >= row_bytes, checked by wrappers).
+    Returns (base_a, base_b, brk): int32 word index of the row's first byte in
+    the arena for chunks < brk, and the same for the chunks after the page
+    boundary; chunks are CHUNK bytes and never straddle a page.
+    """
+    page_a = start >> log2p
+    page_b = (start + row_bytes - 1) >> log2p
+    entry_a = tl.load(pt_ptr + page_a).to(tl.int64)
+    entry_b = tl.load(pt_ptr + page_b).to(tl.int64)
+    in_page = start - (page_a << log2p)
+    brk = ((page_a + 1) << log2p) - start
+    base_a = ((entry_a << log2p) + in_page) >> 2
+    base_b = ((entry_b << log2p) - brk) >> 2
+    return base_a, base_b, (brk // CHUNK).to(tl.int32)
+
+
+@triton.jit
+def _seg_base(base_a, base_b, brk, gs, ALIGN: tl.constexpr):
+    # Row bases valid for the whole segment starting at chunk gs.
+    return tl.multiple_of(tl.where(gs < brk, base_a, base_b), ALIGN)
+
+
+@triton.jit
+def _next_brk(brk, gs, ge):
+    # First page boundary (in chunks) after gs over all rows, capped at ge.
+    return tl.minimum(tl.min(tl.where(brk > gs, brk, ge), axis=0), ge)
+
+
+@triton.jit
+def _load_two_bit(arena_ptr, base, g, c4, w2):
+    # -> uint32 [BN, 4, 2]: group g, quarter c (8 bytes), word.
+    off = base[:, None, None] + (g * 8 + c4[None, :, None] * 2 + w2[None, None, :])
+    return tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _load_one_bit(arena_ptr, base, g, c4):
+    # -> uint32 [BN, 4]: group g, quarter c (4 bytes).
+    off = base[:, None] + (g * 4 + c4[None, :])
+    return tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                 XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
+                 BM: tl.constexpr, USE_ASM: tl.constexpr):
+    """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
+
+    arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
+    pt_blk_ptr: int32 [5, max_pages] the block's page-table rows (field stride
+    pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
+    pointers [128, BM] to group 0 of the activation tile (virtual order);
+    xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
+    partial sums per group, xs_group_stride apart per group.
+    The group range is cut into segments at the page boundaries of the tile's
+    rows, so inside a segment every row reads through one fixed page base.
+    """
+    n_groups = K // 128
+    r64 = rows.to(tl.int64)
+    c4 = tl.arange(0, 4)
+    w2 = tl.arange(0, 2)
+    a0, b0, k0 = row_pages(pt_blk_ptr, r64 * (n_groups * 32), n_groups * 32, 32, log2p)
+    a1, b1, k1 = a0, b0, k0
+    a2, b2, k2 = a0, b0, k0
+    a3, b3, k3 = a0, b0, k0
+    a4, b4, k4 = a0, b0, k0
+    if NF >= 2:
+        a1, b1, k1 = row_pages(pt_blk_ptr + pt_field_stride, r64 * (n_groups * 16), n_groups * 16, 16, log2p)
+    if NF >= 3:
+        a2, b2, k2 = row_pages(pt_blk_ptr + 2 * pt_field_stride, r64 * (n_groups * 16), n_groups * 16, 16, log2p)
+    if NF >= 4:
+        a3, b3, k3 = row_pages(pt_blk_ptr + 3 * pt_field_stride, r64 * (n_groups * 32), n_groups * 32, 32, log2p)
+    if NF >= 5:
+        a4, b4, k4 = row_pages(pt_blk_ptr + 4 * pt_field_stride, r64 * (n_groups * 32), n_groups * 32, 32, log2p)
+    # Scales of the NF-field view sit after the codes of field NF - 1.
+    if NF == 1 or NF >= 4:
+        code_bytes = n_rows.to(tl.int64) * (n_groups * 32)
+    else:
+        code_bytes = n_rows.to(tl.int64) * (n_groups * 16)
+    sa, sb, sk = row_pages(pt_blk_ptr + (NF - 1) * pt_field_stride,
+                           code_bytes + r64 * (n_groups * 4), n_groups * 4, 4, log2p)
+    # t_b << (8 - b) is what the decode yields: fold 2^-(8-b) into the scale.
+    if NF == 1:
+        inv_step = 1.0 / 64.0
+    elif NF == 2:
+        inv_step = 1.0 / 32.0
+    elif NF == 3:
+        inv_step = 1.0 / 16.0
+    elif NF == 4:
+        inv_step = 1.0 / 4.0
+    else:
+        inv_step = 1.0
+    acc = tl.zeros((BN, BM), tl.float32)
+    gs = g0
+    while gs < g1:
+        ge = _next_brk(k0, gs, g1)
+        ge = _next_brk(sk, gs, ge)
+        p0 = _seg_base(a0, b0, k0, gs, 8)
+        p1 = p0
+        p2 = p0
+        p3 = p0
+        p4 = p0
+        if NF >= 2:
+            ge = _next_brk(k1, gs, ge)
+            p1 = _seg_base(a1, b1, k1, gs, 4)
+        if NF >= 3:
+            ge = _next_brk(k2, gs, ge)
+            p2 = _seg_base(a2, b2, k2, gs, 4)
+        if NF >= 4:
+            ge = _next_brk(k3, gs, ge)
+            p3 = _seg_base(a3, b3, k3, gs, 8)
+        if NF >= 5:
+            ge = _next_brk(k4, gs, ge)
+            p4 = _seg_base(a4, b4, k4, gs, 8)
+        ps = tl.where(gs < sk, sa, sb)
+        for g in range(gs, ge):
+            f0 = _load_two_bit(arena_ptr, p0, g, c4, w2)
+            f1 = f0
+            f2 = f0
+            f3 = f0
+            f4 = f0
+            if NF >= 2:
+                f1 = _load_one_bit(arena_ptr, p1, g, c4)
+            if NF >= 3:
+                f2 = _load_one_bit(arena_ptr, p2, g, c4)
+            if NF >= 4:
+                f3 = _load_two_bit(arena_ptr, p3, g, c4, w2)
+            if NF >= 5:
+                f4 = _load_two_bit(arena_ptr, p4, g, c4, w2)
+            w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
+            xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
+            part = tl.dot(w, xt)  # [BN, BM] = sum (1024 + q) x
+            sw = tl.load(arena_ptr + ps + g)  # [BN] (scale, offset) fp16 pair
+            scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
+            offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            offset = offset - 1024.0 * scale
+            xs = tl.load(xs_ptrs + g * xs_group_stride, mask=xs_mask, other=0.0)
+            for j in tl.static_range(1, XS_SUB):
+                xs += tl.load(xs_ptrs + g * xs_group_stride + j, mask=xs_mask, other=0.0)
+            acc = acc + part * scale[:, None]
+            acc = acc + offset[:, None] * xs[None, :]
+        gs = ge
+    return acc
+
+
+@triton.jit
+def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                     XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                     USE_ASM: tl.constexpr):
+    """block_matmul specialised on the block's run-time field count nf (1..5)."""
+    if nf == 1:
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 1, BN, BM, USE_ASM)
+    elif nf == 2:
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 2, BN, BM, USE_ASM)
+    elif nf == 3:
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 3, BN, BM, USE_ASM)
+    elif nf == 4:
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 4, BN, BM, USE_ASM)
+    else:
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 5, BN, BM, USE_ASM)
+    return acc

@@ -1,0 +1,374 @@
+"""Fused mixed-precision MoE layer over paged multi-precision expert weights.
+
+Three launches per layer, no host sync (CUDA-graph friendly):
+1. moe_prepare (kernels/moe_align.py): sort (token, slot) pairs by expert,
+   stage x as fp16 in the kernels' K order with per-group sums, zero the output;
+2. _moe_gate_up_kernel: per (expert, 64 rows of F): gate and up projections of
+   the expert's tokens, SiLU(gate) * up, stored as fp16 h in sorted order (and
+   per-tile sums of h for the next kernel's group offsets);
+3. _moe_down_kernel: per (expert, rows of H, K split): down projection of h,
+   times the routing weight, atomically added into out [T, H] fp32 (the
+   weighted sum over the top-k and the K split in one go).
+
+Each block (one projection of one expert) is read through the page table at its
+own bitwidth: the kernels read block_fields[block] and branch into a decode
+specialised for that many fields, so blocks at different bits share a launch.
+Blocks with block_fields == 0 (host-only) are skipped: an expert contributes
+only when its three blocks are resident; the caller keeps tokens away from
+host-only experts (or accepts that they contribute nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.moe_align import FP16_MAX, MoePrep, alloc_prep, moe_prepare
+from kernels.moe_decode import block_matmul_any
+from kernels.weight_layout import (
+    FIELD_WIDTHS,
+    GROUP,
+    NUM_FIELDS,
+    dequantize_view,
+    field_bytes,
+    pages_for,
+)
+
+PROJ_GATE, PROJ_UP, PROJ_DOWN = 0, 1, 2
+PROJS_PER_EXPERT = 3
+_FP16_MAX_C = tl.constexpr(FP16_MAX)
+DEFAULT_SMS = 132
+PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class PagedWeights:
+    """Device view of the weight store (docs/WEIGHT_LAYOUT.md)."""
+
+    storage: torch.Tensor  # [num_pages, page_bytes] uint8, the arena
+    page_table: torch.Tensor  # [num_blocks, 5, max_pages] int32, -1 = absent
+    block_fields: torch.Tensor  # [num_blocks] int32, 0 = host-only
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """Launch shape. block_n_up must divide 128; split_k 0 = fill the GPU.
+
+    use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
+    only; the interpreter cannot run inline assembly).
+    """
+
+    block_n_up: int = 128
+    block_n_down: int = 128
+    block_m: int = 16
+    split_k: int = 0
+    num_warps: int = 4
+    num_stages: int = 3
+    use_asm: bool = False
+
+
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
+def _moe_gate_up_kernel(
+    xp_ptr,  # [T, H] fp16, x in virtual in-group order
+    xsum_ptr,  # [T, H / 128] fp32 group sums of xp
+    sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
+    offsets_ptr,  # [E + 1] int32
+    active_ptr,  # [E] int32 experts with tokens
+    num_active_ptr,  # [1] int32
+    arena_ptr,  # [num_pages * page_bytes / 4] int32 arena words
+    pt_ptr,  # [num_blocks, 5, max_pages] int32 page table
+    bf_ptr,  # [num_blocks] int32 resident field count per block
+    gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
+    count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
+    h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
+    hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
+    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
+    # (which = 0) or up (which = 1) block of the slot's expert. Whichever of
+    # the pair finishes second combines SiLU(gate) * up.
+    tile = tl.program_id(0) // 2
+    which = tl.program_id(0) % 2
+    slot = tl.program_id(1)
+    if slot < tl.load(num_active_ptr):
+        expert = tl.load(active_ptr + slot)
+        blk = block0 + expert * 3
+        nf_g = tl.load(bf_ptr + blk)
+        nf_u = tl.load(bf_ptr + blk + 1)
+        nf_d = tl.load(bf_ptr + blk + 2)
+        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
+            nf = tl.where(which == 0, nf_g, nf_u)
+            start = tl.load(offsets_ptr + expert)
+            end = tl.load(offsets_ptr + expert + 1)
+            n = tile * BN + tl.arange(0, BN)
+            rows = tl.minimum(n, F - 1)
+            m = tl.arange(0, BM)
+            kv = tl.arange(0, 128)
+            pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
+            # Where row n of h goes: its virtual position inside its group.
+            a = n % 128
+            col = (n // 128) * 128 + ((a // 16) % 2) * 64 + (a % 4) * 16 + ((a // 4) % 2) * 8 \
+                + (a // 32) * 2 + (a // 8) % 2
+            for m0 in range(start, end, BM):
+                pos = m0 + m
+                valid = pos < end
+                flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
+                tok = (flat // top_k).to(tl.int64)
+                xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
+                xs_ptrs = xsum_ptr + tok * (H // 128)
+                acc = block_matmul_any(nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
+                                       H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1,
+                                       1, BN, BM, USE_ASM)
+                keep = (n < F)[:, None] & valid[None, :]
+                pos64 = pos.to(tl.int64)
+                mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
+                tl.store(mine, acc, mask=keep)
+                tl.debug_barrier()
+                counter = count_ptr + (expert * (F // BN) + tile) * m_tiles + (m0 - start) // BM
+                if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
+                    other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
+                                    mask=keep, other=0.0, cache_modifier=".cg")
+                    gate = tl.where(which == 0, acc, other)
+                    up = tl.where(which == 0, other, acc)
+                    h = gate / (1.0 + tl.exp(-gate)) * up
+                    h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+                    tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
+                    tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
+                    tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
+                    tl.atomic_xchg(counter, 0)
+
+
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
+def _moe_down_kernel(
+    h_ptr,  # [T * top_k, F] fp16, sorted order, virtual in-group order
+    hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
+    sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
+    offsets_ptr,  # [E + 1] int32
+    active_ptr,  # [E] int32
+    num_active_ptr,  # [1] int32
+    tw_ptr,  # [T * top_k] fp32 routing weights
+    arena_ptr,  # int32 arena words
+    pt_ptr,  # [num_blocks, 5, max_pages] int32
+    bf_ptr,  # [num_blocks] int32
+    out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
+    BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    slot = tl.program_id(2)
+    g0 = pid_k * groups_per_split
+    g1 = tl.minimum(g0 + groups_per_split, F // 128)
+    if (slot < tl.load(num_active_ptr)) & (g0 < g1):
+        expert = tl.load(active_ptr + slot)
+        blk = block0 + expert * 3
+        nf_g = tl.load(bf_ptr + blk)
+        nf_u = tl.load(bf_ptr + blk + 1)
+        nf_d = tl.load(bf_ptr + blk + 2)
+        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
+            start = tl.load(offsets_ptr + expert)
+            end = tl.load(offsets_ptr + expert + 1)
+            n = pid_n * BN + tl.arange(0, BN)
+            rows = tl.minimum(n, H - 1)
+            m = tl.arange(0, BM)
+            kv = tl.arange(0, 128)
+            pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
+            for m0 in range(start, end, BM):
+                pos = m0 + m
+                valid = pos < end
+                pos64 = pos.to(tl.int64)
+                xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
+                xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
+                acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
+                                       log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB,
+                                       HS_SUB, BN, BM, USE_ASM)
+                flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
+                tok = (flat // top_k).to(tl.int64)
+                wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
+                keep = (n < H)[:, None] & valid[None, :]
+                tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep,
+                              sem="relaxed")
+
+
+def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: int) -> int:
+    storage, pt, bf = weights.storage, weights.page_table, weights.block_fields
+    if storage.dtype != torch.uint8 or storage.dim() != 2 or not storage.is_contiguous():
+        raise ValueError("storage must be a contiguous uint8 [num_pages, page_bytes] tensor")
+    page_bytes = storage.shape[1]
+    if page_bytes & (page_bytes - 1):
+        raise ValueError(f"page_bytes must be a power of two, got {page_bytes}")
+    widest_row = max(hidden, ffn) * max(FIELD_WIDTHS) // 8
+    if page_bytes < widest_row:
+        raise ValueError(f"page_bytes {page_bytes} < widest packed row {widest_row}: rows would span >2 pages")
+    if pt.dtype != torch.int32 or pt.dim() != 3 or pt.shape[1] != NUM_FIELDS or pt.stride(2) != 1:
+        raise ValueError("page_table must be int32 [num_blocks, 5, max_pages] with unit last stride")
+    if bf.dtype != torch.int32 or bf.dim() != 1 or bf.shape[0] != pt.shape[0]:
+        raise ValueError("block_fields must be int32 [num_blocks]")
+    if pt.shape[0] < blocks_needed:
+        raise ValueError(f"page table has {pt.shape[0]} blocks, this layer needs {blocks_needed}")
+    if not (storage.device == pt.device == bf.device):
+        raise ValueError("storage, page_table and block_fields must be on one device")
+    return page_bytes.bit_length() - 1
+
+
+def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
+                 num_sms: int = DEFAULT_SMS, use_asm: bool = False) -> MoeTiles:
+    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs."""
+    pairs = num_tokens * top_k
+    active = min(num_experts, pairs)
+    per_expert = pairs / active
+    block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
+    wide = GROUP
+    block_n_up = wide if (ffn // wide) * active >= num_sms else GROUP // 2
+    block_n_down = wide
+    tiles_down = triton.cdiv(hidden, block_n_down) * active
+    split = max(1, min(ffn // GROUP, triton.cdiv(PROGRAMS_PER_SM * num_sms, tiles_down)))
+    return MoeTiles(block_n_up=block_n_up, block_n_down=block_n_down, block_m=block_m,
+                    split_k=split, use_asm=use_asm)
+
+
+@dataclass
+class MoeWorkspace:
+    prep: MoePrep
+    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
+    counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
+    h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
+    hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
+
+
+def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
+                    tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
+    pairs = num_tokens * top_k
+    m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
+    return MoeWorkspace(
+        prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
+        gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
+        counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
+        h=torch.empty(pairs, ffn, dtype=torch.float16, device=device),
+        hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
+    )
+
+
+def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    weights: PagedWeights, layer: int, num_experts: int, ffn: int,
+                    tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None) -> torch.Tensor:
+    """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
+
+    x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
+    topk_ids: [T, k] int (ids outside [0, E) are ignored); topk_weights: [T, k];
+    weights: the arena and device tables; blocks ((layer * E + e) * 3 + proj).
+    workspace: buffers from alloc_workspace (reused across calls and CUDA
+    graphs); the result is workspace.prep.out. Three launches, no host sync.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
+    t, hidden = x.shape
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != t:
+        raise ValueError("topk_ids and topk_weights must both be [T, k]")
+    if hidden % GROUP or ffn % GROUP:
+        raise ValueError(f"hidden and ffn must be multiples of {GROUP}")
+    if layer < 0 or num_experts <= 0:
+        raise ValueError("layer must be >= 0 and num_experts > 0")
+    log2p = _check_weights(weights, hidden, ffn, (layer + 1) * num_experts * PROJS_PER_EXPERT)
+    if x.device != weights.storage.device:
+        raise ValueError("x and the weights must be on one device")
+    top_k = topk_ids.shape[1]
+    if tiles is None:
+        sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
+               if x.is_cuda else DEFAULT_SMS)
+        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=x.is_cuda)
+    if GROUP % tiles.block_n_up or ffn % tiles.block_n_up:
+        raise ValueError(f"block_n_up {tiles.block_n_up} must divide 128 and ffn {ffn}")
+    if workspace is None:
+        workspace = alloc_workspace(t, top_k, hidden, ffn, num_experts, tiles, x.device)
+    elif workspace.h.shape != (t * top_k, ffn) or workspace.hsum.shape[1] != ffn // tiles.block_n_up:
+        raise ValueError("workspace does not match these sizes and tiles")
+    if t == 0:
+        return workspace.prep.out
+    moe_prepare(x, topk_ids, num_experts, workspace.prep)
+    run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+    run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+    return workspace.prep.out
+
+
+def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
+                top_k: int, ffn: int, tiles: MoeTiles, log2p: int) -> None:
+    """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare)."""
+    t, hidden = ws.prep.xp.shape
+    slots = min(num_experts, t * top_k)
+    pt = weights.page_table
+    if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
+        raise ValueError("workspace was allocated for other tiles")
+    _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+        ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+        ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
+        ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
+        USE_ASM=tiles.use_asm, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+
+
+def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
+             num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int) -> None:
+    """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up)."""
+    t, hidden = ws.prep.xp.shape
+    slots = min(num_experts, t * top_k)
+    n_groups = ffn // GROUP
+    per_split = triton.cdiv(n_groups, max(1, tiles.split_k))
+    split = triton.cdiv(n_groups, per_split)
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    pt = weights.page_table
+    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
+        ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
+        tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
+        layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
+        per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+
+
+# -- plain-torch reference ----------------------------------------------------
+def read_block(weights: PagedWeights, block: int, n: int, k: int) -> list[torch.Tensor]:
+    """The resident fields' byte strings of one block, gathered from pages."""
+    nf = int(weights.block_fields[block])
+    out = []
+    for f in range(nf):
+        nbytes = field_bytes(f, n, k)
+        pages = weights.page_table[block, f, : pages_for(nbytes, weights.storage.shape[1])]
+        out.append(weights.storage[pages.long()].reshape(-1)[:nbytes])
+    return out
+
+
+def dequantized_block(weights: PagedWeights, block: int, n: int, k: int) -> torch.Tensor | None:
+    """fp32 [n, k] weights of the block's current view, None when host-only."""
+    fields = read_block(weights, block, n, k)
+    return dequantize_view(fields, len(fields), n, k) if fields else None
+
+
+def moe_mixed_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                        weights: PagedWeights, layer: int, num_experts: int,
+                        ffn: int) -> torch.Tensor:
+    """fp32 [T, H]: the same layer in fp32 from the dequantized current views."""
+    t, hidden = x.shape
+    out = torch.zeros(t, hidden, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in range(num_experts):
+        hit = (topk_ids == e).nonzero()
+        if hit.numel() == 0:
+            continue
+        blk = (layer * num_experts + e) * PROJS_PER_EXPERT
+        w1 = dequantized_block(weights, blk + PROJ_GATE, ffn, hidden)
+        w3 = dequantized_block(weights, blk + PROJ_UP, ffn, hidden)
+        w2 = dequantized_block(weights, blk + PROJ_DOWN, hidden, ffn)
+        if w1 is None or w3 is None or w2 is None:
+            continue
+        tok, slot = hit[:, 0], hit[:, 1]
+        xe = xf[tok]
+        h = torch.nn.functional.silu(xe @ w1.T) * (xe @ w3.T)
+        out.index_add_(0, tok, (h @ w2.T) * topk_weights[tok, slot].float()[:, None])
+    return out

@@ -1,0 +1,105 @@
+"""Quantize and pack one block W [N, K] into the five fields of WEIGHT_LAYOUT.md.
+
+One program per (rows tile, group of 128): min/max of each row's group, the
+8-bit code q, every field's packed int32 words and every view's (scale,
+offset) fp16 pair. The output is the five fields' byte strings, contiguous,
+ready to be copied into arena pages (loading) or staged for promotions.
+
+Numerics match kernels/weight_layout.py: IEEE division, round half to even,
+default midpoint scales (no least-squares refit).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.weight_layout import FIELD_WIDTHS, GROUP, NUM_FIELDS, field_bytes, pack_block
+
+ROWS_PER_PROGRAM = 16
+_ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + M - M rounds half to even
+
+
+@triton.jit
+def _pack_field(q, SHIFT: tl.constexpr, WIDTH: tl.constexpr, BR: tl.constexpr):
+    # q: int32 [BR, 128] codes -> int32 [BR, 128 * WIDTH / 32] words of one field.
+    per_word: tl.constexpr = 32 // WIDTH
+    vals = (q >> SHIFT) & ((1 << WIDTH) - 1)
+    vals = tl.reshape(vals, (BR, 128 // per_word, per_word))
+    lane = tl.arange(0, per_word)[None, None, :]
+    return tl.sum(vals << (lane * WIDTH), axis=2)  # disjoint bits: sum == OR
+
+
+@triton.jit
+def _store_view(out_ptr, code_off, scale_off, words, lo, s, r, gi, G, rmask,
+                WORDS: tl.constexpr, STEP: tl.constexpr):
+    # words: int32 [BR, WORDS] of this field; lo, s: fp32 [BR]
+    j = tl.arange(0, WORDS)
+    tl.store(out_ptr + code_off + r[:, None] * (G * WORDS) + gi * WORDS + j[None, :], words,
+             mask=rmask[:, None])
+    scale = (s * STEP).to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
+    offset = (lo + s * (STEP - 1.0) / 2.0).to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
+    tl.store(out_ptr + scale_off + r * G + gi, scale | (offset << 16), mask=rmask)
+
+
+@triton.jit
+def _quant_pack_kernel(
+    w_ptr,  # [N, K] float, row stride stride_w
+    out_ptr,  # [total_words] int32: per field, codes then (scale, offset) pairs
+    N, K, stride_w,
+    c0, s0, c1, s1, c2, s2, c3, s3, c4, s4,  # word offsets of each field's codes / scales
+    BR: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    gi = tl.program_id(1)
+    G = K // 128
+    r = pid_r * BR + tl.arange(0, BR)
+    rmask = r < N
+    k = gi * 128 + tl.arange(0, 128)
+    w = tl.load(w_ptr + r[:, None].to(tl.int64) * stride_w + k[None, :], mask=rmask[:, None],
+                other=0.0).to(tl.float32)
+    lo = tl.min(w, axis=1)
+    hi = tl.max(w, axis=1)
+    s = tl.div_rn(hi - lo, 255.0)
+    s = tl.where(hi == lo, 1.0, s)
+    t = tl.div_rn(w - lo[:, None], s[:, None])
+    t = (t + _ROUND_MAGIC) - _ROUND_MAGIC
+    q = tl.minimum(tl.maximum(t, 0.0), 255.0).to(tl.int32)
+    _store_view(out_ptr, c0, s0, _pack_field(q, 6, 2, BR), lo, s, r, gi, G, rmask, 8, 64.0)
+    _store_view(out_ptr, c1, s1, _pack_field(q, 5, 1, BR), lo, s, r, gi, G, rmask, 4, 32.0)
+    _store_view(out_ptr, c2, s2, _pack_field(q, 4, 1, BR), lo, s, r, gi, G, rmask, 4, 16.0)
+    _store_view(out_ptr, c3, s3, _pack_field(q, 2, 2, BR), lo, s, r, gi, G, rmask, 8, 4.0)
+    _store_view(out_ptr, c4, s4, _pack_field(q, 0, 2, BR), lo, s, r, gi, G, rmask, 8, 1.0)
+
+
+def quant_pack(w: torch.Tensor) -> list[torch.Tensor]:
+    """The five fields' byte strings (uint8 1-D, views of one buffer) of W [N, K]."""
+    if w.dim() != 2:
+        raise ValueError(f"W must be [N, K], got {tuple(w.shape)}")
+    if w.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"W must be fp16/bf16/fp32, got {w.dtype}")
+    n, k = w.shape
+    if k % GROUP or n == 0:
+        raise ValueError(f"K must be a positive multiple of {GROUP} and N > 0, got {n} x {k}")
+    if w.stride(1) != 1:
+        raise ValueError("W must be contiguous along K")
+    sizes = [field_bytes(f, n, k) // 4 for f in range(NUM_FIELDS)]
+    out = torch.empty(sum(sizes), dtype=torch.int32, device=w.device)
+    offs, start = [], 0
+    for f, size in enumerate(sizes):
+        code_words = n * k * FIELD_WIDTHS[f] // 32
+        offs += [start, start + code_words]
+        start += size
+    grid = (triton.cdiv(n, ROWS_PER_PROGRAM), k // GROUP)
+    _quant_pack_kernel[grid](w, out, n, k, w.stride(0), *offs, BR=ROWS_PER_PROGRAM, num_warps=4)
+    fields, start = [], 0
+    for size in sizes:
+        fields.append(out[start : start + size].view(torch.uint8))
+        start += size
+    return fields
+
+
+def quant_pack_reference(w: torch.Tensor) -> list[torch.Tensor]:
+    """Plain-torch reference (kernels/weight_layout.pack_block)."""
+    return pack_block(w)

@@ -1,0 +1,192 @@
+"""Plain-torch reference of the multi-precision weight layout (docs/WEIGHT_LAYOUT.md, v1).
+
+The kernels' own reference: quantize one block W [N, K] to 8-bit codes, cut the
+codes into the five fields, pack each field into int32 words along K, append
+the per-view (scale, offset) pairs, and place the fields' bytes in arena pages
+through a page table. Also the inverse (the b-bit view a kernel must compute)
+and the in-group K order the MoE kernels use for activations.
+
+Contract (v1): see docs/WEIGHT_LAYOUT.md. Rounding is round-half-to-even, the
+per-view scales are the default midpoint of the truncated interval (no refit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+GROUP = 128
+FIELD_WIDTHS = (2, 1, 1, 2, 2)
+VIEW_BITS = (2, 3, 4, 6, 8)
+NUM_FIELDS = len(FIELD_WIDTHS)
+# Bit position of each field inside the 8-bit code q (least significant bit).
+FIELD_SHIFTS = tuple(8 - sum(FIELD_WIDTHS[: f + 1]) for f in range(NUM_FIELDS))
+CODE_MAX = 255
+SCALE_BYTES_PER_GROUP = 4  # float16 scale + float16 offset
+
+
+def view_bits(num_fields: int) -> int:
+    """Bitwidth of the view made of the first ``num_fields`` fields."""
+    if not 1 <= num_fields <= NUM_FIELDS:
+        raise ValueError(f"num_fields must be in 1..{NUM_FIELDS}, got {num_fields}")
+    return VIEW_BITS[num_fields - 1]
+
+
+def fields_for_bits(bits: int) -> int:
+    """Number of fields of the ``bits``-bit view."""
+    if bits not in VIEW_BITS:
+        raise ValueError(f"bits must be one of {VIEW_BITS}, got {bits}")
+    return VIEW_BITS.index(bits) + 1
+
+
+def field_code_bytes(field: int, n: int, k: int) -> int:
+    """Bytes of the packed codes of one field of an [n, k] block."""
+    return n * k * FIELD_WIDTHS[field] // 8
+
+
+def field_bytes(field: int, n: int, k: int) -> int:
+    """Bytes of one field's byte string: packed codes then the view's scales."""
+    return field_code_bytes(field, n, k) + n * (k // GROUP) * SCALE_BYTES_PER_GROUP
+
+
+def _check_block(w: torch.Tensor) -> None:
+    if w.dim() != 2:
+        raise ValueError(f"a block is 2-D [N, K], got shape {tuple(w.shape)}")
+    if w.shape[1] % GROUP:
+        raise ValueError(f"K must be a multiple of {GROUP}, got {w.shape[1]}")
+
+
+def quantize_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """8-bit codes of one block: (q uint8 [N, K], lo fp32 [N, G], s fp32 [N, G])."""
+    _check_block(w)
+    n, k = w.shape
+    wg = w.float().reshape(n, k // GROUP, GROUP)  # [N, G, 128]
+    lo = wg.amin(dim=-1)  # [N, G]
+    hi = wg.amax(dim=-1)
+    s = (hi - lo) / CODE_MAX
+    s = torch.where(hi == lo, torch.ones_like(s), s)
+    q = torch.clamp(torch.round((wg - lo[..., None]) / s[..., None]), 0, CODE_MAX)
+    return q.to(torch.uint8).reshape(n, k), lo, s
+
+
+def view_scales(lo: torch.Tensor, s: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default (scale_b, offset_b) of the b-bit view, float16 [N, G] each."""
+    step = float(2 ** (8 - bits))
+    scale = s * step
+    offset = lo + s * (step - 1.0) / 2.0
+    return scale.to(torch.float16), offset.to(torch.float16)
+
+
+def pack_field(q: torch.Tensor, field: int) -> torch.Tensor:
+    """Field ``field`` of codes q [N, K] as row-major int32 words [N, K * w / 32]."""
+    width = FIELD_WIDTHS[field]
+    per_word = 32 // width
+    n, k = q.shape
+    vals = (q.to(torch.int64) >> FIELD_SHIFTS[field]) & ((1 << width) - 1)
+    vals = vals.reshape(n, k // per_word, per_word)  # [N, words, per_word]
+    shifts = torch.arange(per_word, dtype=torch.int64, device=q.device) * width
+    words = (vals << shifts).sum(dim=-1)  # disjoint bits: sum == OR
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    return words.to(torch.int32)
+
+
+def pack_block(w: torch.Tensor) -> list[torch.Tensor]:
+    """The five fields' byte strings (uint8 1-D each) of one block W [N, K]."""
+    q, lo, s = quantize_codes(w)
+    out = []
+    for f in range(NUM_FIELDS):
+        scale, offset = view_scales(lo, s, VIEW_BITS[f])
+        codes = pack_field(q, f).reshape(-1).view(torch.uint8)
+        pairs = torch.stack([scale, offset], dim=-1).reshape(-1).view(torch.uint8)  # [N, G, 2]
+        out.append(torch.cat([codes, pairs]))
+    return out
+
+
+def unpack_field(data: torch.Tensor, field: int, n: int, k: int) -> torch.Tensor:
+    """Field values int64 [N, K] from one field's byte string."""
+    width = FIELD_WIDTHS[field]
+    per_word = 32 // width
+    nbytes = field_code_bytes(field, n, k)
+    words = data[:nbytes].view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    words = words.reshape(n, k // per_word, 1)
+    shifts = torch.arange(per_word, dtype=torch.int64, device=data.device) * width
+    return ((words >> shifts) & ((1 << width) - 1)).reshape(n, k)
+
+
+def unpack_scales(data: torch.Tensor, field: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, offset) float16 [N, G] stored in one field's byte string."""
+    start = field_code_bytes(field, n, k)
+    pairs = data[start:].view(torch.float16).reshape(n, k // GROUP, 2)
+    return pairs[..., 0], pairs[..., 1]
+
+
+def dequantize_view(fields: list[torch.Tensor], num_fields: int, n: int, k: int) -> torch.Tensor:
+    """W_b fp32 [N, K] of the view made of the first ``num_fields`` fields."""
+    bits = view_bits(num_fields)
+    code = torch.zeros(n, k, dtype=torch.int64, device=fields[0].device)
+    for f in range(num_fields):
+        code |= unpack_field(fields[f], f, n, k) << (FIELD_SHIFTS[f] - (8 - bits))
+    scale, offset = unpack_scales(fields[num_fields - 1], num_fields - 1, n, k)
+    scale = scale.float().repeat_interleave(GROUP, dim=1)
+    offset = offset.float().repeat_interleave(GROUP, dim=1)
+    return offset + scale * code.float()
+
+
+# -- K order inside one group, as the MoE kernels decode it --------------------
+# The kernels decode, per row and per group of 128, 32 consecutive weights per
+# thread into fp16 pairs; the dot product does not care about K order, so the
+# activations are stored in the decoded ("virtual") order instead of moving
+# weights. Virtual index v = word*64 + s*16 + ab*8 + c*2 + e holds actual index
+# a = 32c + 16word + 4ab + s + 8e (c: quarter of the group, word: 2-bit word in
+# the quarter, s: shift step, ab: byte-lane pair, e: half of the pair).
+def virtual_to_actual() -> torch.Tensor:
+    """int64 [128]: actual in-group index of each virtual position."""
+    v = torch.arange(GROUP)
+    word, s, ab, c, e = v // 64, (v // 16) % 4, (v // 8) % 2, (v // 2) % 4, v % 2
+    return 32 * c + 16 * word + 4 * ab + s + 8 * e
+
+
+def permute_groups(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] reordered inside each group of 128 into the kernels' order."""
+    k = x.shape[-1]
+    if k % GROUP:
+        raise ValueError(f"last dim must be a multiple of {GROUP}, got {k}")
+    idx = virtual_to_actual().to(x.device)
+    g = torch.arange(k // GROUP, device=x.device)[:, None] * GROUP
+    return x[..., (g + idx[None, :]).reshape(-1)]
+
+
+# -- placing fields in pages (test and benchmark scaffolding) ------------------
+def pages_for(nbytes: int, page_bytes: int) -> int:
+    return -(-nbytes // page_bytes)
+
+
+def write_field_pages(storage: torch.Tensor, pages: list[int], data: torch.Tensor) -> None:
+    """Copies one field's byte string into arena pages (last page zero-padded)."""
+    page_bytes = storage.shape[1]
+    if len(pages) != pages_for(data.numel(), page_bytes):
+        raise ValueError("wrong number of pages for this byte string")
+    for i, page in enumerate(pages):
+        chunk = data[i * page_bytes : (i + 1) * page_bytes]
+        storage[page].zero_()
+        storage[page, : chunk.numel()].copy_(chunk)
+
+
+def place_blocks(fields: list[list[torch.Tensor]], resident: list[int], storage: torch.Tensor,
+                 alloc) -> tuple[torch.Tensor, torch.Tensor]:
+    """Writes each block's first ``resident[b]`` fields into pages of ``storage``.
+
+    fields[b]: the block's five byte strings; alloc(n) -> n free page indices
+    (e.g. dataplane Arena.alloc bound to a tag). Returns (page_table int32
+    [num_blocks, 5, max_pages], block_fields int32 [num_blocks]) on storage's
+    device; absent entries are -1.
+    """
+    page_bytes = storage.shape[1]
+    max_pages = max((pages_for(f.numel(), page_bytes) for blk in fields for f in blk), default=1)
+    table = torch.full((len(fields), NUM_FIELDS, max_pages), -1, dtype=torch.int32)
+    for b, (blk, nf) in enumerate(zip(fields, resident)):
+        for f in range(nf):
+            pages = alloc(pages_for(blk[f].numel(), page_bytes))
+            write_field_pages(storage, pages, blk[f].to(storage.device))
+            table[b, f, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    counts = torch.tensor(resident, dtype=torch.int32)
+    return table.to(storage.device), counts.to(storage.device)

@@ -1,0 +1,1 @@
+"""Starts the three PagedWeight processes together (the README's serve command)."""

@@ -1,0 +1,85 @@
+"""`python -m launcher`: serve all three processes on one machine.
+
+Prints the OpenAI-compatible API address once everything is healthy and stops
+all three on Ctrl-C (or when one of them dies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+from launcher.processes import REPO_ROOT, Stack, StackConfig
+
+DEFAULT_MODEL = REPO_ROOT / "models" / "pw-moe-tiny"
+STATE_DIR = REPO_ROOT / ".cache" / "serve"
+WATCH_INTERVAL_S = 1.0
+
+
+def parse_args(argv: list[str]) -> StackConfig:
+    parser = argparse.ArgumentParser(prog="python -m launcher", description=__doc__)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="HF model folder")
+    parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
+    parser.add_argument("--port", type=int, default=8000, help="gateway (HTTP) port")
+    parser.add_argument("--dataplane-port", type=int, default=50051)
+    parser.add_argument("--controlplane-port", type=int, default=50052)
+    parser.add_argument("--gpu-memory-gb", type=float, default=None,
+                        help="dataplane memory budget (weights + KV)")
+    parser.add_argument("--admin-token", default=None,
+                        help="controlplane admin token (random when omitted; printed)")
+    args = parser.parse_args(argv)
+    if not (args.model / "config.json").exists():
+        parser.error(f"no model at {args.model} (missing config.json)")
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    return StackConfig(
+        model_path=args.model,
+        host=args.host,
+        gateway_port=args.port,
+        dataplane_port=args.dataplane_port,
+        controlplane_port=args.controlplane_port,
+        db_path=STATE_DIR / "controlplane.sqlite3",
+        admin_token=args.admin_token or secrets.token_urlsafe(16),
+        gpu_memory_gb=args.gpu_memory_gb,
+        log_dir=STATE_DIR / "logs",
+    )
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_args(argv)
+    stack = Stack(cfg)
+    stopping = False
+
+    def on_signal(signum, frame):  # noqa: ARG001 (signal handler signature)
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"starting PagedWeight on {cfg.model_path} (logs in {cfg.log_dir})", flush=True)
+    stack.start()
+    print(
+        f"\nPagedWeight is serving.\n"
+        f"  OpenAI API:   {cfg.gateway_url}/v1   (model list: {cfg.gateway_url}/v1/models)\n"
+        f"  metrics:      {cfg.gateway_url}/metrics\n"
+        f"  admin (gRPC): {cfg.controlplane_address}  token: {cfg.admin_token}\n"
+        f"Ctrl-C stops all three processes.",
+        flush=True,
+    )
+    try:
+        while not stopping:
+            dead = stack.any_exited()
+            if dead:
+                print(f"{dead} exited; stopping (see {cfg.log_dir}/{dead}.log)", file=sys.stderr)
+                return 1
+            time.sleep(WATCH_INTERVAL_S)
+    finally:
+        stack.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,218 @@
+"""Start, health-check and stop the three PagedWeight processes.
+
+Used by the serve command (`python -m launcher`) and by the end-to-end tests,
+so both run exactly the same command lines. Each service is its own OS
+process speaking gRPC/HTTP; nothing is shared in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POLL_INTERVAL_S = 0.2
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports that are free on 127.0.0.1 right now.
+
+    The sockets stay open until all are chosen, so the kernel cannot hand the
+    same port out twice.
+    """
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@dataclass
+class StackConfig:
+    """Where and how to run the three processes."""
+
+    model_path: Path
+    gateway_port: int
+    dataplane_port: int
+    controlplane_port: int
+    db_path: Path
+    admin_token: str
+    host: str = "127.0.0.1"
+    gpu_memory_gb: float | None = None
+    telemetry_interval_ms: int | None = None
+    log_dir: Path | None = None
+    extra_dataplane_args: list[str] = field(default_factory=list)
+    extra_gateway_args: list[str] = field(default_factory=list)
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.host}:{self.gateway_port}"
+
+    @property
+    def dataplane_address(self) -> str:
+        return f"{self.host}:{self.dataplane_port}"
+
+    @property
+    def controlplane_address(self) -> str:
+        return f"{self.host}:{self.controlplane_port}"
+
+
+def controlplane_command(cfg: StackConfig) -> list[str]:
+    return [
+        sys.executable, "-m", "controlplane",
+        "--host", cfg.host, "--port", str(cfg.controlplane_port),
+        "--db", str(cfg.db_path), "--admin-token", cfg.admin_token,
+    ]
+
+
+def dataplane_command(cfg: StackConfig) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "dataplane",
+        "--model", str(cfg.model_path),
+        "--host", cfg.host, "--port", str(cfg.dataplane_port),
+        "--controlplane", cfg.controlplane_address,
+    ]
+    if cfg.gpu_memory_gb is not None:
+        cmd += ["--gpu-memory-gb", str(cfg.gpu_memory_gb)]
+    if cfg.telemetry_interval_ms is not None:
+        cmd += ["--telemetry-interval-ms", str(cfg.telemetry_interval_ms)]
+    return cmd + cfg.extra_dataplane_args
+
+
+def gateway_command(cfg: StackConfig) -> list[str]:
+    return [
+        sys.executable, "-m", "gateway",
+        "--host", cfg.host, "--port", str(cfg.gateway_port),
+        "--dataplane", cfg.dataplane_address,
+    ] + cfg.extra_gateway_args
+
+
+class ManagedProcess:
+    """One child process with its log file; stopped with SIGTERM, then SIGKILL."""
+
+    def __init__(self, name: str, command: list[str], log_dir: Path | None) -> None:
+        self.name = name
+        self.command = command
+        self._log = None
+        stdout = None
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self._log = open(log_dir / f"{name}.log", "ab")
+            stdout = self._log
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        self.popen = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+        )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def wait_grpc_healthy(address: str, proc: ManagedProcess, timeout_s: float) -> None:
+    """Blocks until the gRPC health service at ``address`` answers SERVING."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited with code {proc.popen.returncode}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(POLL_INTERVAL_S)
+    raise TimeoutError(f"{proc.name} at {address} not healthy after {timeout_s} s")
+
+
+def wait_http_healthy(url: str, proc: ManagedProcess, timeout_s: float) -> None:
+    """Blocks until GET ``url`` answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with code {proc.popen.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(POLL_INTERVAL_S)
+    raise TimeoutError(f"{proc.name} at {url} not healthy after {timeout_s} s")
+
+
+class Stack:
+    """The three processes, started in dependency order and stopped in reverse."""
+
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.processes: dict[str, ManagedProcess] = {}
+
+    def start_controlplane(self, timeout_s: float = 60.0) -> None:
+        proc = ManagedProcess("controlplane", controlplane_command(self.cfg), self.cfg.log_dir)
+        self.processes["controlplane"] = proc
+        wait_grpc_healthy(self.cfg.controlplane_address, proc, timeout_s)
+
+    def start_dataplane(self, timeout_s: float = 300.0) -> None:
+        proc = ManagedProcess("dataplane", dataplane_command(self.cfg), self.cfg.log_dir)
+        self.processes["dataplane"] = proc
+        wait_grpc_healthy(self.cfg.dataplane_address, proc, timeout_s)
+
+    def start_gateway(self, timeout_s: float = 60.0) -> None:
+        proc = ManagedProcess("gateway", gateway_command(self.cfg), self.cfg.log_dir)
+        self.processes["gateway"] = proc
+        wait_http_healthy(f"{self.cfg.gateway_url}/health", proc, timeout_s)
+
+    def start(self) -> None:
+        try:
+            self.start_controlplane()
+            self.start_dataplane()
+            self.start_gateway()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop_one(self, name: str) -> None:
+        proc = self.processes.pop(name, None)
+        if proc is not None:
+            proc.stop()
+
+    def stop(self) -> None:
+        for name in ("gateway", "dataplane", "controlplane"):
+            self.stop_one(name)
+
+    def any_exited(self) -> str | None:
+        for name, proc in self.processes.items():
+            if not proc.alive():
+                return name
+        return None

@@ -1,0 +1,46 @@
+"""Fixtures of the dataplane tests: one small random checkpoint per session
+(written by tools/make_random_checkpoint.py) and a factory of started engines
+that are stopped at teardown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dataplane.config import DataplaneConfig
+from dataplane.engine import Engine
+from dataplane.engine_builder import build_engine
+from tools.make_random_checkpoint import make_random_checkpoint
+
+# Small pool: a few hundred blocks is plenty for these tests and quick to allocate.
+TEST_ARENA_BYTES = 8 << 20
+
+
+@pytest.fixture(scope="session")
+def random_ckpt(tmp_path_factory) -> Path:
+    return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "pw-random")
+
+
+@pytest.fixture
+def make_engine(random_ckpt) -> Iterator[Callable[..., Engine]]:
+    engines: list[Engine] = []
+
+    def make(reclaim_pages=None, **overrides) -> Engine:
+        # Dense experts: these tests are about the engine's mechanics; paged
+        # experts have their own tests (tests/dataplane/test_dp_precision.py).
+        fields = {
+            "model_path": str(random_ckpt),
+            "cpu_arena_bytes": TEST_ARENA_BYTES,
+            "expert_precision": "dense",
+            **overrides,
+        }
+        engine = build_engine(DataplaneConfig(**fields), reclaim_pages=reclaim_pages)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop()

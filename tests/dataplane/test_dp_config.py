@@ -1,0 +1,63 @@
+"""Config: validation, environment, CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+import pytest
+import torch
+from pydantic import ValidationError
+
+from dataplane.__main__ import parse_args
+from dataplane.config import GIB, DataplaneConfig
+from pagedweight.v1 import inference_pb2, inference_pb2_grpc
+
+CLI_TIMEOUT_S = 120
+
+
+def test_validation_and_defaults():
+    cfg = DataplaneConfig(model_path="/m", device="cpu")
+    assert cfg.kv_block_size == 16 and cfg.resolved_dtype() == torch.float32
+    assert cfg.resolved_device() == torch.device("cpu")
+    assert cfg.resolved_dataplane_id(5).endswith("-5")
+    for bad in (
+        {},  # neither model nor synthetic
+        {"model_path": "/m", "synthetic": "mixtral-tiny"},
+        {"model_path": "/m", "max_batched_tokens": 8, "max_running_seqs": 16},
+        {"model_path": "/m", "controlplane": "nohostport"},
+        {"model_path": "/m", "device": "tpu"},
+        {"model_path": "/m", "kv_block_size": 0},
+        {"model_path": "/m", "dtype": "int8"},
+    ):
+        with pytest.raises(ValidationError):
+            DataplaneConfig(**bad)
+
+
+def test_environment_is_read_and_flags_win(monkeypatch):
+    monkeypatch.setenv("PW_DATAPLANE_PORT", "6000")
+    monkeypatch.setenv("PW_DATAPLANE_MODEL_PATH", "/from/env")
+    assert DataplaneConfig().port == 6000 and DataplaneConfig().model_path == "/from/env"
+    overrides = parse_args(["--model", "/flag", "--port", "7000", "--gpu-memory-gb", "1.5"])
+    cfg = DataplaneConfig(**overrides)
+    assert cfg.model_path == "/flag" and cfg.port == 7000
+    assert cfg.memory_budget_bytes == int(1.5 * GIB)
+
+
+def test_cli_serves_and_prints_its_address(random_ckpt):
+    cmd = [sys.executable, "-m", "dataplane", "--model", str(random_ckpt), "--port", "0", "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("dataplane serving pw-random on 127.0.0.1:"), line
+        address = line.split()[-1]
+        with grpc.insecure_channel(address) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            info = stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=CLI_TIMEOUT_S)
+            assert info.model_name == "pw-random"
+        proc.terminate()
+        assert proc.wait(CLI_TIMEOUT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,94 @@
+"""Sampler: greedy, seeds, top-k and top-p support."""
+
+from __future__ import annotations
+
+import torch
+
+from dataplane.sampler import Sampler, filter_logits
+from dataplane.sampling_params import SamplingParams
+from dataplane.sequence import Sequence
+
+VOCAB = 50
+DRAWS = 200
+
+
+def seqs(params: SamplingParams, n: int = 1) -> list[Sequence]:
+    return [Sequence(f"s{i}", [1], params, arrival=i) for i in range(n)]
+
+
+def logits(seed: int = 0, rows: int = 1) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def draw_many(params: SamplingParams, row: torch.Tensor, n: int = DRAWS) -> list[int]:
+    sampler, seq = Sampler(seed=1), seqs(params)
+    return [sampler.sample(row[None], seq)[0] for _ in range(n)]
+
+
+def test_greedy_is_argmax_and_deterministic():
+    x = logits(rows=4)
+    want = x.argmax(dim=-1).tolist()
+    for seed in (0, 1):
+        assert Sampler(seed).sample(x, seqs(SamplingParams(), 4)) == want
+
+
+def test_same_seed_same_tokens_different_seed_different_tokens():
+    x = logits()[0]
+    a = draw_many(SamplingParams(temperature=1.0, seed=42), x, 30)
+    b = draw_many(SamplingParams(temperature=1.0, seed=42), x, 30)
+    c = draw_many(SamplingParams(temperature=1.0, seed=43), x, 30)
+    assert a == b and a != c
+
+
+def test_seeded_request_ignores_its_batch_neighbours():
+    x = logits(rows=3)
+    params = SamplingParams(temperature=0.8, seed=7)
+    alone_sampler, alone = Sampler(0), seqs(params)
+    alone_tokens = [alone_sampler.sample(x[1:2], alone)[0] for _ in range(10)]
+    mixed_sampler = Sampler(5)
+    batch = [Sequence("n0", [1], SamplingParams(temperature=1.0), 0), seqs(params)[0],
+             Sequence("n2", [1], SamplingParams(), 2)]
+    mixed_tokens = [mixed_sampler.sample(x, batch)[1] for _ in range(10)]
+    assert alone_tokens == mixed_tokens
+
+
+def test_top_k_restricts_the_support():
+    x = logits()[0]
+    allowed = set(torch.topk(x, 3).indices.tolist())
+    tokens = draw_many(SamplingParams(temperature=5.0, top_k=3), x)
+    assert set(tokens) <= allowed and len(set(tokens)) == 3  # hot: all three appear
+    assert set(draw_many(SamplingParams(temperature=1.0, top_k=1), x, 20)) == {int(x.argmax())}
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    x = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = torch.isfinite(filter_logits(x, 1.0, 0, 0.7)).tolist()
+    assert kept == [True, True, False, False]  # 0.5 < 0.7 <= 0.5 + 0.3
+    kept = torch.isfinite(filter_logits(x, 1.0, 0, 0.5)).tolist()
+    assert kept == [True, False, False, False]
+    assert torch.isfinite(filter_logits(x, 1.0, 0, 0.01)).sum() == 1  # the top token always stays
+    wide = logits()[0]
+    probs = wide.softmax(-1)
+    order = probs.argsort(descending=True)
+    nucleus = set(order[: int((probs[order].cumsum(0) < 0.6).sum()) + 1].tolist())
+    tokens = draw_many(SamplingParams(temperature=1.0, top_p=0.6), wide)
+    assert set(tokens) <= nucleus
+
+
+def test_invalid_sampling_values_are_named():
+    bad = [
+        SamplingParams(temperature=-0.1),
+        SamplingParams(temperature=float("nan")),
+        SamplingParams(top_p=1.5),
+        SamplingParams(top_p=0.0),
+        SamplingParams(top_k=-1),
+        SamplingParams(max_tokens=0),
+        SamplingParams(stop_token_ids=(VOCAB,)),
+    ]
+    for params in bad:
+        try:
+            params.validate(VOCAB)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {params}")
+    SamplingParams(temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=(3,)).validate(VOCAB)

@@ -1,0 +1,183 @@
+"""End to end: client -> gateway -> dataplane -> model -> back, with telemetry
+to the controlplane; three real processes, real gRPC and HTTP, the official
+openai client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+import urllib.request
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from pagedweight.v1 import admin_pb2, admin_pb2_grpc
+from e2e_stack import ADMIN_TOKEN
+
+TIMEOUT_S = 120.0
+CONCURRENT_REQUESTS = 16
+USER_MESSAGE = [{"role": "user", "content": "Write a Python function that reverses a list."}]
+
+
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.cfg.gateway_url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT_S)
+
+
+def model_name(stack) -> str:
+    return client(stack).models.list().data[0].id
+
+
+def metric(stack, name: str) -> float:
+    """One unlabelled sample of the gateway's /metrics."""
+    with urllib.request.urlopen(f"{stack.cfg.gateway_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def admin_stub(stack):
+    channel = grpc.insecure_channel(stack.cfg.controlplane_address)
+    return channel, admin_pb2_grpc.AdminStub(channel)
+
+
+AUTH = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+
+
+def test_chat_completion_returns_text_and_usage(stack):
+    reply = client(stack).chat.completions.create(
+        model=model_name(stack), messages=USER_MESSAGE, max_tokens=24, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert reply.usage.prompt_tokens > 0 and 0 < reply.usage.completion_tokens <= 24
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streaming_matches_non_streaming_and_reports_usage(stack):
+    name = model_name(stack)
+    whole = client(stack).chat.completions.create(model=name, messages=USER_MESSAGE, max_tokens=20, temperature=0)
+    stream = client(stack).chat.completions.create(
+        model=name, messages=USER_MESSAGE, max_tokens=20, temperature=0,
+        stream=True, stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_greedy_output_is_deterministic(stack):
+    name = model_name(stack)
+    replies = [
+        client(stack).chat.completions.create(model=name, messages=USER_MESSAGE, max_tokens=16, temperature=0)
+        .choices[0].message.content
+        for _ in range(2)
+    ]
+    assert replies[0] == replies[1]
+
+
+def test_sixteen_concurrent_requests_complete(stack):
+    name = model_name(stack)
+
+    def one(i: int) -> int:
+        reply = client(stack).chat.completions.create(
+            model=name, messages=[{"role": "user", "content": f"Request number {i}: print hello."}],
+            max_tokens=12, temperature=0.8, seed=i,
+        )
+        return reply.usage.completion_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
+        counts = list(pool.map(one, range(CONCURRENT_REQUESTS)))
+    assert len(counts) == CONCURRENT_REQUESTS and all(0 < c <= 12 for c in counts)
+
+
+def test_cancelled_stream_frees_its_kv_blocks(stack):
+    aborted_before = metric(stack, "pagedweight_engine_aborted_requests_total")
+    with httpx.stream(
+        "POST", f"{stack.cfg.gateway_url}/v1/chat/completions", timeout=TIMEOUT_S,
+        json={"model": model_name(stack), "messages": USER_MESSAGE, "max_tokens": 400,
+              "stream": True, "ignore_eos": True},
+    ) as response:
+        assert response.status_code == 200
+        seen = 0
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+            if seen >= 3:
+                break
+        assert metric(stack, "pagedweight_engine_kv_blocks_used") > 0
+    deadline = time.monotonic() + 30
+    while metric(stack, "pagedweight_engine_aborted_requests_total") <= aborted_before:
+        assert time.monotonic() < deadline, "the dataplane never saw the cancellation"
+        time.sleep(0.1)
+    while metric(stack, "pagedweight_engine_kv_blocks_used") > 0:
+        assert time.monotonic() < deadline, "KV blocks not freed after the cancel"
+        time.sleep(0.1)
+
+
+def test_bad_requests_get_openai_shaped_400(stack):
+    url = f"{stack.cfg.gateway_url}/v1/chat/completions"
+    missing = httpx.post(url, json={"model": model_name(stack)}, timeout=TIMEOUT_S)
+    assert missing.status_code == 400
+    error = missing.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    too_long = httpx.post(
+        url, timeout=TIMEOUT_S,
+        json={"model": model_name(stack), "messages": [{"role": "user", "content": "word " * 5000}]},
+    )
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["code"] == "context_length_exceeded"
+    assert "context" in too_long.json()["error"]["message"]
+
+
+def test_telemetry_reaches_the_controlplane(stack):
+    client(stack).chat.completions.create(model=model_name(stack), messages=USER_MESSAGE, max_tokens=8)
+    channel, admin = admin_stub(stack)
+    with channel:
+        deadline = time.monotonic() + 30
+        while True:
+            status = admin.GetStatus(admin_pb2.GetStatusRequest(), metadata=AUTH, timeout=10)
+            planes = [d for d in status.dataplanes if d.connected]
+            if planes and sum(planes[0].activity) > 0 and planes[0].engine.generated_tokens_total > 0:
+                break
+            assert time.monotonic() < deadline, f"no telemetry in status: {status}"
+            time.sleep(0.2)
+        dp = planes[0]
+        assert len(dp.block_bits) == dp.num_layers * dp.num_experts * 3
+        assert set(dp.block_bits) <= {0, 2, 3, 4, 6, 8}
+        assert dp.total_pages > 0
+
+
+def test_admin_floor_survives_controlplane_restart_and_serving_goes_on(stack):
+    channel, admin = admin_stub(stack)
+    with channel:
+        floor = admin_pb2.QualityFloor(scope=admin_pb2.FloorScope(layer=1), min_bits=4)
+        admin.SetQualityFloor(admin_pb2.SetQualityFloorRequest(floor=floor), metadata=AUTH, timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            admin.ListQualityFloors(admin_pb2.ListQualityFloorsRequest(), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    stack.stop_one("controlplane")
+    # The dataplane keeps serving while the controlplane is away.
+    reply = client(stack).chat.completions.create(model=model_name(stack), messages=USER_MESSAGE, max_tokens=8)
+    assert reply.usage.completion_tokens > 0
+    stack.start_controlplane()
+    channel, admin = admin_stub(stack)
+    with channel:
+        floors = admin.ListQualityFloors(admin_pb2.ListQualityFloorsRequest(), metadata=AUTH, timeout=10).floors
+        assert [(f.scope.layer, f.min_bits) for f in floors] == [(1, 4)]
+        # The dataplane reconnects (backoff) and registers again.
+        deadline = time.monotonic() + 30
+        while not any(
+            d.connected for d in admin.GetStatus(admin_pb2.GetStatusRequest(), metadata=AUTH, timeout=10).dataplanes
+        ):
+            assert time.monotonic() < deadline, "dataplane did not reconnect"
+            time.sleep(0.2)

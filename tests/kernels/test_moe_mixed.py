@@ -1,0 +1,150 @@
+"""Fused mixed-precision MoE kernels against the plain-torch reference."""
+
+import pytest
+import torch
+
+from kernels import moe_align
+from kernels import weight_layout as wl
+from kernels.moe_align import moe_prepare, moe_prepare_reference
+from kernels.moe_mixed import (
+    MoeTiles,
+    alloc_workspace,
+    dequantized_block,
+    fused_moe_mixed,
+    moe_mixed_reference,
+    run_gate_up,
+)
+from tests.kernels.paged_store import random_moe
+
+H, F, E = 256, 384, 5
+PAGE = 128  # rows of 96 bytes straddle pages
+FIELDS = [5, 1, 3, 2, 4, 3, 1, 5, 2, 4, 4, 2, 3, 5, 1]
+
+
+def rel_err(a, b):
+    return float((a.float().cpu() - b.float().cpu()).norm() / b.float().cpu().norm())
+
+
+def mixed_fields(layer, e, proj):
+    if e == 4:
+        return 0  # host-only expert
+    return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
+
+
+@pytest.mark.parametrize("bn_up,split", [(128, 2), (64, 3)])
+def test_mixed_bits_in_one_launch(device, bn_up, split):
+    weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
+    torch.manual_seed(4)
+    t = 6
+    x = torch.randn(t, H)
+    ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
+    tw = torch.rand(t, 2)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
+    assert out.shape == (t, H) and bool(torch.isfinite(out).all())
+    assert rel_err(out, ref) < 3e-3
+
+
+def test_few_experts_host_only_and_token_loop(device):
+    # 20 tokens on two experts (more than one 16-token tile each), one slot
+    # routed to a host-only expert, one slot ignored (-1).
+    weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
+    torch.manual_seed(6)
+    t = 20
+    x = torch.randn(t, H).to(torch.float16)
+    ids = torch.tensor([[1, 3]] * t)
+    ids[0, 1] = 2
+    ids[1, 0] = -1
+    tw = torch.rand(t, 2)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
+    assert rel_err(out, ref) < 3e-3
+
+
+def test_gate_up_writes_every_routed_row(device):
+    weights = random_moe(1, E, H, F, lambda l, e, p: 1 + (e + p) % 5, PAGE, device, seed=7)
+    torch.manual_seed(8)
+    t, k = 5, 2
+    x = torch.randn(t, H)
+    ids = torch.tensor([[0, 3], [3, 1], [1, 0], [4, 3], [2, 4]])
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=1)
+    ws = alloc_workspace(t, k, H, F, E, tiles, device)
+    for buf in (ws.prep.xp, ws.prep.xsum, ws.prep.out, ws.h, ws.hsum):
+        buf.fill_(float("nan"))
+    prep = moe_prepare(x.to(device), ids.to(device), E, ws.prep)
+    assert bool((prep.out == 0).all()) and bool(torch.isfinite(prep.xp).all())
+    run_gate_up(ws, weights, 0, E, k, F, tiles, PAGE.bit_length() - 1)
+    order = prep.sorted_ids.cpu().long()
+    assert bool(torch.isfinite(ws.h).all()) and bool(torch.isfinite(ws.hsum).all())
+    idx = wl.virtual_to_actual()
+    cols = (torch.arange(F // 128)[:, None] * 128 + idx[None, :]).reshape(-1)
+    for pos, flat in enumerate(order.tolist()):
+        tok, e = flat // k, int(ids.view(-1)[flat])
+        w1 = dequantized_block(weights, e * 3, F, H).cpu()
+        w3 = dequantized_block(weights, e * 3 + 1, F, H).cpu()
+        xe = x[tok].to(torch.float16).float()
+        href = torch.nn.functional.silu(xe @ w1.T) * (xe @ w3.T)
+        got = torch.empty(F)
+        got[cols] = ws.h[pos].float().cpu()
+        assert rel_err(got, href) < 2e-3
+        sums = got.reshape(-1, 64).sum(-1)  # tiles are 64 actual rows of F
+        assert torch.allclose(ws.hsum[pos].cpu(), sums, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("in_kernel_sort", [True, False])
+def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort):
+    if not in_kernel_sort:
+        monkeypatch.setattr(moe_align, "MAX_PAIRS_IN_KERNEL", 4)
+    torch.manual_seed(9)
+    t, k, e = 7, 3, 6
+    x = torch.randn(t, 384, dtype=torch.bfloat16)
+    x[0, 0] = 1e6  # clamped to fp16 max
+    ids = torch.randint(0, e, (t, k))
+    ids[2, 1] = -1
+    got = moe_prepare(x.to(device), ids.to(device), e)
+    ref = moe_prepare_reference(x, ids, e)
+    assert torch.equal(got.xp.cpu(), ref.xp)
+    assert torch.allclose(got.xsum.cpu(), ref.xsum, rtol=1e-5, atol=1e-3)
+    assert torch.equal(got.sorted_ids[: int(ref.offsets[-1])].cpu(), ref.sorted_ids[: int(ref.offsets[-1])])
+    assert torch.equal(got.offsets.cpu(), ref.offsets)
+    n = int(ref.num_active)
+    assert int(got.num_active) == n and torch.equal(got.active[:n].cpu(), ref.active[:n])
+
+
+def test_rejects_small_pages(device):
+    weights = random_moe(1, 2, 128, 1024, lambda l, e, p: 1, 128, device)
+    x = torch.randn(1, 128, device=device)
+    ids = torch.zeros(1, 1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="page_bytes"):
+        fused_moe_mixed(x, ids, torch.ones(1, 1, device=device), weights, 0, 2, 1024)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_asm", [False, True])
+def test_gpu_larger_shapes_and_graph_replay(use_asm):
+    device = "cuda"
+    hidden, ffn, experts = 1024, 1408, 8
+    weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
+    torch.manual_seed(10)
+    t, k = 33, 2
+    x = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
+    ids = torch.randint(0, experts, (t, k), device=device, dtype=torch.int32)
+    tw = torch.rand(t, k, device=device)
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=4, use_asm=use_asm)
+    ws = alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
+    out = fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws).clone()
+    ref = moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)
+    assert rel_err(out, ref) < 3e-3
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws)
+    ws.prep.out.fill_(float("nan"))
+    # Change the routing and a block's bitwidth in place: the graph reads the tables.
+    ids.copy_(torch.randint(0, experts, (t, k), device=device, dtype=torch.int32))
+    weights.block_fields[0] = 1
+    graph.replay()
+    torch.cuda.synchronize()
+    ref2 = moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)
+    assert rel_err(ws.prep.out, ref2) < 3e-3

@@ -1,0 +1,182 @@
+"""WeightStore: placement, transitions, accounting, on-demand fetch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dataplane.memory.arena import KV_TAG, Arena, OutOfPages, PageTag
+from dataplane.weights.codec import decode, encode
+from dataplane.weights.layout import NUM_FIELDS, field_size, pages_for
+from dataplane.weights.store import WeightStore
+
+from .support import HeldCopyEngine, arena_for, expected_view, random_block_matrix
+
+PAGE = 256
+SHAPES = [(16, 128), (8, 256), (24, 128)]  # gate-, up-, down-like blocks of one expert
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    return [encode(random_block_matrix(n, k, seed=i)) for i, (n, k) in enumerate(SHAPES)]
+
+
+def _pages_at(n: int, k: int, bits_fields: int) -> int:
+    return sum(pages_for(field_size(n, k, f).total, PAGE) for f in range(bits_fields))
+
+
+def test_initial_placement_and_page_contents(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=[8, 4, 2])
+    snap = arena.snapshot()
+    expected = {8: _pages_at(16, 128, 5), 4: _pages_at(8, 256, 3), 2: _pages_at(24, 128, 1)}
+    assert snap.weight_pages_by_bits == expected == store.weight_pages_by_bits()
+    assert store.block_bits() == [8, 4, 2]
+    assert store.block_fields.tolist() == [5, 3, 1]
+    assert store.counters.promotions == 0  # loading is not a transition
+    for b, blk in enumerate(blocks):
+        for f in range(NUM_FIELDS):
+            assert torch.equal(store.field_bytes(b, f), blk.field_bytes(f))
+        for f in range(store.block_fields[b].item()):
+            row = store.page_table[b, f]
+            pages = row[row >= 0].long()
+            raw = arena.storage[pages].reshape(-1)
+            assert torch.equal(raw[: blk.field_bytes(f).numel()], blk.field_bytes(f))
+        assert (store.page_table[b, store.block_fields[b].item() :] == -1).all()
+        assert torch.equal(store.decode(b)[1], decode(blk, store.bits(b)))
+
+
+def test_initial_placement_that_does_not_fit_changes_nothing(blocks) -> None:
+    arena = arena_for(10, PAGE)
+    with pytest.raises(OutOfPages):
+        WeightStore(arena, blocks, initial_bits=8)
+    assert arena.free_pages == 10
+
+
+def test_demote_frees_at_once_and_retags(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=8)
+    free_before = arena.free_pages
+    freed = store.demote(0, 3)
+    assert freed == (_pages_at(16, 128, 5) - _pages_at(16, 128, 2)) * PAGE
+    assert arena.free_pages == free_before + freed // PAGE
+    assert store.bits(0) == 3 and store.block_fields[0].item() == 2
+    assert (store.page_table[0, 2:] == -1).all()
+    assert all(arena.tag_of(p) == PageTag("weight", 3) for p in store.resident_pages(0))
+    assert store.counters.demotions == 1 and store.counters.bytes_demoted == freed
+    assert torch.equal(store.decode(0)[1], decode(blocks[0], 3))
+    assert store.demote(0, 3) == 0  # already there
+    with pytest.raises(ValueError, match="would raise it"):
+        store.demote(0, 6)
+
+
+def test_promotion_commits_only_through_poll(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=2)
+    version = store.version(1)
+    nbytes = store.promote(1, 6)
+    assert nbytes == (_pages_at(8, 256, 4) - _pages_at(8, 256, 1)) * PAGE
+    # The CPU engine copied already, but nothing is visible before the commit.
+    assert store.bits(1) == 2 and store.block_fields[1].item() == 1 and store.pending_bits(1) == 6
+    assert store.version(1) == version
+    assert store.poll() == 1
+    assert store.bits(1) == 6 and store.block_fields[1].item() == 4 and store.pending_bits(1) is None
+    assert store.version(1) == version + 1
+    assert all(arena.tag_of(p) == PageTag("weight", 6) for p in store.resident_pages(1))
+    assert store.counters.promotions == 1 and store.counters.bytes_promoted == nbytes
+    assert torch.equal(store.decode(1)[1], decode(blocks[1], 6))
+    with pytest.raises(ValueError, match="would lower it"):
+        store.promote(1, 4)
+
+
+def test_promotion_waits_for_held_copy(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    engine = HeldCopyEngine()
+    store = WeightStore(arena, blocks, initial_bits=3, copy_engine=engine)
+    store.promote(2, 8)
+    assert store.poll() == 0 and store.bits(2) == 3
+    assert torch.equal(store.decode(2)[1], decode(blocks[2], 3))  # poisoned pages never read
+    engine.land_all()
+    assert store.bits(2) == 3  # landed, not yet committed
+    assert store.poll() == 1 and store.bits(2) == 8
+    assert torch.equal(store.decode(2)[1], decode(blocks[2], 8))
+
+
+def test_demote_during_promotion_finishes_it_first(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    engine = HeldCopyEngine()
+    store = WeightStore(arena, blocks, initial_bits=2, copy_engine=engine)
+    store.promote(0, 8)
+    store.demote(0, 4)
+    assert engine.in_flight() == []  # the copy was waited for, never freed under it
+    assert store.bits(0) == 4 and store.pending_bits(0) is None
+    assert store.counters.promotions == 1 and store.counters.demotions == 1
+    assert store.weight_pages_by_bits() == arena.snapshot().weight_pages_by_bits
+
+
+def test_out_of_pages_promotion_changes_nothing(blocks) -> None:
+    need8 = _pages_at(16, 128, 5) + _pages_at(8, 256, 5) + _pages_at(24, 128, 5)
+    arena = arena_for(need8 - 1, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=2)
+    arena.alloc(arena.free_pages - 2, KV_TAG)
+    before = (arena.snapshot(), store.block_bits(), store.page_table.clone(), store.block_fields.clone())
+    with pytest.raises(OutOfPages):
+        store.promote(0, 8)
+    assert (arena.snapshot(), store.block_bits()) == before[:2]
+    assert torch.equal(store.page_table, before[2]) and torch.equal(store.block_fields, before[3])
+    assert store.pending_bits(0) is None and store.counters.promotions == 0
+
+
+def test_host_only_and_on_demand_fetch(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=4)
+    free_before = arena.free_pages
+    freed = store.set_host_only(1)
+    assert store.bits(1) == 0 and store.block_fields[1].item() == 0
+    assert arena.free_pages == free_before + freed // PAGE and store.resident_pages(1) == []
+    assert (store.page_table[1] == -1).all()
+    assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 0))  # readable from the host
+    assert store.ensure_resident([0, 1, 2]) == []
+    assert store.bits(1) == 2
+    assert store.counters.host_fetches == 1 and store.counters.promotions == 0
+    assert store.counters.host_fetch_stall_us >= 0
+    assert store.counters.bytes_promoted == _pages_at(8, 256, 1) * PAGE
+    assert store.ensure_resident([1]) == [] and store.counters.host_fetches == 1  # already resident
+
+
+def test_on_demand_fetch_without_pages_falls_back_to_host(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=8)
+    store.set_host_only(0)
+    kv = arena.alloc(arena.free_pages, KV_TAG)
+    assert store.ensure_resident([0]) == [0]
+    assert store.counters.fetch_failures == 1 and store.counters.host_fetches == 0
+    assert store.bits(0) == 0 and torch.equal(store.decode(0)[1], expected_view(blocks[0], 0))
+    arena.free(kv)
+
+
+def test_footprint_and_recency(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=8)
+    for proj, (n, k) in enumerate(SHAPES):
+        assert store.footprint_bytes(proj, 0) == 0
+        for fields, bits in enumerate((2, 3, 4, 6, 8), start=1):
+            assert store.footprint_bytes(proj, bits) == _pages_at(n, k, fields) * PAGE
+    with pytest.raises(ValueError):
+        store.footprint_bytes(3, 8)
+    assert store.last_access(0) == 0
+    store.touch([2])
+    store.touch([0, 1])
+    assert store.last_access(2) == 1 and store.last_access(0) == 2
+    assert store.lru_order([0, 1, 2]) == [2, 0, 1]
+
+
+def test_store_rejects_bad_construction(blocks) -> None:
+    with pytest.raises(ValueError, match="storage"):
+        WeightStore(Arena(100, PAGE, allocate_storage=False), blocks)
+    with pytest.raises(ValueError, match="at least one block"):
+        WeightStore(arena_for(100, PAGE), [])
+    with pytest.raises(ValueError, match="unsupported bitwidth 5"):
+        WeightStore(arena_for(100, PAGE), blocks, initial_bits=5)
+    with pytest.raises(ValueError, match="entries for 3 blocks"):
+        WeightStore(arena_for(100, PAGE), blocks, initial_bits=[8, 8])
