@@ -120,12 +120,14 @@ def _decode_merge_kernel(
 def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            sm_scale: float | None = None,
-                           num_partitions: int | None = None) -> torch.Tensor:
+                           num_partitions: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """out [S, NH, D] = softmax(q K^T * scale) V over each sequence's cached tokens.
 
     q: [S, NH, D] (dtype of the cache); kv_cache: kv_cache_view(...);
     block_tables: int32 [S, max_blocks]; context_lens: int32 [S] (0 gives 0).
     num_partitions: context splits per (sequence, kv head); None = fill the GPU.
+    out: optional [S, NH, D] result buffer (every element is written).
     """
     if q.dim() != 3 or kv_cache.dim() != 6:
         raise ValueError("q must be [S, NH, D] and kv_cache [pages, layers, 2, BS, KVH, D]")
@@ -147,7 +149,10 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
     group = nh // kvh
     if num_partitions is None:
         num_partitions = max(1, min(block_tables.shape[1], TARGET_PROGRAMS // max(1, s * kvh)))
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError("out must be a contiguous tensor like q")
     p = num_partitions
     pm = torch.empty(s, nh, p, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
@@ -249,7 +254,7 @@ def _prefill_kernel(
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                       max_seqlen: int, sm_scale: float | None = None,
-                      block: int = 64) -> torch.Tensor:
+                      block: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens: q [T, NH, D], k, v [T, KVH, D]."""
     t, nh, dim = q.shape
     if k.shape[0] != t or k.shape != v.shape or nh % k.shape[1] or k.shape[2] != dim:
@@ -258,7 +263,10 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
         raise ValueError("cu_seqlens must be int32 [S + 1]")
     if dim < MIN_DOT or dim & (dim - 1) or block < MIN_DOT or block & (block - 1):
         raise ValueError("head_dim and block must be powers of two >= 16")
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError("out must be a contiguous tensor like q")
     seqs = cu_seqlens.shape[0] - 1
     if t == 0 or seqs == 0 or max_seqlen == 0:
         return out

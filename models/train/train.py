@@ -154,12 +154,13 @@ def train(cfg: RunConfig, tokens_dir: Path, out: Path, tokenizer_dir: Path | Non
             total_steps = _apply_time_guard(step, total_steps, time.time() - t_loop, per_step, eval_cost, tc, log)
         if step % tc.log_every == 0 or step == total_steps:
             elapsed = time.time() - t_loop
+            ce_value, balance_value = float(ce.detach()), float(balance.detach())
             lr, rate = optimizer.param_groups[0]["lr"], step * tokens_per_step / elapsed
             min_share = [round(float(x), 4) for x in shares.min(dim=-1).values]  # per layer
-            log["history"].append({"step": step, "loss": float(ce), "balance_loss": float(balance),
+            log["history"].append({"step": step, "loss": ce_value, "balance_loss": balance_value,
                                    "min_expert_share_per_layer": min_share, "grad_norm": float(grad_norm),
                                    "lr": lr, "elapsed_s": round(elapsed, 2), "tokens_per_s": round(rate)})
-            print(f"step {step}/{total_steps} loss {float(ce):.4f} balance {float(balance):.4f} "
+            print(f"step {step}/{total_steps} loss {ce_value:.4f} balance {balance_value:.4f} "
                   f"min share {min(min_share):.3f} lr {lr:.2e} {rate:,.0f} tok/s", flush=True)
         if step % tc.eval_every == 0 or step == total_steps:
             losses = validate(model, val_windows, device, use_cuda)

@@ -39,9 +39,9 @@ def test_decode_over_scattered_pages(device, partitions):
         used += nb
     table = table.clamp(min=0)  # entries past a sequence's end are never read
     q = torch.randn(4, 8, D, dtype=DTYPE)  # 8 query heads on 2 kv heads
-    out = torch.full((4, 8, D), float("nan"), dtype=DTYPE)
-    out = paged_attention_decode(q.to(device), cache, 1, table.to(device), lens.to(device),
-                                 num_partitions=partitions)
+    out = torch.full((4, 8, D), float("nan"), dtype=DTYPE, device=device)
+    paged_attention_decode(q.to(device), cache, 1, table.to(device), lens.to(device),
+                           num_partitions=partitions, out=out)
     ref = paged_attention_decode_reference(q.to(device), cache, 1, table.to(device), lens.to(device))
     assert bool(torch.isfinite(out).all())
     assert torch.allclose(out.float().cpu(), ref.cpu(), atol=2e-3, rtol=2e-2)
@@ -71,7 +71,9 @@ def test_prefill_causal_varlen_gqa(device):
     q = torch.randn(t, 4, D, dtype=DTYPE)
     k = torch.randn(t, 2, D, dtype=DTYPE)
     v = torch.randn(t, 2, D, dtype=DTYPE)
-    out = prefill_attention(q.to(device), k.to(device), v.to(device), cu.to(device), 19, block=16)
+    out = torch.full(q.shape, float("nan"), dtype=DTYPE, device=device)
+    prefill_attention(q.to(device), k.to(device), v.to(device), cu.to(device), 19, block=16, out=out)
+    assert bool(torch.isfinite(out).all())
     ref = prefill_attention_reference(q, k, v, cu)
     assert torch.allclose(out.float().cpu(), ref, atol=2e-3, rtol=2e-2)
 

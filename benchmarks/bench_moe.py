@@ -1,0 +1,282 @@
+"""MoE layer (and paged decode attention) benchmark on the GPU; writes JSON.
+
+    python3 benchmarks/bench_moe.py --out results.json [--quick]
+
+Times are medians of triton.testing.do_bench over CUDA-graph replays; each
+replay runs the layer once per weight copy (R layers of the same shape in the
+arena, rotated so the weights read are several times the 60 MB L2), and the
+time per layer is the replay time / R. Bytes that must move = distinct experts
+touched x their three blocks at their current views (codes + that view's
+scales) + x (bf16) + the fp32 output. % HBM is against a device-to-device copy
+measured in the same run (bytes read + written). The shared expert of
+Qwen1.5-MoE is left out (routed experts only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.moe_setup import (  # noqa: E402
+    MIXTRAL,
+    QWEN,
+    MoeShape,
+    block_bytes,
+    build_store,
+    fields_config,
+    routing,
+    touched_bytes,
+)
+from kernels.moe_align import moe_prepare  # noqa: E402
+from kernels.moe_mixed import (  # noqa: E402
+    PagedWeights,
+    alloc_workspace,
+    choose_tiles,
+    fused_moe_mixed,
+    moe_mixed_reference,
+    run_down,
+    run_gate_up,
+)
+from kernels.paged_attention import kv_cache_view, paged_attention_decode  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+ROTATE_TARGET = 2 * L2_BYTES  # do_bench also flushes the L2 before every replay
+MAX_ROTATIONS = 8
+# Page sizes: the Mixtral KV block of 16 tokens is 2 MiB; Qwen's fields are
+# under 1 MiB, so smaller pages keep the padding (and the store) small.
+PAGE_BYTES = {MIXTRAL.name: 2 * 2**20, QWEN.name: 256 * 2**10}
+BITS = ["8", "6", "4", "3", "2", "mixed"]
+BATCHES = [1, 4, 16, 64]
+
+
+def bench_graph(fn, reps: int) -> float:
+    """Median ms of one fn() call, from graph replays of reps back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            fn(i)
+    ms = triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
+    return ms / reps
+
+
+def copy_bandwidth() -> float:
+    n = 2**30
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * n / ms / 1e6  # GB/s, read + write
+
+
+def rotations(shape: MoeShape, smallest_bytes: int, cap: int) -> int:
+    return max(1, min(cap, math.ceil(ROTATE_TARGET / max(1, smallest_bytes))))
+
+
+def tuned(tiles, tune: dict | None):
+    return dataclasses.replace(tiles, **tune) if tune else tiles
+
+
+def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None) -> float:
+    """Relative error of the kernel against the fp32 reference (mixed bits, B = 2)."""
+    weights.block_fields.copy_(fields_config(shape, layers, "mixed"))
+    ids, tw = routing(shape, 2, "cuda")
+    x = torch.randn(2, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    tiles = tuned(choose_tiles(2, shape.top_k, shape.experts, shape.hidden, shape.ffn), tune)
+    out = fused_moe_mixed(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn, tiles)
+    ref = moe_mixed_reference(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn)
+    err = float((out - ref).norm() / ref.norm())
+    print(f"{shape.name}: kernel vs fp32 reference, relative error {err:.2e}", flush=True)
+    return err
+
+
+def moe_rows(shape: MoeShape, batches, bits_list, hbm: float, tune: dict | None, deadline: float,
+             stages=False):
+    smallest = block_bytes(shape, 0, 1) * 2 + block_bytes(shape, 2, 1)  # one expert at 2 bits
+    layers = rotations(shape, smallest * min(shape.experts, shape.top_k), MAX_ROTATIONS)
+    page_bytes = PAGE_BYTES[shape.name]
+    weights = build_store(shape, layers, page_bytes, "cuda")
+    rows = [dict(model=shape.name, check_rel_err=check(shape, weights, layers, tune))]
+    for batch in batches:
+        ids, tw = routing(shape, batch, "cuda")
+        x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        tiles = tuned(choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms), tune)
+        ws = alloc_workspace(batch, shape.top_k, shape.hidden, shape.ffn, shape.experts, tiles, "cuda")
+        for bits in bits_list:
+            if time.time() > deadline:
+                rows.append(dict(model=shape.name, batch=batch, bits=bits, skipped="time budget"))
+                continue
+            cfg = fields_config(shape, layers, bits)
+            weights.block_fields.copy_(cfg)
+            ms = bench_graph(lambda i=0: fused_moe_mixed(x, ids, tw, weights, i % layers, shape.experts,
+                                                         shape.ffn, tiles, ws), layers)
+            wbytes = touched_bytes(shape, ids, cfg, 0)
+            abytes = batch * shape.hidden * (2 + 4)
+            gbps = (wbytes + abytes) / ms / 1e6
+            row = dict(model=shape.name, batch=batch, bits=bits, time_us=ms * 1e3,
+                       weight_bytes=wbytes, act_bytes=abytes, GBps=gbps, pct_hbm=100 * gbps / hbm,
+                       experts_touched=len(set(ids.reshape(-1).tolist())), rotations=layers,
+                       page_bytes=page_bytes, tiles=tiles.__dict__)
+            if stages and bits == "4" and batch in (1, 64):
+                row["stage_us"] = stage_times(shape, x, ids, tw, weights, tiles, ws, layers, page_bytes)
+            rows.append(row)
+            print(f"{shape.name:18s} B={batch:3d} bits={bits:5s} {ms * 1e3:8.1f} us "
+                  f"{gbps:7.0f} GB/s {100 * gbps / hbm:5.1f}% HBM", flush=True)
+    del weights
+    torch.cuda.empty_cache()
+    return rows
+
+
+def stage_times(shape, x, ids, tw, weights, tiles, ws, layers, page_bytes):
+    """Each launch alone (its inputs left in the workspace by a full run)."""
+    log2p = page_bytes.bit_length() - 1
+    e, f, k = shape.experts, shape.ffn, shape.top_k
+    return {
+        "prepare": 1e3 * bench_graph(lambda i=0: moe_prepare(x, ids, e, ws.prep), layers),
+        "gate_up": 1e3 * bench_graph(lambda i=0: run_gate_up(ws, weights, i % layers, e, k, f, tiles, log2p), layers),
+        "down": 1e3 * bench_graph(lambda i=0: run_down(ws, tw, weights, i % layers, e, k, f, tiles, log2p), layers),
+    }
+
+
+def bf16_rows(shape: MoeShape, batches, hbm: float):
+    """Reference: bf16 torch, x @ w.T per touched expert, static routing, in a graph."""
+    per_expert = 3 * shape.hidden * shape.ffn * 2
+    copies = max(1, min(MAX_ROTATIONS, math.ceil(ROTATE_TARGET / (per_expert * min(shape.experts, shape.top_k)))))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ws = [[torch.randn(3, shape.ffn, shape.hidden, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+           for _ in range(shape.experts)] for _ in range(copies)]
+    rows = []
+    for batch in batches:
+        ids, tw = routing(shape, batch, "cuda")
+        x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
+        hits = [(ids == e).nonzero() for e in range(shape.experts)]
+        used = [(e, h[:, 0].contiguous(), tw[h[:, 0], h[:, 1]][:, None].to(torch.bfloat16))
+                for e, h in enumerate(hits) if h.numel()]
+        out = torch.empty(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
+
+        def run(i=0):
+            out.zero_()
+            for e, tok, w in used:
+                w13 = ws[i % copies][e]
+                xe = x[tok]
+                h = torch.nn.functional.silu(xe @ w13[0].T) * (xe @ w13[1].T)
+                out.index_add_(0, tok, (h @ w13[2]) * w)  # w13[2] holds down^T [F, H]
+
+        ms = bench_graph(run, copies)
+        wbytes = len(used) * per_expert
+        gbps = (wbytes + batch * shape.hidden * 4) / ms / 1e6
+        rows.append(dict(model=shape.name, batch=batch, bits="bf16-torch", time_us=ms * 1e3,
+                         weight_bytes=wbytes, GBps=gbps, pct_hbm=100 * gbps / hbm))
+        print(f"{shape.name:18s} B={batch:3d} bf16 torch {ms * 1e3:8.1f} us {gbps:7.0f} GB/s "
+              f"{100 * gbps / hbm:5.1f}% HBM", flush=True)
+    del ws
+    torch.cuda.empty_cache()
+    return rows
+
+
+def attention_rows(hbm: float):
+    """Paged decode attention, Mixtral geometry (32 q heads, 8 kv heads, d 128)."""
+    layers, bs, kvh, d, nh = 4, 16, 8, 128, 32
+    rows = []
+    for batch, ctx in [(1, 4096), (16, 1024), (64, 1024), (64, 4096)]:
+        blocks = ctx // bs
+        pages = batch * blocks
+        page_bytes = layers * 2 * bs * kvh * d * 2
+        storage = torch.empty(pages, page_bytes, dtype=torch.uint8, device="cuda")
+        cache = kv_cache_view(storage, layers, bs, kvh, d, torch.bfloat16)
+        cache.normal_()
+        table = torch.randperm(pages, device="cuda").to(torch.int32).view(batch, blocks)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, nh, d, device="cuda", dtype=torch.bfloat16)
+        ms = bench_graph(lambda i=0: paged_attention_decode(q, cache, i % layers, table, lens), layers)
+        kv_bytes = batch * ctx * 2 * kvh * d * 2
+        gbps = kv_bytes / ms / 1e6
+        rows.append(dict(batch=batch, context=ctx, time_us=ms * 1e3, kv_bytes=kv_bytes, GBps=gbps,
+                         pct_hbm=100 * gbps / hbm))
+        print(f"paged decode attn B={batch:3d} ctx={ctx:5d} {ms * 1e3:8.1f} us {gbps:7.0f} GB/s "
+              f"{100 * gbps / hbm:5.1f}% HBM", flush=True)
+        del storage, cache
+    torch.cuda.empty_cache()
+    return rows
+
+
+def tune_from_sweep(path: str | None) -> dict | None:
+    """num_stages and use_asm with the least total time over all views at BN 128."""
+    if not path or not Path(path).exists():
+        return None
+    rows = [r for r in json.loads(Path(path).read_text())["rows"] if "us" in r and r["bn"] == 128]
+    best = {}
+    for stages in sorted({r["stages"] for r in rows}):
+        for asm in (False, True):
+            sel = {r["nf"]: r["us"] for r in rows if r["stages"] == stages and (r["asm"] == asm or r["nf"] == 1)}
+            if len(sel) == 5:
+                best[(stages, asm)] = sum(sel.values())
+    if not best:
+        return None
+    stages, asm = min(best, key=best.get)
+    return dict(num_stages=stages, use_asm=asm)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="B in {1, 64}, bits in {4, 2, mixed}")
+    ap.add_argument("--sweep", help="sweep_decode.py JSON to pick num_stages / use_asm from")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds; later rows are skipped")
+    args = ap.parse_args()
+    deadline = time.time() + args.budget
+    torch.manual_seed(0)
+    tune = tune_from_sweep(args.sweep)
+    print(f"tiles tuned from sweep: {tune}", flush=True)
+    batches = [1, 64] if args.quick else BATCHES
+    bits = ["4", "2", "mixed"] if args.quick else BITS
+    hbm = copy_bandwidth()
+    print(f"device-to-device copy: {hbm:.0f} GB/s", flush=True)
+    result = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  command=" ".join(sys.argv), git_commit="FILL_IN", torch=torch.__version__,
+                  triton=triton.__version__, copy_GBps=hbm, tuned=tune, moe=[], bf16=[],
+                  attention=[])
+    for shape in (MIXTRAL, QWEN):
+        result["moe"] += moe_rows(shape, batches, bits, hbm, tune, deadline, stages=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    for shape in (MIXTRAL, QWEN):
+        if time.time() < deadline:
+            result["bf16"] += bf16_rows(shape, batches, hbm)
+    if time.time() < deadline:
+        result["attention"] = attention_rows(hbm)
+    mixed = []
+    timed = [r for r in result["moe"] if "time_us" in r]
+    for row in timed:
+        if row["bits"] == "mixed":
+            uni = next((r for r in timed if r["model"] == row["model"] and r["batch"] == row["batch"]
+                        and r["bits"] == "4"), None)
+            if uni is None:
+                continue
+            mixed.append(dict(model=row["model"], batch=row["batch"], mixed_us=row["time_us"],
+                              uniform4_us=uni["time_us"], slowdown_pct=100 * (row["time_us"] / uni["time_us"] - 1),
+                              same_bytes=row["weight_bytes"] == uni["weight_bytes"]))
+    result["mixed_vs_uniform4"] = mixed
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print("\nmodel              B    bits   us      GB/s  %HBM")
+    for r in timed:
+        print(f"{r['model'][:18]:18s} {r['batch']:3d} {r['bits']:6s} {r['time_us']:7.1f} {r['GBps']:6.0f} "
+              f"{r['pct_hbm']:5.1f}")
+    for m in mixed:
+        print(f"mixed vs 4-bit {m['model'][:12]} B={m['batch']}: {m['slowdown_pct']:+.1f}%")
+
+
+if __name__ == "__main__":
+    main()

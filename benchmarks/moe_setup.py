@@ -1,0 +1,112 @@
+"""Benchmark scaffolding: paged expert stores at real model shapes.
+
+Every (layer, expert, projection) block holds all five fields in shuffled arena
+pages (the content is one random matrix per projection, packed by the
+quant_pack kernel); a bitwidth configuration is then just a block_fields
+table, exactly as a demotion or promotion changes it at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import weight_layout as wl
+from kernels.moe_mixed import PROJS_PER_EXPERT, PagedWeights
+from kernels.quant_pack import quant_pack
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    name: str
+    hidden: int
+    ffn: int
+    experts: int
+    top_k: int
+
+
+MIXTRAL = MoeShape("mixtral-8x7b", 4096, 14336, 8, 2)
+QWEN = MoeShape("qwen1.5-moe-a2.7b", 2048, 1408, 60, 4)  # routed experts only
+
+
+def block_shape(shape: MoeShape, proj: int) -> tuple[int, int]:
+    return (shape.ffn, shape.hidden) if proj < 2 else (shape.hidden, shape.ffn)
+
+
+def block_bytes(shape: MoeShape, proj: int, num_fields: int) -> int:
+    """Bytes a kernel must read for one block at this view: codes + the view's scales."""
+    n, k = block_shape(shape, proj)
+    codes = sum(wl.field_code_bytes(f, n, k) for f in range(num_fields))
+    return codes + n * (k // wl.GROUP) * wl.SCALE_BYTES_PER_GROUP
+
+
+def build_store(shape: MoeShape, layers: int, page_bytes: int, device: str,
+                seed: int = 0) -> PagedWeights:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    fields = []
+    for proj in range(PROJS_PER_EXPERT):
+        n, k = block_shape(shape, proj)
+        w = (torch.randn(n, k, generator=gen) * (0.5 / k**0.5)).to(device=device, dtype=torch.bfloat16)
+        fields.append(quant_pack(w))
+    n_blocks = layers * shape.experts * PROJS_PER_EXPERT
+    pages_of = [[wl.pages_for(f.numel(), page_bytes) for f in fs] for fs in fields]
+    per_block = [sum(p) for p in pages_of]
+    total = layers * shape.experts * sum(per_block)
+    storage = torch.empty(total, page_bytes, dtype=torch.uint8, device=device)
+    order = torch.randperm(total, generator=gen)
+    table = torch.full((n_blocks, wl.NUM_FIELDS, max(max(p) for p in pages_of)), -1, dtype=torch.int32)
+    cursor = 0
+    for proj in range(PROJS_PER_EXPERT):
+        blocks = torch.arange(proj, n_blocks, PROJS_PER_EXPERT)
+        for f in range(wl.NUM_FIELDS):
+            npg = pages_of[proj][f]
+            ids = order[cursor : cursor + npg * len(blocks)].reshape(len(blocks), npg)
+            cursor += npg * len(blocks)
+            table[blocks, f, :npg] = ids.to(torch.int32)
+            padded = torch.zeros(npg * page_bytes, dtype=torch.uint8, device=device)
+            padded[: fields[proj][f].numel()] = fields[proj][f]
+            src = padded.view(1, npg, page_bytes).expand(len(blocks), npg, page_bytes)
+            storage[ids.reshape(-1).to(device)] = src.reshape(-1, page_bytes)
+    bf = torch.full((n_blocks,), wl.NUM_FIELDS, dtype=torch.int32, device=device)
+    return PagedWeights(storage, table.to(device), bf)
+
+
+def fields_config(shape: MoeShape, layers: int, bits: str) -> torch.Tensor:
+    """block_fields for a configuration: '8', '4', ... uniform, or 'mixed'.
+
+    mixed: even experts (gate, up, down) at (2, 6, 2) bits, odd at (6, 2, 6):
+    every pair of experts averages 4 bits per block, the same bytes as
+    uniform 4-bit, and gate and up of one expert differ.
+    """
+    n_blocks = layers * shape.experts * PROJS_PER_EXPERT
+    if bits != "mixed":
+        return torch.full((n_blocks,), wl.fields_for_bits(int(bits)), dtype=torch.int32)
+    lo, hi = wl.fields_for_bits(2), wl.fields_for_bits(6)
+    out = torch.empty(n_blocks, dtype=torch.int32)
+    for b in range(n_blocks):
+        expert = (b // PROJS_PER_EXPERT) % shape.experts
+        proj = b % PROJS_PER_EXPERT
+        even = [lo, hi, lo][proj]
+        out[b] = even if expert % 2 == 0 else (hi if even == lo else lo)
+    return out
+
+
+def routing(shape: MoeShape, batch: int, device: str, seed: int = 0):
+    """Round-robin top-k (distinct experts per token; touches min(E, B*k) experts)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    flat = torch.arange(batch * shape.top_k) % shape.experts
+    ids = flat.reshape(batch, shape.top_k).to(torch.int32)
+    w = torch.rand(batch, shape.top_k, generator=gen)
+    w = w / w.sum(-1, keepdim=True)
+    return ids.to(device), w.to(device)
+
+
+def touched_bytes(shape: MoeShape, ids: torch.Tensor, fields: torch.Tensor, layer: int) -> int:
+    """Weight bytes one layer must read: distinct experts x their blocks at their views."""
+    total = 0
+    for e in sorted(set(ids.reshape(-1).tolist())):
+        for proj in range(PROJS_PER_EXPERT):
+            nf = int(fields[(layer * shape.experts + e) * PROJS_PER_EXPERT + proj])
+            total += block_bytes(shape, proj, nf)
+    return total
