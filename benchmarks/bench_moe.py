@@ -15,7 +15,6 @@ Qwen1.5-MoE is left out (routed experts only).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import math
@@ -58,6 +57,7 @@ MAX_ROTATIONS = 8
 # under 1 MiB, so smaller pages keep the padding (and the store) small.
 PAGE_BYTES = {MIXTRAL.name: 2 * 2**20, QWEN.name: 256 * 2**10}
 BITS = ["8", "6", "4", "3", "2", "mixed"]
+DEFAULT_TUNE = dict(block_n=128, num_stages=3, use_asm=True)
 BATCHES = [1, 4, 16, 64]
 
 
@@ -85,16 +85,12 @@ def rotations(shape: MoeShape, smallest_bytes: int, cap: int) -> int:
     return max(1, min(cap, math.ceil(ROTATE_TARGET / max(1, smallest_bytes))))
 
 
-def tuned(tiles, tune: dict | None):
-    return dataclasses.replace(tiles, **tune) if tune else tiles
-
-
 def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None) -> float:
     """Relative error of the kernel against the fp32 reference (mixed bits, B = 2)."""
     weights.block_fields.copy_(fields_config(shape, layers, "mixed"))
     ids, tw = routing(shape, 2, "cuda")
     x = torch.randn(2, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    tiles = tuned(choose_tiles(2, shape.top_k, shape.experts, shape.hidden, shape.ffn), tune)
+    tiles = choose_tiles(2, shape.top_k, shape.experts, shape.hidden, shape.ffn, **(tune or DEFAULT_TUNE))
     out = fused_moe_mixed(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn, tiles)
     ref = moe_mixed_reference(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn)
     err = float((out - ref).norm() / ref.norm())
@@ -102,27 +98,65 @@ def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None
     return err
 
 
+TUNE_CANDIDATES = [dict(block_n=128, num_stages=3, num_warps=8, use_asm=True),
+                   dict(block_n=128, num_stages=3, num_warps=4, use_asm=True),
+                   dict(block_n=64, num_stages=3, num_warps=4, use_asm=True),
+                   dict(block_n=64, num_stages=4, num_warps=4, use_asm=True),
+                   dict(block_n=128, num_stages=2, num_warps=8, use_asm=True)]
+TUNE_CASES = [(1, "4"), (64, "4"), (1, "2")]
+
+
+def time_layer(shape, weights, layers, batch, bits, tune):
+    ids, tw = routing(shape, batch, "cuda")
+    x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, **tune)
+    ws = alloc_workspace(batch, shape.top_k, shape.hidden, shape.ffn, shape.experts, tiles, "cuda")
+    cfg = fields_config(shape, layers, bits)
+    weights.block_fields.copy_(cfg)
+    ms = bench_graph(lambda i=0: fused_moe_mixed(x, ids, tw, weights, i % layers, shape.experts,
+                                                 shape.ffn, tiles, ws), layers)
+    return ms, ids, cfg, tiles, (x, tw, ws)
+
+
+def autotune(shape, weights, layers, deadline):
+    """Full-kernel timings of each candidate launch shape; the least total wins."""
+    rows, best = [], None
+    for tune in TUNE_CANDIDATES:
+        if time.time() > deadline:
+            break
+        try:
+            times = [time_layer(shape, weights, layers, b, bits, tune)[0] * 1e3 for b, bits in TUNE_CASES]
+        except Exception as exc:  # a shape that fails to build is recorded, not fatal
+            rows.append(dict(tune, error=repr(exc)[:300]))
+            print(f"tune {tune} failed: {exc!r}"[:300], flush=True)
+            continue
+        rows.append(dict(tune, cases=TUNE_CASES, us=times))
+        print(f"tune {tune}: " + " ".join(f"{t:.1f}" for t in times) + " us", flush=True)
+        if best is None or sum(times) < best[0]:
+            best = (sum(times), tune)
+    return (best[1] if best else DEFAULT_TUNE), rows
+
+
 def moe_rows(shape: MoeShape, batches, bits_list, hbm: float, tune: dict | None, deadline: float,
-             stages=False):
+             stages=False, tune_log=None, tune_only=False):
     smallest = block_bytes(shape, 0, 1) * 2 + block_bytes(shape, 2, 1)  # one expert at 2 bits
     layers = rotations(shape, smallest * min(shape.experts, shape.top_k), MAX_ROTATIONS)
     page_bytes = PAGE_BYTES[shape.name]
     weights = build_store(shape, layers, page_bytes, "cuda")
-    rows = [dict(model=shape.name, check_rel_err=check(shape, weights, layers, tune))]
+    if tune_log is not None:
+        tune, tune_log[:] = autotune(shape, weights, layers, deadline if tune_only else deadline - 120)
+        print(f"chosen launch shape: {tune}", flush=True)
+        if tune_only:
+            return [dict(model=shape.name, tune=tune)]
+    rows = [dict(model=shape.name, check_rel_err=check(shape, weights, layers, tune), tune=tune)]
     for batch in batches:
-        ids, tw = routing(shape, batch, "cuda")
-        x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        tiles = tuned(choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms), tune)
-        ws = alloc_workspace(batch, shape.top_k, shape.hidden, shape.ffn, shape.experts, tiles, "cuda")
         for bits in bits_list:
             if time.time() > deadline:
                 rows.append(dict(model=shape.name, batch=batch, bits=bits, skipped="time budget"))
                 continue
-            cfg = fields_config(shape, layers, bits)
-            weights.block_fields.copy_(cfg)
-            ms = bench_graph(lambda i=0: fused_moe_mixed(x, ids, tw, weights, i % layers, shape.experts,
-                                                         shape.ffn, tiles, ws), layers)
+            ms, ids, cfg, tiles, (x, tw, ws) = time_layer(shape, weights, layers, batch, bits,
+                                                          tune or DEFAULT_TUNE)
             wbytes = touched_bytes(shape, ids, cfg, 0)
             abytes = batch * shape.hidden * (2 + 4)
             gbps = (wbytes + abytes) / ms / 1e6
@@ -214,20 +248,19 @@ def attention_rows(hbm: float):
 
 
 def tune_from_sweep(path: str | None) -> dict | None:
-    """num_stages and use_asm with the least total time over all views at BN 128."""
+    """Tile rows, num_stages with the least total time over all views (asm on)."""
     if not path or not Path(path).exists():
         return None
-    rows = [r for r in json.loads(Path(path).read_text())["rows"] if "us" in r and r["bn"] == 128]
+    rows = [r for r in json.loads(Path(path).read_text())["rows"] if "us" in r and r["asm"]]
     best = {}
-    for stages in sorted({r["stages"] for r in rows}):
-        for asm in (False, True):
-            sel = {r["nf"]: r["us"] for r in rows if r["stages"] == stages and (r["asm"] == asm or r["nf"] == 1)}
-            if len(sel) == 5:
-                best[(stages, asm)] = sum(sel.values())
+    for bn, stages in {(r["bn"], r["stages"]) for r in rows}:
+        sel = {r["nf"]: r["us"] for r in rows if r["bn"] == bn and r["stages"] == stages}
+        if len(sel) == 5:
+            best[(bn, stages)] = sum(sel.values())
     if not best:
         return None
-    stages, asm = min(best, key=best.get)
-    return dict(num_stages=stages, use_asm=asm)
+    bn, stages = min(best, key=best.get)
+    return dict(block_n=bn, num_stages=stages, use_asm=True)
 
 
 def main() -> None:
@@ -235,6 +268,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="B in {1, 64}, bits in {4, 2, mixed}")
     ap.add_argument("--sweep", help="sweep_decode.py JSON to pick num_stages / use_asm from")
+    ap.add_argument("--autotune", action="store_true", help="time launch shapes on Mixtral first")
+    ap.add_argument("--models", default="mixtral,qwen", help="comma list of mixtral, qwen")
+    ap.add_argument("--tune-only", action="store_true", help="only the autotune table (implies --autotune)")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; later rows are skipped")
     args = ap.parse_args()
     deadline = time.time() + args.budget
@@ -249,13 +285,20 @@ def main() -> None:
                   command=" ".join(sys.argv), git_commit="FILL_IN", torch=torch.__version__,
                   triton=triton.__version__, copy_GBps=hbm, tuned=tune, moe=[], bf16=[],
                   attention=[])
-    for shape in (MIXTRAL, QWEN):
-        result["moe"] += moe_rows(shape, batches, bits, hbm, tune, deadline, stages=True)
+    tune_log = [] if args.autotune or args.tune_only else None
+    shapes = [s for s in (MIXTRAL, QWEN) if s.name.split("-")[0].split("1")[0] in args.models]
+    for shape in shapes:
+        rows = moe_rows(shape, batches, bits, hbm, tune, deadline, stages=True, tune_log=tune_log,
+                        tune_only=args.tune_only)
+        tune = rows[0]["tune"]
+        result["moe"] += rows
+        if tune_log:
+            result["autotune"], tune_log = list(tune_log), None
         Path(args.out).write_text(json.dumps(result, indent=1))
-    for shape in (MIXTRAL, QWEN):
+    for shape in shapes if not args.tune_only else []:
         if time.time() < deadline:
             result["bf16"] += bf16_rows(shape, batches, hbm)
-    if time.time() < deadline:
+    if time.time() < deadline and not args.tune_only:
         result["attention"] = attention_rows(hbm)
     mixed = []
     timed = [r for r in result["moe"] if "time_us" in r]

@@ -216,19 +216,24 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
-                 num_sms: int = DEFAULT_SMS, use_asm: bool = False) -> MoeTiles:
-    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs."""
+                 num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
+                 num_stages: int = 3, num_warps: int = 4) -> MoeTiles:
+    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
+
+    block_n: rows per program (64 or 128; 128 amortizes more per-iteration
+    work, 64 gives more programs); gate/up drops to 64 rows when 128 would
+    leave multiprocessors idle.
+    """
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
     block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
-    wide = GROUP
-    block_n_up = wide if (ffn // wide) * active >= num_sms else GROUP // 2
-    block_n_down = wide
-    tiles_down = triton.cdiv(hidden, block_n_down) * active
+    half = GROUP // 2
+    block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
+    tiles_down = triton.cdiv(hidden, block_n) * active
     split = max(1, min(ffn // GROUP, triton.cdiv(PROGRAMS_PER_SM * num_sms, tiles_down)))
-    return MoeTiles(block_n_up=block_n_up, block_n_down=block_n_down, block_m=block_m,
-                    split_k=split, use_asm=use_asm)
+    return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
+                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm)
 
 
 @dataclass

@@ -75,13 +75,13 @@ def clean_plain(raw: bytes) -> str | None:
 # roff escapes that only change fonts or spacing: \fB \fI \fR \fP \f(CW \f[...] \, \/ \& \: \%
 _ROFF_FONT = re.compile(r"\\f(\(..|\[[^\]]*\]|.)")
 _ROFF_SPACING = re.compile(r"\\[,/&:%|^]")
-_ROFF_NAMED = {
-    r"\-": "-", r"\(em": "—", r"\(en": "–", r"\(bu": "•", r"\(aq": "'", r"\(dq": '"',
-    r"\(lq": "“", r"\(rq": "”", r"\(Fo": "«", r"\(Fc": "»", r"\(co": "©", r"\e": "\\",
-    r"\ ": " ", r"\~": " ", r"\(ga": "`", r"\(ha": "^", r"\(ti": "~", r"\(rs": "\\",
-}
+_ROFF_NAMED = (
+    (r"\-", "-"), (r"\(em", "—"), (r"\(en", "–"), (r"\(bu", "•"), (r"\(aq", "'"), (r"\(dq", '"'),
+    (r"\(lq", "“"), (r"\(rq", "”"), (r"\(Fo", "«"), (r"\(Fc", "»"), (r"\(co", "©"), (r"\e", "\\"),
+    (r"\ ", " "), (r"\~", " "), (r"\(ga", "`"), (r"\(ha", "^"), (r"\(ti", "~"), (r"\(rs", "\\"),
+)
 # macros whose arguments are running text (headings, font macros)
-_ROFF_TEXT_MACROS = {"SH", "SS", "B", "I", "BR", "BI", "IB", "IR", "RB", "RI", "SM", "SB", "UR", "MT"}
+_ROFF_TEXT_MACROS = frozenset({"SH", "SS", "B", "I", "BR", "BI", "IB", "IR", "RB", "RI", "SM", "SB", "UR", "MT"})
 
 
 def roff_to_text(source: str) -> str:
@@ -99,7 +99,7 @@ def roff_to_text(source: str) -> str:
                 continue
             words = parts[1].replace('"', "")
             line = words.upper() if parts[0] == "SH" else words
-        for escape, char in _ROFF_NAMED.items():
+        for escape, char in _ROFF_NAMED:
             line = line.replace(escape, char)
         line = _ROFF_FONT.sub("", line)
         line = _ROFF_SPACING.sub("", line)

@@ -71,7 +71,7 @@ def test_report_has_the_required_numbers() -> None:
         four_bit = report["rtn"]["bits"]["4"]["quality"][d]["test"]["ppl_increase_pct"]
         two_bit = report["rtn"]["bits"]["2"]["quality"][d]["test"]["ppl_increase_pct"]
         assert 0 < four_bit < two_bit  # 4 bits already costs quality, 2 bits far more
-    assert "<COMMIT>" in (MODEL / "REPORT.md").read_text() or "Commit:" in (MODEL / "REPORT.md").read_text()
+    assert "Commit:" in (MODEL / "REPORT.md").read_text()
 
 
 def test_weights_are_trained() -> None:

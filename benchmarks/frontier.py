@@ -1,0 +1,221 @@
+"""Quality-memory frontier of the precision policy on the default model (CPU).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/frontier.py
+
+For expert byte budgets from the all-2-bit footprint to the all-8-bit one
+(the uniform views' exact bytes plus points between them), each method's
+per-block bits are loaded into a WeightStore (benchmarks/quality_eval.py)
+and the model is evaluated on the held-out TEST split, per domain: perplexity
+and mean KL(p_8bit || p) per token. Methods (benchmarks/policy_bits.py):
+
+* static: uniform bitwidths; "best static" at a budget = the highest uniform
+  view whose bytes fit it;
+* planner: controlplane.planner with the profiled sensitivity table
+  (models/pw-moe-tiny/sensitivity.json), routing activity and demand measured
+  on the workload's VALIDATION windows (never the test split);
+* planner_no_sensitivity: the controlplane's fallback table instead;
+* planner_no_routing: uniform activity (no telemetry yet).
+
+Workloads: "mix" (all domains; activity from all of them, every domain
+evaluated) and single-domain ones (activity and evaluation on that domain).
+Identical bits configurations are evaluated once. Writes JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.frontier_plot import plot_frontier  # noqa: E402
+from benchmarks.policy_bits import (  # noqa: E402
+    best_static,
+    no_sensitivity_table,
+    planner_bits,
+    uniform_activity,
+    uniform_bits,
+    uniform_bytes,
+    workload_activity,
+)
+from benchmarks.quality_eval import PAGE_BYTES, PagedModel, evaluate, load_domain_windows, mean_quality  # noqa: E402
+from controlplane.config import ControlplaneConfig, PlannerConfig  # noqa: E402
+from controlplane.sensitivity import SENSITIVITY_FILE, load  # noqa: E402
+from dataplane.profiling.corpus import corpus_domains  # noqa: E402
+from dataplane.profiling.sensitivity import PROFILE_SIDECAR  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Points between consecutive uniform views, as fractions of the step in bytes.
+BETWEEN = {(2, 3): (0.5,), (3, 4): (1 / 3, 2 / 3), (4, 6): (1 / 3, 2 / 3), (6, 8): (0.5,)}
+METHODS = ("static", "planner", "planner_no_sensitivity", "planner_no_routing")
+HALF_LIFE_S = ControlplaneConfig.model_fields["activity_half_life_s"].default
+
+
+def budgets(shape) -> list[dict]:
+    """Budget points, ascending: every uniform view's exact bytes and BETWEEN."""
+    points = [{"bytes": uniform_bytes(shape, b), "label": f"uniform {b}-bit"} for b in shape.view_bits]
+    for (lo, hi), fracs in BETWEEN.items():
+        a, b = uniform_bytes(shape, lo), uniform_bytes(shape, hi)
+        points += [{"bytes": int(a + f * (b - a)), "label": f"{lo}-{hi} bit, {f:.2f}"} for f in fracs]
+    top = uniform_bytes(shape, shape.ceiling_bits)
+    for p in points:
+        p["fraction_of_8bit"] = round(p["bytes"] / top, 4)
+    return sorted(points, key=lambda p: p["bytes"])
+
+
+def method_bits(shape, table, fallback, activity, budget: int, cfg: PlannerConfig) -> dict[str, np.ndarray]:
+    return {
+        "static": uniform_bits(shape, best_static(shape, budget)),
+        "planner": planner_bits(shape, table, activity, budget, cfg),
+        "planner_no_sensitivity": planner_bits(shape, fallback, activity, budget, cfg),
+        "planner_no_routing": planner_bits(shape, table, uniform_activity(shape), budget, cfg),
+    }
+
+
+def describe_bits(shape, bits: np.ndarray) -> dict:
+    values, counts = np.unique(bits, return_counts=True)
+    return {"expert_bytes": shape.expert_bytes(bits), "mean_bits": round(float(bits.mean()), 4),
+            "bits_histogram": {str(int(v)): int(c) for v, c in zip(values, counts)},
+            "mean_bits_per_layer": [round(float(x), 3) for x in bits.mean(axis=(1, 2))]}
+
+
+def run_workload(paged: PagedModel, name: str, domains: list[str], args, table, fallback,
+                 cfg: PlannerConfig) -> dict:
+    start = time.perf_counter()
+    shape = paged.shape
+    calib = load_domain_windows(args.tokens_dir, domains, args.activity_split, args.seq_len, args.activity_windows)
+    routed = np.zeros((shape.num_layers, shape.num_experts))
+    mass = np.zeros_like(routed)
+    for win in calib.values():
+        r, m = paged.routing(win)
+        routed, mass = routed + r, mass + m
+    activity = workload_activity(routed, mass, HALF_LIFE_S)
+    points = budgets(shape)
+    configs: dict[str, np.ndarray] = {}  # unique bits -> key
+    keys: list[dict[str, str]] = []
+    for p in points:
+        row = {}
+        for method, bits in method_bits(shape, table, fallback, activity, p["bytes"], cfg).items():
+            key = bits.tobytes().hex()
+            configs.setdefault(key, bits)
+            row[method] = key
+        keys.append(row)
+    tests = load_domain_windows(args.tokens_dir, domains, args.eval_split, args.seq_len, args.windows)
+    print(f"[{name}] {len(configs)} unique configurations x {len(domains)} domains", flush=True)
+    done = [0]
+
+    def progress(config: str, domain: str, q) -> None:
+        done[0] += 1
+        print(f"[{name}] {done[0]}/{len(configs) * len(domains)} {domain}: kl={q.kl:.5f} ppl={q.perplexity:.3f} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+    quality = evaluate(paged, tests, configs, on_done=progress)
+    out_points = []
+    for p, row in zip(points, keys):
+        methods = {}
+        for method, key in row.items():
+            per = quality[key]
+            methods[method] = {**describe_bits(shape, configs[key]),
+                               "per_domain": {d: q.as_dict() for d, q in per.items()},
+                               "mean": mean_quality(per)}
+        out_points.append({**p, "best_static_bits": best_static(shape, p["bytes"]), "methods": methods})
+    return {
+        "eval_domains": domains,
+        "eval_tokens_per_domain": {d: w.counted for d, w in tests.items()},
+        "activity": {"split": args.activity_split, "windows_per_domain": args.activity_windows,
+                     "routed_share": np.round(routed / routed.sum(1, keepdims=True), 4).tolist()},
+        "points": out_points,
+        "checks": checks(shape, out_points),
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+
+
+def checks(shape, points: list[dict]) -> dict:
+    """The issue's targets on this workload (mean over its domains)."""
+    worse = [{"budget_bytes": p["bytes"], "metric": metric, "planner": p["methods"]["planner"]["mean"][metric],
+              "best_static": p["methods"]["static"]["mean"][metric]}
+             for p in points for metric in ("kl", "perplexity")
+             if p["methods"]["planner"]["mean"][metric] > p["methods"]["static"]["mean"][metric]]
+    u3 = next(p for p in points if p["bytes"] == uniform_bytes(shape, 3))
+    base = u3["methods"]["static"]
+    reduction = {m: {"mean": round(1 - u3["methods"][m]["mean"]["kl"] / base["mean"]["kl"], 4),
+                     "per_domain": {d: round(1 - q["kl"] / base["per_domain"][d]["kl"], 4)
+                                    for d, q in u3["methods"][m]["per_domain"].items()}}
+                 for m in METHODS if m != "static"}
+    return {
+        "planner_at_least_best_static_kl_every_budget": not any(w["metric"] == "kl" for w in worse),
+        "planner_at_least_best_static_ppl_every_budget": not any(w["metric"] == "perplexity" for w in worse),
+        "planner_worse_than_best_static": worse,
+        "kl_reduction_vs_uniform3_at_uniform3_budget": reduction,
+        "target_40pct_kl_reduction_met": reduction["planner"]["mean"] >= 0.40,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=Path("models/pw-moe-tiny"))
+    parser.add_argument("--tokens-dir", type=Path, default=Path("data/tokens"))
+    parser.add_argument("--windows", type=int, default=64, help="test windows per domain")
+    parser.add_argument("--activity-windows", type=int, default=16, help="validation windows per domain")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--eval-split", default="test")
+    parser.add_argument("--activity-split", default="validation")
+    parser.add_argument("--single-domains", default="python,german", help="comma list ('' for none)")
+    parser.add_argument("--no-mix", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "frontier_cpu.json")
+    args = parser.parse_args(argv)
+    if args.eval_split == args.activity_split:
+        raise SystemExit("the activity workload must not come from the evaluated split")
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    paged = PagedModel(args.model, args.seq_len, args.batch)
+    table = load(args.model / SENSITIVITY_FILE)
+    fallback = no_sensitivity_table(paged.shape)
+    cfg = PlannerConfig()
+    domains = corpus_domains(args.tokens_dir)
+    workloads = {} if args.no_mix else {"mix": domains}
+    workloads.update({d: [d] for d in filter(None, args.single_domains.split(","))})
+    sidecar = args.model / PROFILE_SIDECAR
+    result = {
+        "benchmark": "quality-memory frontier",
+        "command": "benchmarks/frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
+                  f"{torch.get_num_threads()} threads",
+        "model": str(args.model),
+        "sensitivity": {"file": str(args.model / SENSITIVITY_FILE),
+                        "profile": json.loads(sidecar.read_text())["calibration"] if sidecar.is_file() else None},
+        "planner_config": cfg.model_dump(),
+        "activity_half_life_s": HALF_LIFE_S,
+        "page_bytes": PAGE_BYTES,
+        "seq_len": args.seq_len,
+        "eval": {"split": args.eval_split, "windows_per_domain": args.windows,
+                 "subset": "windows spread evenly over the split (dataplane/profiling/corpus.py)",
+                 "kl": "mean KL(p_8bit || p) per counted position, nats; reference = every block at the 8-bit view"},
+        "uniform_bytes": {str(b): uniform_bytes(paged.shape, b) for b in paged.shape.view_bits},
+        "workloads": {},
+    }
+    for name, doms in workloads.items():
+        result["workloads"][name] = run_workload(paged, name, doms, args, table, fallback, cfg)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")  # partial results survive an interrupt
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot_frontier(result, args.out.with_suffix(".png"))
+    for name, w in result["workloads"].items():
+        c = w["checks"]
+        print(f"{name}: KL reduction at uniform-3 budget {c['kl_reduction_vs_uniform3_at_uniform3_budget']['planner']}"
+              f"; >= best static (KL) at every budget: {c['planner_at_least_best_static_kl_every_budget']}")
+
+
+if __name__ == "__main__":
+    main()
