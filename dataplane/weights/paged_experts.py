@@ -1,9 +1,13 @@
 """PagedExperts: one MoE layer's experts read through the WeightStore.
 
-Plain-torch path: every expert block is read at its own committed bitwidth
-(gather pages -> field bytes -> decode with the view's scales -> matmul), so
-experts of one layer run at different bits in the same step. The fused Triton
-kernel must agree with this module.
+Two paths, the same function:
+* plain torch (the reference; the CPU default): every expert block is read at
+  its own committed bitwidth (gather pages -> field bytes -> decode with the
+  view's scales -> matmul), so experts of one layer run at different bits in
+  the same step;
+* the fused Triton kernel (kernels/moe_mixed.py; the CUDA default): reads the
+  arena through the store's device page table and ``block_fields`` in three
+  launches, mixed bitwidths in one launch.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class PagedExperts(nn.Module):
         ffn: int,
         *,
         cache_decoded: bool | None = None,
+        fused_kernel: bool | None = None,
     ) -> None:
         super().__init__()
         self.store = store
@@ -42,6 +47,7 @@ class PagedExperts(nn.Module):
         # Decoded weights are dense copies outside the arena's budget: cache them
         # only on the CPU (tests, reference runs) unless told otherwise.
         self.cache_decoded = store.device.type == "cpu" if cache_decoded is None else cache_decoded
+        self.fused_kernel = store.device.type == "cuda" if fused_kernel is None else fused_kernel
         want = {PROJ_GATE: (ffn, hidden), PROJ_UP: (ffn, hidden), PROJ_DOWN: (hidden, ffn)}
         for e in range(num_experts):
             for proj, shape in want.items():
@@ -89,7 +95,9 @@ class PagedExperts(nn.Module):
             raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {experts[0]}..{experts[-1]}")
         blocks = [self.block(e, p) for e in experts for p in range(NUM_PROJ)]
         self.store.touch(blocks)
-        self.store.ensure_resident(blocks)
+        still_on_host = self.store.ensure_resident(blocks)
+        if self.fused_kernel and not still_on_host:
+            return self._forward_fused(x, topk_ids, topk_weights)
         for e in experts:
             tok, pos = torch.where(topk_ids == e)  # [t_e], [t_e]
             xe = x[tok]  # [t_e, H]
@@ -98,3 +106,13 @@ class PagedExperts(nn.Module):
             y = (F.silu(gate) * up) @ self.weight(e, PROJ_DOWN, x.dtype).T  # [t_e, H]
             out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
         return out
+
+    def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
+        from kernels.moe_mixed import PagedWeights, fused_moe_mixed
+
+        storage = self.store.arena.storage
+        assert storage is not None
+        weights = PagedWeights(storage, self.store.page_table, self.store.block_fields)
+        out = fused_moe_mixed(x, topk_ids, topk_weights, weights, self.layer, self.num_experts, self.ffn_size)
+        return out.to(x.dtype)  # [T, H]

@@ -19,12 +19,14 @@ from dataplane.profiling.sensitivity import (
     ProfileConfig,
     block_weighting,
     expert_stats,
+    load_model,
     profile,
     quadratic_cost,
     raw_costs,
     relative_costs,
     view_deltas,
 )
+from dataplane.profiling.window_forward import WindowForward
 from dataplane.weights.layout import PROJ_DOWN, PROJ_GATE, VIEW_BITS
 from models.train.tokenize_corpus import META_FILE, stream_path, write_stream
 from tools.make_random_checkpoint import make_random_checkpoint
@@ -150,3 +152,19 @@ def test_profile_of_random_checkpoint(tiny_corpus, tmp_path):
     again, record2 = profile(ckpt, tokens, cfg, progress=False)  # deterministic
     np.testing.assert_array_equal(again.cost, table.cost)
     assert record2["calibration"]["tokens_sha256"] == calib["tokens_sha256"]
+
+
+def test_window_forward_batches_are_independent(tiny_corpus):
+    """A window's log-probs do not depend on the other windows of its batch."""
+    ckpt, _ = tiny_corpus
+    model, loaded = load_model(ckpt)
+    runner = WindowForward(model, loaded.spec, max_batch=3, seq_len=SEQ_LEN)
+    windows = torch.randint(2, loaded.spec.vocab_size, (3, SEQ_LEN), generator=torch.Generator().manual_seed(3))
+    together = runner.log_probs(windows)  # [3, S, V]
+    assert together.shape == (3, SEQ_LEN, loaded.spec.vocab_size)
+    for i in range(3):
+        torch.testing.assert_close(runner.log_probs(windows[i:i + 1])[0], together[i], atol=1e-5, rtol=1e-5)
+    _, routing = runner.hidden(windows)
+    assert int(routing.routed_tokens.sum()) == loaded.spec.num_layers * TOP_K * 3 * SEQ_LEN
+    with pytest.raises(ValueError):
+        runner.hidden(torch.zeros(4, SEQ_LEN, dtype=torch.int64))  # more windows than max_batch
