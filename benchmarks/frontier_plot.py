@@ -28,7 +28,8 @@ def plot_frontier(result: dict, path: Path) -> None:
         for row, metric in enumerate(("kl", "perplexity")):
             ax = axes[row][col]
             for method, style in STYLE.items():
-                ax.plot(x, [p["methods"][method]["mean"][metric] for p in w["points"]], **style)
+                y = [p["methods"][method]["mean"][metric] for p in w["points"]]
+                ax.plot(x, [v if v > 0 else float("nan") for v in y], **style)  # KL 0 (all 8-bit) is off a log axis
             exact = [p for p in w["points"] if p["bytes"] in uniform.values()]
             ax.scatter([p["bytes"] / MIB for p in exact], [p["methods"]["static"]["mean"][metric] for p in exact],
                        color="black", zorder=5, s=18, label="uniform 2/3/4/6/8 bits")
@@ -55,12 +56,15 @@ def plot_domain_shift(result: dict, path: Path) -> None:
     axes[0].set_ylabel("mean bits")
     evals = [s for s in steps if "quality" in s]
     te = [s["time_s"] for s in evals]
+    ref = result["reference_perplexity"]
     for domain, color in ((a, "tab:blue"), (b, "tab:green")):
         axes[1].plot(te, [s["quality"][domain]["kl"] for s in evals], marker="o", color=color, label=domain)
-        axes[2].plot(te, [s["quality"][domain]["perplexity"] for s in evals], marker="o", color=color, label=domain)
-        axes[2].axhline(result["reference_perplexity"][domain], color=color, ls=":", lw=1)
-    axes[1].set_ylabel("KL(8-bit || plan), test subset")
-    axes[2].set_ylabel("perplexity (dotted: 8-bit)")
+        axes[1].axhline(result["anchors"]["uniform"]["quality"][domain]["kl"], color=color, ls=":", lw=1)
+        axes[1].axhline(result["anchors"][f"steady_{domain}"]["quality"][domain]["kl"], color=color, ls="-.", lw=1)
+        axes[2].plot(te, [100 * (s["quality"][domain]["perplexity"] / ref[domain] - 1) for s in evals],
+                     marker="o", color=color, label=domain)
+    axes[1].set_ylabel("KL(8-bit || plan), test subset\n(dotted: uniform; dash-dot: steady plan)", fontsize=8)
+    axes[2].set_ylabel("perplexity over 8-bit (%)")
     axes[2].set_xlabel("simulated time (s)")
     for ax in axes:
         ax.axvline(result["switch_time_s"], color="black", ls="--", lw=1)

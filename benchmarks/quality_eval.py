@@ -121,6 +121,24 @@ def _kl_and_nll(ref: torch.Tensor, lp: torch.Tensor, targets: torch.Tensor) -> t
     return kl, nll
 
 
+def reference_log_probs(paged: PagedModel, win: EvalWindows) -> list[torch.Tensor]:
+    """Log-probs of the all-8-bit model, one [B, S, V] tensor per batch (the
+    model is left at 8 bits)."""
+    paged.set_bits(np.full(paged.bits().shape, CEILING))
+    return [paged.runner.log_probs(win.inputs[s:s + paged.batch]) for s in range(0, win.inputs.shape[0], paged.batch)]
+
+
+def current_quality(paged: PagedModel, win: EvalWindows, refs: list[torch.Tensor]) -> Quality:
+    """Quality of the model at its current bits against the reference ``refs``."""
+    kl_sum = nll_sum = 0.0
+    for i, s in enumerate(range(0, win.inputs.shape[0], paged.batch)):
+        lp = paged.runner.log_probs(win.inputs[s:s + paged.batch])
+        kl, nll = _kl_and_nll(refs[i], lp, win.targets[s:s + paged.batch])
+        kl_sum, nll_sum = kl_sum + kl, nll_sum + nll
+    counted = win.counted
+    return Quality(math.exp(nll_sum / counted), kl_sum / counted, nll_sum / counted, counted)
+
+
 def evaluate(paged: PagedModel, windows: Mapping[str, EvalWindows], configs: Mapping[str, np.ndarray],
              on_done: Callable[[str, str, Quality], None] | None = None) -> dict[str, dict[str, Quality]]:
     """{config name: {domain: Quality}} for bits configs [L, E, 3]; the
@@ -128,18 +146,10 @@ def evaluate(paged: PagedModel, windows: Mapping[str, EvalWindows], configs: Map
     reference log-probs in memory)."""
     out: dict[str, dict[str, Quality]] = {name: {} for name in configs}
     for domain, win in windows.items():
-        paged.set_bits(np.full(paged.bits().shape, CEILING))
-        refs = [paged.runner.log_probs(win.inputs[s:s + paged.batch])
-                for s in range(0, win.inputs.shape[0], paged.batch)]  # each [B, S, V]
-        counted = win.counted
+        refs = reference_log_probs(paged, win)
         for name, bits in configs.items():
             paged.set_bits(bits)
-            kl_sum = nll_sum = 0.0
-            for i, s in enumerate(range(0, win.inputs.shape[0], paged.batch)):
-                lp = paged.runner.log_probs(win.inputs[s:s + paged.batch])
-                kl, nll = _kl_and_nll(refs[i], lp, win.targets[s:s + paged.batch])
-                kl_sum, nll_sum = kl_sum + kl, nll_sum + nll
-            q = Quality(math.exp(nll_sum / counted), kl_sum / counted, nll_sum / counted, counted)
+            q = current_quality(paged, win, refs)
             out[name][domain] = q
             if on_done is not None:
                 on_done(name, domain, q)

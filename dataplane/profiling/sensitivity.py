@@ -28,7 +28,12 @@ Cost of block W [N, K] at view b, per routed token, with dW = W - decode_b(encod
 
 The table stores cost(b) - cost(8) clipped at 0 and made non-increasing in
 bits (more bits never cost more); bits 0 (host-only) gets cost(2), because a
-host-only block is served at the lowest view by the on-demand fetch. An
+host-only block is served at the lowest view by the on-demand fetch. By
+default (``kl_windows_per_domain`` > 0) the costs are then rescaled per
+(layer, projection) into KL units measured on calibration windows
+(kl_calibration.py): the raw errors of different layers are not comparable
+(on the default model a unit of layer-0 error costs ~10x the KL of a unit of
+layer-3 error), and a planner fed raw units does worse than uniform bits. An
 expert no calibration token was routed to is costed with its layer's pooled
 moments (its weights' error under typical inputs), so it stays ordered by its
 own quantization error. A sidecar ``sensitivity_profile.json`` records the

@@ -9,6 +9,8 @@ on the project's default model.
 from __future__ import annotations
 
 import inspect
+import json
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -27,7 +29,9 @@ RANDOM_INIT_STD = 0.05
 SEQ_LEN = 384
 PAGE_BYTES = 4096
 ARENA_PAGES = 8192
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = REPO_ROOT / "models" / "pw-moe-tiny"
+TEST_FILE_MIN_BYTES = 4096  # long enough for SEQ_LEN tokens
 
 
 def _held_out_text() -> str:
@@ -36,6 +40,17 @@ def _held_out_text() -> str:
 
 
 @torch.no_grad()
+def _test_split_text() -> str:
+    """A standard-library file from the default model's held-out python test split."""
+    manifest = json.loads((REPO_ROOT / "models" / "corpus" / "manifest.json").read_text())
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for rel in manifest["domains"]["python"]["splits"]["test"]["paths"]:
+        path = stdlib / rel
+        if path.exists() and path.stat().st_size > TEST_FILE_MIN_BYTES:
+            return path.read_text(errors="replace")
+    pytest.fail("no file of the python test split exists in this interpreter's standard library")
+
+
 def _kl_by_bits(model: torch.nn.Module, ids: torch.Tensor) -> dict[int, float]:
     """Mean KL(unquantized || quantized) of next-token distributions at each uniform bitwidth."""
     ref = model(ids).logits.float().log_softmax(-1)  # [1, T, V]
@@ -83,5 +98,5 @@ def test_default_model_quality_ladder() -> None:
 
     tokenizer = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json"))
     model = MixtralForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32).eval()
-    ids = torch.tensor(tokenizer.encode(_held_out_text()).ids[:SEQ_LEN])[None]
+    ids = torch.tensor(tokenizer.encode(_test_split_text()).ids[:SEQ_LEN])[None]
     _assert_quality(_kl_by_bits(model, ids))
