@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     domains = corpus_domains(args.tokens_dir)
     workloads = {} if args.no_mix else {"mix": domains}
     workloads.update({d: [d] for d in filter(None, args.single_domains.split(","))})
+    if not workloads:
+        raise SystemExit("no workload to run (--no-mix and no --single-domains)")
     sidecar = args.model / PROFILE_SIDECAR
     result = {
         "benchmark": "quality-memory frontier",

@@ -36,6 +36,7 @@ from models.train.lm_eval import IGNORE, EvalWindows
 # Small pages so that footprints are the blocks' real bytes (the engine's KV
 # pages of this tiny model are 64 KiB: larger than a whole 2-bit block).
 PAGE_BYTES = 1024
+ARENA_PAGES = 1 << 16  # 64 MiB: every expert block of the default model at 8 bits (~10.4 MiB)
 CEILING = VIEW_BITS[-1]
 
 
@@ -58,8 +59,8 @@ class PagedModel:
         self.model, ckpt = load_model(model_path)
         self.spec = ckpt.spec
         spec = self.spec
-        probe = Arena(1 << 16, PAGE_BYTES)  # room for every block at 8 bits (checked below)
-        self.store = quantize_experts(self.model, probe, initial_bits=CEILING, progress=False)
+        arena = Arena(ARENA_PAGES, PAGE_BYTES)  # quantize_experts raises OutOfPages when 8 bits do not fit
+        self.store = quantize_experts(self.model, arena, initial_bits=CEILING, progress=False)
         self.num_layers, self.num_experts = spec.num_layers, spec.num_experts
         self.shape = ModelShape(
             num_layers=spec.num_layers, num_experts=spec.num_experts, top_k=spec.top_k, view_bits=VIEW_BITS,
