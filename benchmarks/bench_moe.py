@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -263,6 +264,14 @@ def tune_from_sweep(path: str | None) -> dict | None:
     return dict(block_n=bn, num_stages=stages, use_asm=True)
 
 
+def git_commit() -> str:
+    """HEAD of the checkout, or a marker when the tree travelled without .git (the GPU machine)."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent)
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit != "HEAD" else "unknown: fill in the commit that was measured"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -282,7 +291,7 @@ def main() -> None:
     hbm = copy_bandwidth()
     print(f"device-to-device copy: {hbm:.0f} GB/s", flush=True)
     result = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                  command=" ".join(sys.argv), git_commit="FILL_IN", torch=torch.__version__,
+                  command=" ".join(sys.argv), git_commit=git_commit(), torch=torch.__version__,
                   triton=triton.__version__, copy_GBps=hbm, tuned=tune, moe=[], bf16=[],
                   attention=[])
     tune_log = [] if args.autotune or args.tune_only else None
