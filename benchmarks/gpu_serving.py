@@ -154,6 +154,13 @@ def part_pressure(device: str, requests: int, max_tokens: int) -> list[dict]:
     return rows
 
 
+def git_commit() -> str:
+    """HEAD of the checkout, or a marker when the tree travelled without .git (the GPU machine)."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit != "HEAD" else "unknown: fill in the commit that was measured"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
@@ -166,8 +173,7 @@ def main() -> int:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        or "see the commit that added this file",
+        "commit": git_commit(),
         "model": str(MODEL.relative_to(REPO)),
     }
     result["store"] = part_store(args.device)
