@@ -77,7 +77,6 @@ def run_requests(engine, n: int, max_tokens: int, prompt_len: int = PROMPT_LEN) 
 def part_store(device: str) -> dict:
     built = build(DataplaneConfig(model_path=str(MODEL), device=device, max_arena_pages=4096))
     store = built.precision.store
-    engine = built.engine
     n = store.num_blocks
     for b in range(n):
         store.demote(b, VIEW_BITS[0])
@@ -96,7 +95,6 @@ def part_store(device: str) -> dict:
         parsed = [field_from_bytes(store.field_bytes(b, f), rows, cols, f) for f in range(NUM_FIELDS)]
         host = decode_view(tuple(c for c, _ in parsed), parsed[-1][1], rows, cols)  # host master copy
         exact += int(bits == VIEW_BITS[-1] and torch.equal(w.cpu(), host))
-    del engine
     return {
         "blocks_exact_after_round_trip": exact,
         "blocks": n, "bytes_promoted": moved, "promote_seconds": seconds,

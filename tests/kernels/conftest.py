@@ -1,14 +1,9 @@
 """Kernel tests run on the GPU when there is one, else through Triton's CPU
-interpreter: TRITON_INTERPRET must be set before triton is first imported."""
+interpreter (TRITON_INTERPRET is set by tests/conftest.py, before anything
+imports triton)."""
 
-import os
-
+import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture
