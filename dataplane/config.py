@@ -48,6 +48,9 @@ class DataplaneConfig(BaseSettings):
     port: int = Field(default=0, ge=0, le=65535)
     # Controlplane "host:port"; None runs without telemetry.
     controlplane: str | None = None
+    # Bearer token of the Telemetry stream, when the controlplane requires
+    # one (its telemetry_tokens); best given as PW_DATAPLANE_CONTROLPLANE_TOKEN.
+    controlplane_token: str | None = None
     # Stable id reported to the controlplane; defaults to "<hostname>-<port>".
     dataplane_id: str | None = None
     telemetry_interval_ms: int = Field(default=1000, ge=10)
@@ -86,6 +89,11 @@ class DataplaneConfig(BaseSettings):
     high_watermark: float = Field(default=0.15, ge=0, lt=1)
     min_residence_ms: int = Field(default=2000, ge=0)
     promotion_bytes_per_s: int = Field(default=0, ge=0)  # 0 = unlimited
+
+    # Decode-only steps on CUDA with paged experts replay CUDA graphs
+    # captured per batch bucket up to max_running_seqs (dataplane/cuda_graphs.py);
+    # False runs every step eagerly (the Triton decode kernels still apply).
+    cuda_graphs: bool = True
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

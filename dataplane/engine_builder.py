@@ -18,18 +18,20 @@ from torch import nn
 from dataplane.checkpoint import Checkpoint, TokenizerInfo
 from dataplane.config import DataplaneConfig
 from dataplane.engine import Engine
-from dataplane.kv_cache import KVCacheManager, kv_block_bytes
+from dataplane.cuda_graphs import DecodeGraphs
+from dataplane.kv_cache import KVCacheManager, blocks_for_tokens, kv_block_bytes
 from dataplane.memory.arena import Arena
 from dataplane.model_info import ModelInfo
 from dataplane.models.mixtral import MixtralSpec
 from dataplane.models.registry import build_model
-from dataplane.models.synthetic import build_synthetic
+from dataplane.models.synthetic import build_synthetic, synthetic_expert_blocks
 from dataplane.runner import ModelRunner
 from dataplane.sampler import Sampler
 from dataplane.precision.controller import PrecisionController
 from dataplane.precision.ladder import WalkLimits
 from dataplane.scheduler import ReclaimPages, Scheduler, SchedulerConfig
 from dataplane.weights.transform import quantize_experts
+from kernels.paged_attention import MIN_DOT
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +125,16 @@ def plan_memory(
     return MemoryPlan(params, workspace, page_bytes, num_pages)
 
 
-def load_model(config: DataplaneConfig, device: torch.device, dtype: torch.dtype) -> tuple[ModelInfo, nn.Module]:
-    """The model (from its folder or synthetic) and what to tell clients about it."""
+def load_model(
+    config: DataplaneConfig, device: torch.device, dtype: torch.dtype, *, dense_experts: bool = True
+) -> tuple[ModelInfo, nn.Module]:
+    """The model (from its folder or synthetic) and what to tell clients about it.
+
+    dense_experts=False (synthetic only): expert stacks stay on ``meta``; the
+    caller pages them from ``synthetic_expert_blocks``.
+    """
     if config.synthetic is not None:
-        spec, model = build_synthetic(config.synthetic, device, dtype, seed=config.seed)
+        spec, model = build_synthetic(config.synthetic, device, dtype, seed=config.seed, dense_experts=dense_experts)
         return _model_info(config, spec, config.synthetic, "", None), model
     assert config.model_path is not None
     ckpt = Checkpoint(config.model_path)
@@ -188,14 +196,17 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
     ``reclaim_pages`` overrides the controller's hook (tests).
     """
     device, dtype = config.resolved_device(), config.resolved_dtype()
-    info, model = load_model(config, device, dtype)
     paged = config.expert_precision == "paged"
+    # Synthetic paged experts are drawn block by block, never as dense stacks.
+    lazy_experts = paged and config.synthetic is not None
+    info, model = load_model(config, device, dtype, dense_experts=not lazy_experts)
     plan = plan_memory(config, model.spec, model, device, dtype, exclude=is_expert_param if paged else None)
     arena = Arena(plan.num_pages, plan.page_bytes, device=device)
     controller: PrecisionController | None = None
     before_step = None
     if paged:
-        store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits)
+        matrices = synthetic_expert_blocks(model.spec, device, config.seed) if lazy_experts else None
+        store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits, matrices=matrices)
         controller = PrecisionController(
             store,
             arena,
@@ -216,6 +227,15 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
         config, info, model, arena, plan.fixed_resident_bytes, reclaim_pages, before_step=before_step
     )
     return BuiltEngine(engine, controller)
+
+
+def decode_kernels_supported(block_size: int, spec: MixtralSpec) -> bool:
+    """Whether the Triton decode attention handles this geometry (powers of two >= 16, no window)."""
+
+    def pow2_at_least_16(n: int) -> bool:
+        return n >= MIN_DOT and n & (n - 1) == 0
+
+    return pow2_at_least_16(block_size) and pow2_at_least_16(spec.head_dim) and spec.sliding_window is None
 
 
 def assemble_engine(
@@ -243,8 +263,22 @@ def assemble_engine(
         kv,
         reclaim_pages,
     )
+    decode_kernels = device.type == "cuda" and decode_kernels_supported(config.kv_block_size, spec)
+    graphs = None
+    if decode_kernels and config.cuda_graphs and config.expert_precision == "paged":
+        # Dense experts sync with the host per layer; paged (fused) ones can be captured.
+        max_blocks = blocks_for_tokens(info.context_length, config.kv_block_size)
+        graphs = DecodeGraphs(model, kv, spec.num_layers, spec.num_experts, config.max_running_seqs, max_blocks)
     runner = ModelRunner(
-        model, kv, spec.num_layers, spec.num_experts, device, spec.sliding_window, Sampler(config.seed)
+        model,
+        kv,
+        spec.num_layers,
+        spec.num_experts,
+        device,
+        spec.sliding_window,
+        Sampler(config.seed),
+        decode_kernels=decode_kernels,
+        graphs=graphs,
     )
     return Engine(
         model_info=info,

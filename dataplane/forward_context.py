@@ -23,3 +23,7 @@ class ForwardContext:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     # Filled by the MoE blocks; None when routing is not recorded.
     routing: RoutingStats | None = None
+    # The whole cache as [pages, layers, 2, block_size, kv_heads, head_dim]
+    # (KVCacheManager.cache_view) when decode steps may use the Triton
+    # kernels (CUDA); None keeps the plain-torch attention.
+    kv_arena: torch.Tensor | None = None

@@ -56,6 +56,8 @@ class KVCacheManager:
         # Per layer (k_cache, v_cache), each [pages, block_size, kv_heads, head_dim]; empty
         # for accounting-only arenas (scheduler tests).
         self.layer_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # All layers: [pages, layers, 2, block_size, kv_heads, head_dim] (None without storage).
+        self.cache_view: torch.Tensor | None = None
         if arena.storage is not None:
             elem = torch.empty((), dtype=dtype).element_size()
             if arena.page_bytes % elem:
@@ -63,6 +65,7 @@ class KVCacheManager:
             # [pages, page_bytes] -> [pages, block_bytes] -> [pages, layers, 2, bs, kvh, hd]
             typed = arena.storage[:, : self.block_bytes].view(dtype)
             view = typed.view(arena.num_pages, num_layers, KV_PARTS, block_size, num_kv_heads, head_dim)
+            self.cache_view = view
             self.layer_caches = [(view[:, layer, 0], view[:, layer, 1]) for layer in range(num_layers)]
 
     # -- queries -------------------------------------------------------------

@@ -23,7 +23,13 @@ import torch
 
 
 class RoutingStats:
-    """Routing of one forward step, per layer and expert (device tensors)."""
+    """Routing of one forward step, per layer and expert (device tensors).
+
+    ``token_weight`` ([T] int64 of 0/1, optional) excludes padding rows (a
+    CUDA-graph batch padded to its captured size) from every sum. ``record``
+    has no host sync and allocates nothing that depends on the data, so it can
+    be captured in a CUDA graph.
+    """
 
     def __init__(
         self,
@@ -31,12 +37,14 @@ class RoutingStats:
         num_experts: int,
         token_seq_index: torch.Tensor,
         num_seqs: int,
+        token_weight: torch.Tensor | None = None,
     ) -> None:
         # token_seq_index: [T] int64, the batch index of each token's sequence
         device = token_seq_index.device
         self.num_layers = num_layers
         self.num_experts = num_experts
         self.token_seq_index = token_seq_index
+        self.token_weight = token_weight
         # Tokens routed to each expert (a token counts once per chosen expert).
         self.routed_tokens = torch.zeros(num_layers, num_experts, dtype=torch.int64, device=device)
         # Sum over tokens of the router's softmax probability.
@@ -44,9 +52,21 @@ class RoutingStats:
         # The same sum split by sequence: [B, layers, experts].
         self.seq_prob_sum = torch.zeros(num_seqs, num_layers, num_experts, dtype=torch.float32, device=device)
 
+    def reset(self) -> None:
+        """Zeroes the sums in place (a captured graph reuses one recorder)."""
+        self.routed_tokens.zero_()
+        self.prob_mass.zero_()
+        self.seq_prob_sum.zero_()
+
     def record(self, layer: int, topk_ids: torch.Tensor, probs: torch.Tensor) -> None:
         """Adds one MoE layer's routing. topk_ids: [T, k] int64; probs: [T, E] float32."""
-        self.routed_tokens[layer] += torch.bincount(topk_ids.reshape(-1), minlength=self.num_experts)
+        if self.token_weight is None:
+            counts = torch.ones_like(topk_ids)  # [T, k]
+        else:
+            counts = self.token_weight[:, None].expand_as(topk_ids)  # [T, k]
+            probs = probs * self.token_weight[:, None].to(probs.dtype)
+        # scatter_add, not bincount: bincount syncs with the host to size its output.
+        self.routed_tokens[layer].scatter_add_(0, topk_ids.reshape(-1), counts.reshape(-1))
         self.prob_mass[layer] += probs.sum(dim=0)
         self.seq_prob_sum[:, layer].index_add_(0, self.token_seq_index, probs)
 

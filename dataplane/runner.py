@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dataplane.cuda_graphs import DecodeGraphs, DecodeRows
 from dataplane.forward_context import ForwardContext
 from dataplane.kv_cache import KVCacheManager
 from dataplane.layers.attention import AttentionMetadata
@@ -32,7 +33,13 @@ class StepResult:
 
 
 class ModelRunner:
-    """Owns the model on its device; one ``execute`` per engine step."""
+    """Owns the model on its device; one ``execute`` per engine step.
+
+    ``decode_kernels``: decode-only steps attend through the Triton kernels
+    over the whole KV arena (CUDA; block size and head dim powers of two).
+    ``graphs``: decode-only steps that qualify replay a captured CUDA graph
+    (dataplane/cuda_graphs.py); the rest run eagerly.
+    """
 
     def __init__(
         self,
@@ -43,7 +50,12 @@ class ModelRunner:
         device: torch.device,
         sliding_window: int | None,
         sampler: Sampler,
+        *,
+        decode_kernels: bool = False,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
+        if (decode_kernels or graphs is not None) and (kv.cache_view is None or sliding_window is not None):
+            raise ValueError("decode kernels and CUDA graphs need a KV arena with storage and no sliding window")
         self.model = model
         self.kv = kv
         self.num_layers = num_layers
@@ -51,6 +63,8 @@ class ModelRunner:
         self.device = device
         self.sliding_window = sliding_window
         self.sampler = sampler
+        self.decode_kernels = decode_kernels or graphs is not None
+        self.graphs = graphs
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """(input_ids [T], positions [T], context) for the scheduled sequences."""
@@ -93,34 +107,62 @@ class ModelRunner:
             sliding_window=self.sliding_window,
         )
         routing = RoutingStats(self.num_layers, self.num_experts, token_seq, len(scheduled))
-        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=routing)
+        kv_arena = self.kv.cache_view if self.decode_kernels else None
+        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=routing, kv_arena=kv_arena)
         return dev(input_ids, torch.int64), dev(positions, torch.int64), ctx
+
+    def decode_rows(self, scheduled: list[ScheduledSeq]) -> DecodeRows | None:
+        """The batch as one row per sequence, None unless every sequence computes one token."""
+        if any(item.num_new_tokens != 1 for item in scheduled):
+            return None
+        rows = DecodeRows([], [], [], [])
+        for item in scheduled:
+            seq_id, pos = item.seq.seq_id, item.start
+            rows.input_ids.append(item.seq.tokens(pos, pos + 1)[0])
+            rows.positions.append(pos)
+            rows.slots.append(self.kv.slot(seq_id, pos))
+            rows.tables.append(self.kv.block_table(seq_id))
+        return rows
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
         """Runs one step. ``scheduled`` must be non-empty with blocks allocated."""
+        if self.graphs is not None:
+            rows = self.decode_rows(scheduled)
+            if rows is not None and self.graphs.can_replay(rows):
+                logits, routing = self.graphs.replay(rows)  # [B, vocab]
+                sampling = [i for i, item in enumerate(scheduled) if item.samples]
+                result = self._result(scheduled, logits[sampling] if sampling else None, routing, len(rows))
+                self.graphs.touch_routed(result.routed_tokens)
+                return result
         input_ids, positions, ctx = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
-        sampling = [i for i, item in enumerate(scheduled) if item.samples]
-        sampled: dict[str, int] = {}
-        if sampling:
+        logits = None
+        if any(item.samples for item in scheduled):
             last_rows: list[int] = []
             row = 0
-            for i, item in enumerate(scheduled):
+            for item in scheduled:
                 row += item.num_new_tokens
                 if item.samples:
                     last_rows.append(row - 1)
-            rows = torch.tensor(last_rows, device=self.device)
-            logits = self.model.compute_logits(hidden[rows])  # [S, vocab] float32
-            seqs = [scheduled[i].seq for i in sampling]
+            rows_t = torch.tensor(last_rows, device=self.device)
+            logits = self.model.compute_logits(hidden[rows_t])  # [S, vocab] float32
+        assert ctx.routing is not None
+        return self._result(scheduled, logits, ctx.routing, int(input_ids.shape[0]))
+
+    def _result(
+        self, scheduled: list[ScheduledSeq], logits: torch.Tensor | None, routing: RoutingStats, num_tokens: int
+    ) -> StepResult:
+        """Samples the sampling sequences (logits [S, vocab], in scheduled order) and copies stats to the host."""
+        sampled: dict[str, int] = {}
+        if logits is not None:
+            seqs = [item.seq for item in scheduled if item.samples]
             for seq, token in zip(seqs, self.sampler.sample(logits, seqs)):
                 sampled[seq.seq_id] = token
-        routing = ctx.routing
-        assert routing is not None
         return StepResult(
             sampled=sampled,
             routed_tokens=routing.routed_tokens.cpu(),
             prob_mass=routing.prob_mass.cpu(),
-            seq_prob_sum=routing.seq_prob_sum.cpu(),
-            num_tokens=int(input_ids.shape[0]),
+            seq_prob_sum=routing.seq_prob_sum[: len(scheduled)].cpu(),
+            num_tokens=num_tokens,
         )

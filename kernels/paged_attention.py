@@ -137,8 +137,8 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, kv_cache {tuple(kv_cache.shape)}")
     if not 0 <= layer < layers:
         raise ValueError(f"layer {layer} out of range [0, {layers})")
-    if q.dtype != kv_cache.dtype or not q.is_contiguous() or not kv_cache.is_contiguous():
-        raise ValueError("q and kv_cache must be contiguous and of one dtype")
+    if q.dtype != kv_cache.dtype or not q.is_contiguous() or not kv_cache[0].is_contiguous():
+        raise ValueError("q and each page of kv_cache must be contiguous, of one dtype")
     if bs < MIN_DOT or bs & (bs - 1) or dim < MIN_DOT or dim & (dim - 1):
         raise ValueError("block_size and head_dim must be powers of two >= 16")
     if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != s:

@@ -39,6 +39,7 @@ class SparseMoeBlock(nn.Module):
         top_k: int,
         device: torch.device,
         dtype: torch.dtype,
+        expert_device: torch.device | None = None,
     ) -> None:
         super().__init__()
         if not 1 <= top_k <= num_experts:
@@ -46,7 +47,9 @@ class SparseMoeBlock(nn.Module):
         self.layer_index = layer_index
         self.top_k = top_k
         self.gate = Linear(hidden_size, num_experts, device, dtype)
-        self.experts: Experts = DenseExperts(num_experts, hidden_size, ffn_size, device, dtype)
+        self.experts: Experts = DenseExperts(
+            num_experts, hidden_size, ffn_size, device if expert_device is None else expert_device, dtype
+        )
 
     def forward(self, x: torch.Tensor, routing: RoutingStats | None) -> torch.Tensor:
         # x: [T, H]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from dataplane.forward_context import ForwardContext
-from dataplane.layers.attention import paged_attention, write_kv
+from dataplane.layers.attention import kernel_decode_attention, paged_attention, write_kv
 from dataplane.layers.linear import Embedding, Linear
 from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
@@ -115,14 +115,25 @@ class MixtralAttention(nn.Module):
         k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, kvh, D]
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
-        k_cache, v_cache = ctx.kv_caches[self.layer_index]
-        write_kv(k, v, k_cache, v_cache, ctx.attn.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, ctx.attn, self.scale)  # [T, heads, D]
+        meta = ctx.attn
+        if ctx.kv_arena is not None and meta.sliding_window is None and meta.decode_only:
+            out = kernel_decode_attention(q, k, v, ctx.kv_arena, self.layer_index, meta, self.scale)
+        else:
+            k_cache, v_cache = ctx.kv_caches[self.layer_index]
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            out = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, heads, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
 class MixtralDecoderLayer(nn.Module):
-    def __init__(self, spec: MixtralSpec, layer_index: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        spec: MixtralSpec,
+        layer_index: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        expert_device: torch.device | None = None,
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
         self.self_attn = MixtralAttention(spec, layer_index, device, dtype)
@@ -135,6 +146,7 @@ class MixtralDecoderLayer(nn.Module):
             spec.top_k,
             device,
             dtype,
+            expert_device=expert_device,
         )
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -144,11 +156,13 @@ class MixtralDecoderLayer(nn.Module):
 
 
 class MixtralModel(nn.Module):
-    def __init__(self, spec: MixtralSpec, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, spec: MixtralSpec, device: torch.device, dtype: torch.dtype, expert_device: torch.device | None = None
+    ) -> None:
         super().__init__()
         self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, device, dtype)
         self.layers = nn.ModuleList(
-            MixtralDecoderLayer(spec, i, device, dtype) for i in range(spec.num_layers)
+            MixtralDecoderLayer(spec, i, device, dtype, expert_device) for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
 
@@ -166,12 +180,19 @@ _FUSED_GATE = re.compile(r"model\.layers\.(\d+)\.mlp\.gate\.weight")
 
 
 class MixtralForCausalLM(nn.Module):
-    """Mixtral decoder + LM head. Parameters are allocated uninitialised."""
+    """Mixtral decoder + LM head. Parameters are allocated uninitialised.
 
-    def __init__(self, spec: MixtralSpec, device: torch.device, dtype: torch.dtype) -> None:
+    ``expert_device`` (default ``device``) holds the dense expert stacks;
+    ``meta`` allocates nothing for them (their paged replacement is built
+    separately, e.g. for synthetic models larger than device memory twice over).
+    """
+
+    def __init__(
+        self, spec: MixtralSpec, device: torch.device, dtype: torch.dtype, expert_device: torch.device | None = None
+    ) -> None:
         super().__init__()
         self.spec = spec
-        self.model = MixtralModel(spec, device, dtype)
+        self.model = MixtralModel(spec, device, dtype, expert_device)
         if spec.tie_word_embeddings:
             self.lm_head = None
         else:

@@ -23,8 +23,10 @@ def spec_from_hf_config(cfg: dict[str, Any]) -> MixtralSpec:
     )
 
 
-def build_model(spec: MixtralSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """An uninitialised model of the spec's family on ``device``."""
+def build_model(
+    spec: MixtralSpec, device: torch.device, dtype: torch.dtype, expert_device: torch.device | None = None
+) -> nn.Module:
+    """An uninitialised model of the spec's family on ``device`` (dense experts on ``expert_device``)."""
     if spec.family == MIXTRAL:
-        return MixtralForCausalLM(spec, device, dtype)
+        return MixtralForCausalLM(spec, device, dtype, expert_device)
     raise ValueError(f"unsupported model family {spec.family!r}")

@@ -3,10 +3,16 @@
 For performance work at real sizes without checkpoint files. Weights are drawn
 on the target device one parameter (experts: one expert) at a time, so the
 host never holds a copy and the device never holds two.
+
+With paged experts the dense expert stacks are never materialised: the model
+is built with its experts on the ``meta`` device and ``synthetic_expert_blocks``
+draws and encodes one expert block at a time (Mixtral-8x7B's 93 GB of bf16
+experts would not fit beside their own 8-bit pages).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import MappingProxyType
 
 import torch
@@ -69,6 +75,8 @@ def init_random_(model: nn.Module, seed: int) -> None:
     """
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
+        if param.is_meta:  # not materialised (paged experts are drawn elsewhere)
+            continue
         if name.endswith("norm.weight"):
             param.fill_(1.0)
             continue
@@ -81,11 +89,30 @@ def init_random_(model: nn.Module, seed: int) -> None:
 
 
 def build_synthetic(
-    spec: MixtralSpec | str, device: torch.device, dtype: torch.dtype, seed: int = 0
+    spec: MixtralSpec | str, device: torch.device, dtype: torch.dtype, seed: int = 0, *, dense_experts: bool = True
 ) -> tuple[MixtralSpec, nn.Module]:
-    """A model of ``spec`` (or a preset name) with random weights on ``device``."""
+    """A model of ``spec`` (or a preset name) with random weights on ``device``.
+
+    dense_experts=False leaves the expert stacks on ``meta`` (no memory): the
+    caller replaces them, e.g. with paged experts fed by ``synthetic_expert_blocks``.
+    """
     if isinstance(spec, str):
         spec = synthetic_spec(spec)
-    model = build_model(spec, device, dtype)
+    model = build_model(spec, device, dtype, expert_device=None if dense_experts else torch.device("meta"))
     init_random_(model, seed)
     return spec, model.eval()
+
+
+@torch.no_grad()
+def synthetic_expert_blocks(spec: MixtralSpec, device: torch.device, seed: int) -> Iterator[torch.Tensor]:
+    """Random expert matrices in block-index order ((layer * E + expert) * 3 + proj).
+
+    Yields gate [F, H], up [F, H], down [H, F] of each expert (~ N(0, INIT_STD),
+    bf16 on ``device``), one at a time: the consumer encodes each before the next.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed + 1)  # not the dense parameters' stream
+    f, h = spec.intermediate_size, spec.hidden_size
+    for _ in range(spec.num_layers * spec.num_experts):
+        for shape in ((f, h), (f, h), (h, f)):
+            w = torch.empty(shape, device=device, dtype=torch.bfloat16)  # [N, K]
+            yield w.normal_(0.0, INIT_STD, generator=gen)

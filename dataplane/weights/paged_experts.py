@@ -86,6 +86,12 @@ class PagedExperts(nn.Module):
             raise ValueError(
                 f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must be [tokens, k]"
             )
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            # Inside a CUDA-graph capture (dataplane/cuda_graphs.py): no host
+            # work here. The graph runner replays only while every block is
+            # resident, polls the store before and touches the routed blocks
+            # after each replay (touch_routed).
+            return self._forward_fused(x, topk_ids, topk_weights)
         self.store.poll()  # commit promotions whose copies have landed
         out = torch.zeros_like(x)  # [T, H]
         if x.shape[0] == 0:
@@ -106,6 +112,11 @@ class PagedExperts(nn.Module):
             y = (F.silu(gate) * up) @ self.weight(e, PROJ_DOWN, x.dtype).T  # [t_e, H]
             out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
         return out
+
+    def touch_routed(self, routed_tokens: torch.Tensor) -> None:
+        """LRU bookkeeping after a graph replay: routed_tokens [E] host counts of this layer."""
+        experts = routed_tokens.nonzero().flatten().tolist()
+        self.store.touch([self.block(e, p) for e in experts for p in range(NUM_PROJ)])
 
     def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The fused kernel over the arena; every routed block is resident (checked by the caller)."""

@@ -34,6 +34,7 @@ import torch
 from dataplane.memory.arena import Arena, OutOfPages, PageTag
 from dataplane.weights.codec import EncodedBlock, decode_view, field_from_bytes
 from dataplane.weights.copy_engine import Copy, CopyEngine, CopyHandle, default_copy_engine
+from dataplane.weights.host_pages import HostPagePool
 from dataplane.weights.layout import (
     HOST_ONLY_BITS,
     NUM_FIELDS,
@@ -46,6 +47,7 @@ from dataplane.weights.layout import (
 )
 
 _NS_PER_US = 1000
+HOST_ONLY_FIELDS = 0  # resident field count of a host-only block
 
 
 @dataclass
@@ -94,7 +96,7 @@ class WeightStore:
         self.device = arena.device
         self.page_bytes = arena.page_bytes
         self._copy = copy_engine if copy_engine is not None else default_copy_engine(self.device)
-        pin = self.device.type == "cuda"
+        self._host_pool = HostPagePool(self.page_bytes, pin=self.device.type == "cuda")
         self._shapes: list[tuple[int, int]] = []
         self._num_pages: list[list[int]] = []  # [block][field] -> pages of the field when resident
         self._host: list[list[torch.Tensor]] = []  # [block][field] -> uint8 [pages, page_bytes], zero-padded
@@ -103,7 +105,7 @@ class WeightStore:
             self._num_pages.append(
                 [pages_for(field_size(blk.n, blk.k, f).total, self.page_bytes) for f in range(NUM_FIELDS)]
             )
-            self._host.append([self._host_pages(blk, f, pin) for f in range(NUM_FIELDS)])
+            self._host.append([self._host_pages(blk, f) for f in range(NUM_FIELDS)])
         if not self._shapes:
             raise ValueError("the weight store needs at least one block")
         max_pages = max(max(row) for row in self._num_pages)
@@ -122,13 +124,11 @@ class WeightStore:
         self._place_initial(initial_bits)
 
     # -- construction -------------------------------------------------------------
-    def _host_pages(self, blk: EncodedBlock, f: int, pin: bool) -> torch.Tensor:
-        data = blk.field_bytes(f).cpu()
-        npages = pages_for(data.numel(), self.page_bytes)
-        padded = torch.zeros(npages * self.page_bytes, dtype=torch.uint8)
-        padded[: data.numel()] = data
-        padded = padded.reshape(npages, self.page_bytes)
-        return padded.pin_memory() if pin else padded
+    def _host_pages(self, blk: EncodedBlock, f: int) -> torch.Tensor:
+        data = blk.field_bytes(f)  # uint8 [nbytes] on the encoder's device
+        pages = self._host_pool.take(pages_for(data.numel(), self.page_bytes))  # [pages, page_bytes], zeroed
+        pages.view(-1)[: data.numel()].copy_(data)
+        return pages
 
     def _place_initial(self, initial_bits: int | Sequence[int]) -> None:
         bits = [initial_bits] * self.num_blocks if isinstance(initial_bits, int) else list(initial_bits)
@@ -147,6 +147,11 @@ class WeightStore:
     @property
     def num_blocks(self) -> int:
         return len(self._shapes)
+
+    @property
+    def all_resident(self) -> bool:
+        """No block is host-only (a kernel can read every block from the arena)."""
+        return HOST_ONLY_FIELDS not in self._fields
 
     def shape(self, block: int) -> tuple[int, int]:
         return self._shapes[block]

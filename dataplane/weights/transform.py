@@ -8,7 +8,7 @@ All blocks go into one WeightStore with block index ((layer * E + expert) * 3 + 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,10 +68,19 @@ def encode_layers(
         yield encode(m, scale_fit)
 
 
+def encode_matrices(
+    matrices: Iterable[torch.Tensor], total: int, scale_fit: ScaleFit = DEFAULT_SCALE_FIT, progress: bool = True
+) -> Iterator[EncodedBlock]:
+    """Encodes block matrices as they arrive (``total`` of them, for the progress bar)."""
+    for m in tqdm(matrices, total=total, desc="quantizing expert blocks", unit="block", disable=not progress):
+        yield encode(m, scale_fit)
+
+
 def quantize_experts(
     model: nn.Module,
     arena: Arena,
     *,
+    matrices: Iterable[torch.Tensor] | None = None,
     initial_bits: int | Sequence[int] = VIEW_BITS[-1],
     scale_fit: ScaleFit = DEFAULT_SCALE_FIT,
     copy_engine: CopyEngine | None = None,
@@ -81,7 +90,9 @@ def quantize_experts(
     """Replaces every expert module of ``model`` in place with PagedExperts; returns their store.
 
     The store's pages come from ``arena``; raises OutOfPages (model untouched)
-    when ``initial_bits`` do not fit.
+    when ``initial_bits`` do not fit. ``matrices``: the blocks' dense matrices
+    in block-index order, used instead of the expert modules' weights (which
+    may then live on ``meta``); their shapes are checked against the modules.
     """
     layers = find_expert_layers(model)
     if not layers:
@@ -93,7 +104,10 @@ def quantize_experts(
         if layer.gate.shape != (num_experts, ffn, hidden):
             raise ValueError(f"{layer.name}: expert shape {tuple(layer.gate.shape)} differs from the first layer's")
     # The store copies each block to its host pages as it is encoded (host peak: one block extra).
-    blocks = encode_layers(layers, scale_fit, progress)
+    if matrices is None:
+        blocks = encode_layers(layers, scale_fit, progress)
+    else:
+        blocks = encode_matrices(matrices, len(layers) * num_experts * 3, scale_fit, progress)
     store = WeightStore(arena, blocks, initial_bits=initial_bits, copy_engine=copy_engine)
     for i, layer in enumerate(layers):
         parent_name, _, attr = layer.name.rpartition(".")

@@ -1,0 +1,245 @@
+"""End-to-end decode of a synthetic model at real shapes through the engine.
+
+One command (GPU), writes JSON and prints a short table last:
+
+    python benchmarks/e2e_decode.py --preset mixtral-8x7b --out benchmarks/results/e2e_h200.json
+
+The model is built in device memory (dataplane/models/synthetic.py: random
+weights, experts drawn and encoded block by block into the arena), all experts
+at the first of ``--bits``, then demoted in place to each next one (the
+captured CUDA graphs stay valid: they read the page table at replay time).
+For each batch size B, B requests with the same prompt length run together;
+the timed window is the steps in which all B sequences decode.
+
+Reported per (bits, B):
+* step_ms: median wall time of ModelRunner.execute over those steps (the
+  forward, sampling and the device->host copy of the step's statistics);
+* engine_step_ms: median time between consecutive step starts (adds the
+  engine loop: scheduling, output delivery);
+* tok_per_s = B / engine_step_ms;
+* bytes per step: non-expert weights (all but the embedding, which is only
+  gathered) + for each layer the distinct experts the step routed to x their
+  bytes at the current bits (codes and scales, no page padding) + the KV
+  cache read (context lengths x bytes per token);
+* roofline_ms = bytes / measured copy bandwidth; pct_roofline = roofline_ms /
+  step_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from dataplane.config import DataplaneConfig  # noqa: E402
+from dataplane.engine import QueueSink  # noqa: E402
+from dataplane.engine_builder import build  # noqa: E402
+from dataplane.kv_cache import kv_block_bytes  # noqa: E402
+from dataplane.sampling_params import SamplingParams  # noqa: E402
+from dataplane.weights.layout import NUM_PROJ, field_size, fields_for_bits  # noqa: E402
+
+COPY_BYTES = 2 << 30
+
+
+def copy_bandwidth(device: str) -> float:
+    """Device-to-device copy, bytes read + written per second (median of 20 after 3 warm-ups)."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(23):
+        if src.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        if src.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    del src, dst
+    return 2 * COPY_BYTES / statistics.median(times[3:])
+
+
+@dataclass
+class StepLog:
+    """Per-step records of the runner (wrapped ``execute``)."""
+
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    decode_rows: list[int] = field(default_factory=list)  # rows when decode-only, else 0
+    experts_touched: list[list[int]] = field(default_factory=list)  # per step: distinct experts per layer
+    context_tokens: list[int] = field(default_factory=list)  # cached tokens read by the step
+
+    def clear(self) -> None:
+        for values in (self.starts, self.ends, self.decode_rows, self.experts_touched, self.context_tokens):
+            values.clear()
+
+
+def instrument(runner, log: StepLog) -> None:
+    execute = runner.execute
+
+    def timed(scheduled):
+        start = time.perf_counter()
+        result = execute(scheduled)
+        log.ends.append(time.perf_counter())
+        log.starts.append(start)
+        decode = all(item.num_new_tokens == 1 for item in scheduled)
+        log.decode_rows.append(len(scheduled) if decode else 0)
+        log.experts_touched.append((result.routed_tokens > 0).sum(dim=1).tolist())
+        log.context_tokens.append(sum(item.start + item.num_new_tokens for item in scheduled))
+        return result
+
+    runner.execute = timed
+
+
+def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) -> None:
+    vocab = engine.model_info.vocab_size
+    sinks = []
+    for i in range(batch):
+        sink = QueueSink()
+        prompt = [(97 * i + 31 * j) % (vocab - 10) + 10 for j in range(prompt_len)]
+        engine.add_request(f"{tag}-{i}", prompt, SamplingParams(max_tokens=new_tokens, ignore_eos=True), sink)
+        sinks.append(sink)
+    for sink in sinks:
+        for _ in sink.outputs(timeout=900):  # drain until the request finishes
+            pass
+
+
+def expert_bytes(shapes: list[tuple[int, int]], bits: int) -> int:
+    """Bytes of one expert's three blocks at ``bits`` (codes + scales of the view's fields)."""
+    return sum(field_size(n, k, f).total for n, k in shapes for f in range(fields_for_bits(bits)))
+
+
+def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, bits: int, dense_bytes: int,
+            kv_token_bytes: int, shapes: list[tuple[int, int]], bandwidth: float) -> dict:
+    log.clear()
+    run_batch(engine, batch, prompt_len, steps + 2, f"t{bits}-{batch}")
+    idx = [i for i, rows in enumerate(log.decode_rows) if rows == batch]
+    if len(idx) < 3:
+        raise RuntimeError(f"only {len(idx)} full decode steps at B={batch}: {log.decode_rows}")
+    step_s = statistics.median(log.ends[i] - log.starts[i] for i in idx)
+    gaps = [log.starts[i + 1] - log.starts[i] for i in idx if i + 1 < len(log.starts)]
+    engine_s = statistics.median(gaps) if gaps else step_s
+    per_expert = expert_bytes(shapes, bits)
+    touched = statistics.mean(sum(log.experts_touched[i]) for i in idx)  # distinct experts summed over layers
+    kv = statistics.mean(log.context_tokens[i] for i in idx) * kv_token_bytes
+    total = dense_bytes + touched * per_expert + kv
+    roof = total / bandwidth
+    return {
+        "bits": bits,
+        "batch": batch,
+        "decode_steps_timed": len(idx),
+        "step_ms": step_s * 1e3,
+        "engine_step_ms": engine_s * 1e3,
+        "tok_per_s": batch / engine_s,
+        "experts_touched_per_layer": touched / len(log.experts_touched[idx[0]]),
+        "bytes_per_step": total,
+        "bytes_dense": dense_bytes,
+        "bytes_experts": touched * per_expert,
+        "bytes_kv": kv,
+        "roofline_ms": roof * 1e3,
+        "pct_roofline": 100 * roof / engine_s,
+        "pct_roofline_runner": 100 * roof / step_s,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", default="mixtral-8x7b")
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--bits", default="8,4", help="descending: blocks are demoted in place")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=32, help="decode steps per timed run")
+    parser.add_argument("--no-graphs", action="store_true", help="eager decode steps (no CUDA graphs)")
+    parser.add_argument("--eager-too", action="store_true",
+                        help="after the graph rows, the last bits again with eager steps")
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
+    parser.add_argument("--commit", default="unknown", help="git commit of the measured tree")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    bits_list = [int(b) for b in args.bits.split(",")]
+    if bits_list != sorted(bits_list, reverse=True):
+        raise SystemExit("--bits must be descending (demotion only)")
+
+    bandwidth = copy_bandwidth(args.device)
+    t0 = time.perf_counter()
+    config = DataplaneConfig(
+        synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=bits_list[0],
+        dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
+        max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
+    )
+    built = build(config)
+    build_s = time.perf_counter() - t0
+    engine, store = built.engine, built.precision.store
+    runner = engine.runner
+    spec = runner.model.spec
+    dense_bytes = sum(p.numel() * p.element_size() for n, p in runner.model.named_parameters()
+                      if not p.is_meta and "embed_tokens" not in n)
+    kv_token_bytes = kv_block_bytes(1, spec.num_layers, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
+    shapes = [store.shape(p) for p in range(NUM_PROJ)]
+    log = StepLog()
+    instrument(runner, log)
+    engine.start()
+    rows = []
+    try:
+        for b in batches:  # compile kernels, capture graphs
+            run_batch(engine, b, args.prompt_len, 4, f"warm-{b}")
+        for bits in bits_list:
+            for blk in range(store.num_blocks):
+                if store.bits(blk) > bits:
+                    store.demote(blk, bits)
+            for b in batches:
+                rows.append(measure(engine, log, b, args.prompt_len, args.steps, bits, dense_bytes,
+                                    kv_token_bytes, shapes, bandwidth))
+                rows[-1]["mode"] = "graphs" if runner.graphs is not None else "eager"
+                print(json.dumps(rows[-1]), flush=True)
+        if args.eager_too and runner.graphs is not None:
+            graphs, runner.graphs = runner.graphs, None  # engine thread reads it per step
+            for b in batches:
+                rows.append(measure(engine, log, b, args.prompt_len, args.steps, bits_list[-1], dense_bytes,
+                                    kv_token_bytes, shapes, bandwidth))
+                rows[-1]["mode"] = "eager"
+                print(json.dumps(rows[-1]), flush=True)
+            runner.graphs = graphs
+    finally:
+        engine.stop()
+    graphs = runner.graphs
+    result = {
+        "command": " ".join(sys.argv),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "commit": args.commit,
+        "preset": args.preset,
+        "prompt_len": args.prompt_len,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "build_seconds": build_s,
+        "cuda_graphs": graphs is not None,
+        "graph_captures": graphs.captures if graphs else 0,
+        "graph_replays": graphs.replays if graphs else 0,
+        "arena_pages": engine.arena.num_pages,
+        "arena_page_bytes": engine.arena.page_bytes,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"\n{args.preset}: built in {build_s:.0f} s; copy {bandwidth / 1e12:.2f} TB/s; "
+          f"graphs {result['graph_captures']} captured, {result['graph_replays']} replays")
+    print(f"{'mode':6} {'bits':>4} {'B':>3} {'step ms':>8} {'eng ms':>8} {'tok/s':>8} {'GB/step':>8} {'roof ms':>8} {'%roof':>6}")
+    for r in rows:
+        print(f"{r['mode']:6} {r['bits']:4d} {r['batch']:3d} {r['step_ms']:8.2f} {r['engine_step_ms']:8.2f} {r['tok_per_s']:8.1f} "
+              f"{r['bytes_per_step'] / 1e9:8.2f} {r['roofline_ms']:8.2f} {r['pct_roofline']:6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Decode steps replayed from CUDA graphs.
+
+A decode-only step of B sequences runs as the replay of a graph captured for
+the smallest batch bucket >= B. The batch is padded to the bucket by repeating
+its first sequence (same token, position, slot and block table): the duplicate
+rows write the same K/V into the same slot, and a token weight of 0 keeps them
+out of the routing statistics; their logits are not sampled.
+
+What a graph reads at replay time, so nothing is ever re-captured:
+* static input buffers written before each replay (token ids, positions,
+  slots, block tables [bucket, max_blocks], context lengths, token weights);
+* the KV arena (any page may hold any sequence's block);
+* the weight store's page table and ``block_fields``: precision changes
+  (demotions, committed promotions) take effect at the next replay.
+
+A graph cannot fetch a host-only expert block on demand, so ``can_replay``
+refuses (and the runner runs the step eagerly) while any block is host-only.
+The eager path touches routed blocks for the LRU inside the MoE layer; after a
+replay the runner does it from the step's routing counts (``touch_routed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dataplane.forward_context import ForwardContext
+from dataplane.kv_cache import KVCacheManager
+from dataplane.layers.attention import AttentionMetadata
+from dataplane.routing_stats import RoutingStats
+from dataplane.weights.paged_experts import PagedExperts
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Capture sizes up to ``max_batch`` (which is always one of them)."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    return tuple(b for b in DEFAULT_BUCKETS if b < max_batch) + (max_batch,)
+
+
+@dataclass
+class DecodeRows:
+    """Host description of a decode batch (one row per sequence)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    tables: list[list[int]]  # each sequence's KV pages
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph | None  # None: eager mode (see DecodeGraphs)
+    step: Callable[[], torch.Tensor]  # the captured work, run eagerly when graph is None
+    input_ids: torch.Tensor  # [bucket] int64
+    positions: torch.Tensor  # [bucket] int64
+    slots: torch.Tensor  # [bucket] int64
+    block_tables: torch.Tensor  # [bucket, max_blocks] int32
+    context_lens: torch.Tensor  # [bucket] int32
+    token_weight: torch.Tensor  # [bucket] int64, 1 = real row, 0 = padding
+    routing: RoutingStats
+    logits: torch.Tensor  # [bucket, vocab] float32, written by the replay
+
+
+class DecodeGraphs:
+    """Captures and replays the model's decode step, one graph per batch bucket.
+
+    Contract: ``model(input_ids, positions, ctx)`` and
+    ``model.compute_logits(hidden)`` must be capturable (no host syncs, no
+    data-dependent allocation) when ``ctx.kv_arena`` is set and the batch is
+    decode-only; the models and kernels of this package are. Graphs share one
+    memory pool. Not thread-safe: the engine thread drives it.
+
+    capture=False runs the same static-buffer step eagerly instead of
+    replaying it (any device): the padding and bookkeeping, testable on a CPU.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kv: KVCacheManager,
+        num_layers: int,
+        num_experts: int,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        *,
+        capture: bool = True,
+    ) -> None:
+        if kv.cache_view is None:
+            raise ValueError("decode graphs need a KV cache with storage")
+        if capture and not kv.cache_view.is_cuda:
+            raise ValueError("CUDA graphs need a KV cache on a CUDA device")
+        self.capture = capture
+        self.model = model
+        self.kv = kv
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.device = kv.cache_view.device
+        self.buckets = batch_buckets(max_batch)
+        self.max_blocks = max_blocks_per_seq
+        self.paged = [m for m in model.modules() if isinstance(m, PagedExperts)]
+        self._stores = list({id(m.store): m.store for m in self.paged}.values())
+        self._graphs: dict[int, _Graph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self.replays = 0
+        self.captures = 0
+
+    def bucket(self, batch: int) -> int | None:
+        """The capture size for ``batch`` rows, None when too large."""
+        return next((b for b in self.buckets if b >= batch), None)
+
+    def can_replay(self, rows: DecodeRows) -> bool:
+        """Whether this decode batch may run as a replay (else: eager)."""
+        if not rows or self.bucket(len(rows)) is None:
+            return False
+        if any(len(t) > self.max_blocks for t in rows.tables):
+            return False
+        return all(store.all_resident for store in self._stores)
+
+    @torch.inference_mode()
+    def replay(self, rows: DecodeRows) -> tuple[torch.Tensor, RoutingStats]:
+        """Runs the step; returns (logits [B, vocab] float32, the step's routing).
+
+        Both results are views of the graph's static outputs: read them before
+        the next replay of the same bucket.
+        """
+        bucket = self.bucket(len(rows))
+        assert bucket is not None and self.can_replay(rows)
+        for store in self._stores:
+            store.poll()  # commit landed promotions before the graph reads the tables
+        g = self._graphs.get(bucket)
+        if g is None:
+            g = self._capture(bucket, rows)
+        self._fill(g, rows)
+        if g.graph is None:
+            g.logits = g.step()
+        else:
+            g.graph.replay()
+        self.replays += 1
+        return g.logits[: len(rows)], g.routing
+
+    def touch_routed(self, routed_tokens: torch.Tensor) -> None:
+        """LRU bookkeeping of a replayed step: routed_tokens [layers, experts] host counts."""
+        for module in self.paged:
+            module.touch_routed(routed_tokens[module.layer])
+
+    # -- internals ----------------------------------------------------------------
+    def _fill(self, g: _Graph, rows: DecodeRows) -> None:
+        n, bucket = len(rows), g.input_ids.shape[0]
+        pad = bucket - n
+
+        def padded(values: list[int]) -> list[int]:
+            return values + [values[0]] * pad
+
+        tables = torch.zeros(bucket, self.max_blocks, dtype=torch.int32)  # [bucket, max_blocks]
+        for i, table in enumerate(rows.tables):
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        tables[n:] = tables[0]
+        lengths = [p + 1 for p in rows.positions]  # cached tokens after this step
+        g.input_ids.copy_(torch.tensor(padded(rows.input_ids), dtype=torch.int64))
+        g.positions.copy_(torch.tensor(padded(rows.positions), dtype=torch.int64))
+        g.slots.copy_(torch.tensor(padded(rows.slots), dtype=torch.int64))
+        g.context_lens.copy_(torch.tensor(padded(lengths), dtype=torch.int32))
+        g.block_tables.copy_(tables)
+        g.token_weight.copy_(torch.tensor([1] * n + [0] * pad, dtype=torch.int64))
+
+    def _capture(self, bucket: int, rows: DecodeRows) -> _Graph:
+        dev = self.device
+
+        def buf(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=dev)
+
+        token_weight = buf(bucket, dtype=torch.int64)
+        g = _Graph(
+            graph=torch.cuda.CUDAGraph() if self.capture else None,
+            step=lambda: torch.empty(0),
+            input_ids=buf(bucket, dtype=torch.int64),
+            positions=buf(bucket, dtype=torch.int64),
+            slots=buf(bucket, dtype=torch.int64),
+            block_tables=buf(bucket, self.max_blocks, dtype=torch.int32),
+            context_lens=buf(bucket, dtype=torch.int32),
+            token_weight=token_weight,
+            routing=RoutingStats(
+                self.num_layers, self.num_experts, torch.arange(bucket, device=dev), bucket, token_weight
+            ),
+            logits=torch.empty(0, device=dev),
+        )
+        # Real data in the buffers: the warm-up runs below execute the step
+        # for real (they write the same K/V the replay will write again).
+        self._fill(g, rows)
+        meta = AttentionMetadata(
+            slot_mapping=g.slots,
+            query_start_loc=torch.arange(bucket + 1, dtype=torch.int32, device=dev),
+            context_lens=g.context_lens,
+            block_tables=g.block_tables,
+            query_lens_host=[1] * bucket,
+            context_lens_host=[self.max_blocks * self.kv.block_size] * bucket,
+            block_size=self.kv.block_size,
+            sliding_window=None,
+        )
+        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=g.routing, kv_arena=self.kv.cache_view)
+
+        def step() -> torch.Tensor:
+            g.routing.reset()
+            hidden = self.model(g.input_ids, g.positions, ctx)  # [bucket, H]
+            return self.model.compute_logits(hidden)  # [bucket, vocab]
+
+        g.step = step
+        self._graphs[bucket] = g
+        if g.graph is None:
+            return g
+        # Warm-up on a side stream (compiles Triton kernels, settles the allocator).
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        with torch.cuda.graph(g.graph, pool=self._pool):
+            g.logits = step()
+        self.captures += 1
+        return g

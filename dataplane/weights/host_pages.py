@@ -1,0 +1,61 @@
+"""Host pages for the weight store's master copies.
+
+On a GPU the masters live in pinned memory so promotions can copy them
+asynchronously. PyTorch's pinned allocator rounds every allocation up to a
+power of two, which for per-field buffers (e.g. 18 MiB -> 32 MiB) nearly
+doubles the host memory of a large model (Mixtral-8x7B: ~54 GB of masters).
+So pinned pages are carved from slabs whose sizes are powers of two: the
+waste is the unused tail of the current slab only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIB = 1 << 20
+FIRST_SLAB_BYTES = 64 * MIB  # small models stay small
+MAX_SLAB_BYTES = 1024 * MIB  # slabs double up to this size
+
+
+class HostPagePool:
+    """Hands out zero-initialised ``[n, page_bytes]`` uint8 host tensors.
+
+    ``slabs`` (default: when pinning) carves requests from power-of-two
+    slabs; without it each request is its own buffer (pageable memory has no
+    rounding). Views stay valid as long as the pool or the views live.
+    """
+
+    def __init__(self, page_bytes: int, pin: bool, slabs: bool | None = None) -> None:
+        if page_bytes <= 0:
+            raise ValueError(f"page_bytes must be positive, got {page_bytes}")
+        self.page_bytes = page_bytes
+        self.pin = pin
+        self.slabs = pin if slabs is None else slabs
+        self._slab: torch.Tensor | None = None  # [pages, page_bytes] uint8, current slab
+        self._used = 0  # pages of the current slab handed out
+        self._next_slab_bytes = FIRST_SLAB_BYTES
+        self.allocated_bytes = 0  # host bytes allocated (slabs or single buffers)
+
+    def take(self, num_pages: int) -> torch.Tensor:
+        """A zeroed [num_pages, page_bytes] uint8 tensor (pinned when the pool pins)."""
+        if num_pages <= 0:
+            raise ValueError(f"num_pages must be positive, got {num_pages}")
+        if not self.slabs:
+            self.allocated_bytes += num_pages * self.page_bytes
+            return torch.zeros(num_pages, self.page_bytes, dtype=torch.uint8, pin_memory=self.pin)
+        if self._slab is None or self._used + num_pages > self._slab.shape[0]:
+            self._new_slab(num_pages)
+        assert self._slab is not None
+        view = self._slab[self._used : self._used + num_pages]
+        self._used += num_pages
+        return view
+
+    def _new_slab(self, at_least_pages: int) -> None:
+        size = max(self._next_slab_bytes, self.page_bytes)
+        while size < at_least_pages * self.page_bytes:
+            size *= 2
+        pages = size // self.page_bytes
+        self._slab = torch.zeros(pages, self.page_bytes, dtype=torch.uint8, pin_memory=self.pin)
+        self._used = 0
+        self.allocated_bytes += pages * self.page_bytes
+        self._next_slab_bytes = min(self._next_slab_bytes * 2, MAX_SLAB_BYTES)

@@ -1,0 +1,119 @@
+"""Decode steps through the static-buffer graph path (dataplane/cuda_graphs.py)
+and the Triton decode attention, against the plain eager path.
+
+On the CPU the graph path runs its static-buffer step eagerly (capture=False)
+and the kernels run in Triton's interpreter; the GPU test at the end captures
+and replays real CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dataplane.config import DataplaneConfig
+from dataplane.cuda_graphs import DecodeGraphs, DecodeRows, batch_buckets
+from dataplane.engine import QueueSink
+from dataplane.engine_builder import build
+from dataplane.kv_cache import blocks_for_tokens
+from dataplane.routing_stats import RoutingStats
+from dataplane.sampling_params import SamplingParams
+MODEL = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny"
+PROMPTS = [[5, 17, 99, 4, 23, 61, 7], [300, 12, 9], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61]]
+NEW_TOKENS = 6
+MAX_BATCH = 4  # 3 prompts -> bucket 4: one padding row
+
+
+def test_batch_buckets() -> None:
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(5) == (1, 2, 4, 5)
+    assert batch_buckets(64)[-1] == 64 and 16 in batch_buckets(64)
+    with pytest.raises(ValueError):
+        batch_buckets(0)
+
+
+def test_routing_stats_token_weight_excludes_rows() -> None:
+    ids = torch.tensor([[0, 2], [1, 2], [0, 2]])  # [T=3, k=2]
+    probs = torch.tensor([[0.5, 0.1, 0.4], [0.1, 0.6, 0.3], [0.5, 0.1, 0.4]])  # [T, E]
+    stats = RoutingStats(1, 3, torch.tensor([0, 1, 2]), 3, token_weight=torch.tensor([1, 1, 0]))
+    stats.record(0, ids, probs)
+    assert stats.routed_tokens[0].tolist() == [1, 1, 2]
+    assert torch.allclose(stats.prob_mass[0], probs[:2].sum(0))
+    assert stats.seq_prob_sum[2].abs().sum() == 0
+    stats.reset()
+    assert stats.routed_tokens.sum() == 0
+
+
+def _config(**kw) -> DataplaneConfig:
+    return DataplaneConfig(model_path=str(MODEL), max_running_seqs=MAX_BATCH, max_batched_tokens=256,
+                           max_context_length=256, **kw)
+
+
+def _generate(engine, tag: str) -> list[list[int]]:
+    sinks = []
+    for i, prompt in enumerate(PROMPTS):
+        sink = QueueSink()
+        engine.add_request(f"{tag}-{i}", prompt, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), sink)
+        sinks.append(sink)
+    return [[t for out in sink.outputs(timeout=300) for t in out.new_token_ids] for sink in sinks]
+
+
+def _with_static_decode(built) -> DecodeGraphs:
+    """Routes the engine's decode steps through the static-buffer path (no capture on the CPU)."""
+    runner = built.engine.runner
+    spec = runner.model.spec
+    graphs = DecodeGraphs(runner.model, runner.kv, spec.num_layers, spec.num_experts, MAX_BATCH,
+                          blocks_for_tokens(256, runner.kv.block_size), capture=False)
+    runner.graphs = graphs
+    runner.decode_kernels = True
+    return graphs
+
+
+def test_static_decode_path_matches_eager_on_cpu() -> None:
+    eager = build(_config(device="cpu", dtype="float32"))
+    static = build(_config(device="cpu", dtype="float32"))
+    graphs = _with_static_decode(static)
+    results = []
+    for built, tag in ((eager, "e"), (static, "s")):
+        built.engine.start()
+        try:
+            results.append((_generate(built.engine, tag), built.engine.drain_routing()[0]))
+        finally:
+            built.engine.stop()
+    (want, routed_eager), (got, routed_static) = results
+    assert got == want
+    assert graphs.replays >= NEW_TOKENS - 1  # every decode step after the prefills
+    assert 4 in graphs._graphs  # batches of 3 padded to the bucket of 4
+    # Padding rows are not counted: each computed token routes top_k times per layer.
+    top_k = static.engine.runner.model.spec.top_k
+    tokens = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (NEW_TOKENS - 1)
+    assert routed_static.sum(dim=1).tolist() == [tokens * top_k] * routed_static.shape[0]
+    assert torch.equal(routed_static, routed_eager)
+
+
+def test_decode_rows_refuses_prefill_steps() -> None:
+    built = build(_config(device="cpu", dtype="float32"))
+    graphs = _with_static_decode(built)
+    assert not graphs.can_replay(DecodeRows([], [], [], []))
+    too_long = DecodeRows([1], [0], [0], [[0] * (graphs.max_blocks + 1)])
+    assert not graphs.can_replay(too_long)
+    assert graphs.can_replay(DecodeRows([1], [0], [0], [[0]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
+    outs = []
+    for graphs_on in (False, True):
+        built = build(_config(device="cuda", dtype="float32", cuda_graphs=graphs_on, max_arena_pages=512))
+        built.engine.start()
+        try:
+            outs.append(_generate(built.engine, f"g{graphs_on}"))
+        finally:
+            built.engine.stop()
+        if graphs_on:
+            graphs = built.engine.runner.graphs
+            assert graphs is not None and graphs.captures >= 1 and graphs.replays >= NEW_TOKENS - 1
+    assert outs[0] == outs[1]
