@@ -100,7 +100,8 @@ def instrument(runner, log: StepLog) -> None:
     runner.execute = timed
 
 
-def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) -> None:
+def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) -> list[list[int]]:
+    """Runs ``batch`` requests together; returns each one's generated tokens."""
     vocab = engine.model_info.vocab_size
     sinks = []
     for i in range(batch):
@@ -108,9 +109,7 @@ def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) ->
         prompt = [(97 * i + 31 * j) % (vocab - 10) + 10 for j in range(prompt_len)]
         engine.add_request(f"{tag}-{i}", prompt, SamplingParams(max_tokens=new_tokens, ignore_eos=True), sink)
         sinks.append(sink)
-    for sink in sinks:
-        for _ in sink.outputs(timeout=900):  # drain until the request finishes
-            pass
+    return [[t for out in sink.outputs(timeout=900) for t in out.new_token_ids] for sink in sinks]
 
 
 def expert_bytes(shapes: list[tuple[int, int]], bits: int) -> int:
@@ -121,7 +120,7 @@ def expert_bytes(shapes: list[tuple[int, int]], bits: int) -> int:
 def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, bits: int, dense_bytes: int,
             kv_token_bytes: int, shapes: list[tuple[int, int]], bandwidth: float) -> dict:
     log.clear()
-    run_batch(engine, batch, prompt_len, steps + 2, f"t{bits}-{batch}")
+    tokens = run_batch(engine, batch, prompt_len, steps + 2, f"t{bits}-{batch}")
     idx = [i for i, rows in enumerate(log.decode_rows) if rows == batch]
     if len(idx) < 3:
         raise RuntimeError(f"only {len(idx)} full decode steps at B={batch}: {log.decode_rows}")
@@ -148,6 +147,9 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, bits:
         "roofline_ms": roof * 1e3,
         "pct_roofline": 100 * roof / engine_s,
         "pct_roofline_runner": 100 * roof / step_s,
+        # Collapse check (random weights often converge on one token) and graph/eager agreement.
+        "distinct_last_tokens": len({seq[-1] for seq in tokens}),
+        "tokens_first_seqs": tokens[:4],
     }
 
 

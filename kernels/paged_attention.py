@@ -74,10 +74,13 @@ def _decode_kernel(
     for b in range(b0, b1):
         page = tl.load(bt_ptr + s.to(tl.int64) * max_blocks + b).to(tl.int64)
         base = kv_ptr + page * page_stride + layer_off
-        k = tl.load(base + tok_off)  # [BS, D]
-        v = tl.load(base + BS * KVH * D + tok_off)
+        # Slots past the context hold stale bytes (a page freed by a demoted
+        # expert block, say) that may read as NaN: never load them (0 * NaN = NaN).
+        live = b * BS + t < ctx  # [BS]
+        k = tl.load(base + tok_off, mask=live[:, None], other=0.0)  # [BS, D]
+        v = tl.load(base + BS * KVH * D + tok_off, mask=live[:, None], other=0.0)
         sc = tl.dot(q, tl.trans(k)) * sm_scale  # [G_PAD, BS]
-        sc = tl.where((b * BS + t < ctx)[None, :], sc, float("-inf"))
+        sc = tl.where(live[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(sc - m_new[:, None])

@@ -71,6 +71,9 @@ def _with_static_decode(built) -> DecodeGraphs:
     return graphs
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="runs Triton kernels on CPU tensors: needs the interpreter, which tests/conftest.py "
+                           "turns on only without a GPU (the GPU test below covers this machine)")
 def test_static_decode_path_matches_eager_on_cpu() -> None:
     eager = build(_config(device="cpu", dtype="float32"))
     static = build(_config(device="cpu", dtype="float32"))
@@ -102,18 +105,33 @@ def test_decode_rows_refuses_prefill_steps() -> None:
     assert graphs.can_replay(DecodeRows([1], [0], [0], [[0]]))
 
 
+def _demote_mixed(built) -> None:
+    """Every block down to a bitwidth that depends on the block: 6, 4, 3, 2 bits mixed in each layer."""
+    store = built.precision.store
+    for blk in range(store.num_blocks):
+        store.demote(blk, (6, 4, 3, 2)[blk % 4])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
+    """Same greedy tokens with and without graphs, at 8 bits and after demoting
+    in place to mixed bits (the captured graphs must read the new tables)."""
     outs = []
     for graphs_on in (False, True):
-        built = build(_config(device="cuda", dtype="float32", cuda_graphs=graphs_on, max_arena_pages=512))
+        built = build(_config(device="cuda", dtype="float32", cuda_graphs=graphs_on, max_arena_pages=512,
+                              dynamic_precision=False))
         built.engine.start()
         try:
-            outs.append(_generate(built.engine, f"g{graphs_on}"))
+            at_8 = _generate(built.engine, f"g{graphs_on}")
+            _demote_mixed(built)
+            mixed = _generate(built.engine, f"m{graphs_on}")
         finally:
             built.engine.stop()
+        outs.append((at_8, mixed))
         if graphs_on:
             graphs = built.engine.runner.graphs
-            assert graphs is not None and graphs.captures >= 1 and graphs.replays >= NEW_TOKENS - 1
-    assert outs[0] == outs[1]
+            assert graphs is not None and graphs.captures >= 1 and graphs.replays >= 2 * (NEW_TOKENS - 1)
+    assert outs[0][0] == outs[1][0]
+    assert outs[0][1] == outs[1][1]
+    assert outs[0][0] != outs[0][1]  # the demotion changed the model

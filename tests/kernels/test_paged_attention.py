@@ -47,6 +47,24 @@ def test_decode_over_scattered_pages(device, partitions):
     assert torch.allclose(out.float().cpu(), ref.cpu(), atol=2e-3, rtol=2e-2)
 
 
+def test_decode_ignores_stale_nan_slots(device):
+    """Slots past a sequence's length may hold anything (a page that held expert
+    weights before a demotion): the result must not see them, NaN included."""
+    torch.manual_seed(5)
+    arena, cache = make_cache(device, 8)
+    cache.copy_(torch.randn(cache.shape, dtype=DTYPE))
+    lens = torch.tensor([21, 9], dtype=torch.int32)  # both end inside a block
+    pages = arena.alloc(3, KV_TAG)
+    table = torch.tensor([[pages[0], pages[1]], [pages[2], 0]], dtype=torch.int32)
+    q = torch.randn(2, 8, D, dtype=DTYPE).to(device)
+    ref = paged_attention_decode_reference(q, cache, 1, table.to(device), lens.to(device))
+    cache[pages[1], :, :, 21 - BS:] = float("nan")  # the tails of both last blocks
+    cache[pages[2], :, :, 9:] = float("nan")
+    out = paged_attention_decode(q, cache, 1, table.to(device), lens.to(device), num_partitions=1)
+    assert bool(torch.isfinite(out).all())
+    assert torch.allclose(out.float().cpu(), ref.float().cpu(), atol=2e-3, rtol=2e-2)
+
+
 def test_write_kv_cache_places_tokens(device):
     torch.manual_seed(12)
     _, cache = make_cache(device, 4)
