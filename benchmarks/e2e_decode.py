@@ -153,6 +153,40 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, bits:
     }
 
 
+PROFILE_PROMPT_LEN = 8  # one short prefill step, then decode steps only
+PROFILE_TOP = 15
+
+
+def profile_decode(engine, batch: int, steps: int, bits: int, graphs: bool) -> dict:
+    """GPU kernel time per decode step by kernel name (one prefill step of PROFILE_PROMPT_LEN included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = engine.arena.device.type == "cuda"
+    run_batch(engine, batch, PROFILE_PROMPT_LEN, 4, f"pw-{batch}")  # capture the bucket first
+    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+        run_batch(engine, batch, PROFILE_PROMPT_LEN, steps + 1, f"p-{batch}")
+
+    def spent(e) -> float:  # microseconds (CPU self time in a dry run on the CPU)
+        return e.device_time_total if on_gpu else e.self_cpu_time_total
+
+    events = [e for e in prof.key_averages() if spent(e) > 0]
+    total_us = sum(spent(e) for e in events)
+    top = sorted(events, key=spent, reverse=True)[:PROFILE_TOP]
+    result = {
+        "batch": batch,
+        "bits": bits,
+        "graphs": graphs,
+        "steps": steps + 1,
+        "gpu_ms_per_step": total_us / 1e3 / (steps + 1),
+        "kernels": [{"name": e.key[:80], "calls_per_step": e.count / (steps + 1),
+                     "ms_per_step": spent(e) / 1e3 / (steps + 1)} for e in top],
+    }
+    print(f"\nprofile B={batch} {bits}-bit: GPU {result['gpu_ms_per_step']:.2f} ms/step")
+    for k in result["kernels"]:
+        print(f"  {k['ms_per_step']:7.3f} ms {k['calls_per_step']:6.1f}x  {k['name']}")
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", default="mixtral-8x7b")
@@ -164,6 +198,9 @@ def main() -> int:
     parser.add_argument("--eager-too", action="store_true",
                         help="after the graph rows, the last bits again with eager steps")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
+    parser.add_argument("--profile-batches", default="",
+                        help="after the timed rows: profile decode at these batch sizes (torch.profiler, "
+                             "kernel time per step by name, top entries)")
     parser.add_argument("--commit", default="unknown", help="git commit of the measured tree")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -212,6 +249,8 @@ def main() -> int:
                 rows[-1]["mode"] = "eager"
                 print(json.dumps(rows[-1]), flush=True)
             runner.graphs = graphs
+        profiles = [profile_decode(engine, int(b), args.steps, bits_list[-1], runner.graphs is not None)
+                    for b in args.profile_batches.split(",") if b]
     finally:
         engine.stop()
     graphs = runner.graphs
@@ -231,6 +270,7 @@ def main() -> int:
         "arena_pages": engine.arena.num_pages,
         "arena_page_bytes": engine.arena.page_bytes,
         "rows": rows,
+        "profiles": profiles,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

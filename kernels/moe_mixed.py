@@ -59,6 +59,8 @@ class MoeTiles:
 
     use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
     only; the interpreter cannot run inline assembly).
+    maxnreg: cap on registers per thread (more programs per multiprocessor,
+    at the risk of spills); None leaves it to the compiler.
     """
 
     block_n_up: int = 128
@@ -68,6 +70,14 @@ class MoeTiles:
     num_warps: int = 4
     num_stages: int = 3
     use_asm: bool = False
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict:
+        """Compiler options of both weight launches."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
@@ -217,7 +227,7 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int = 3, num_warps: int = 4) -> MoeTiles:
+                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -233,7 +243,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     tiles_down = triton.cdiv(hidden, block_n) * active
     split = max(1, min(ffn // GROUP, triton.cdiv(PROGRAMS_PER_SM * num_sms, tiles_down)))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm)
+                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg)
 
 
 @dataclass
@@ -313,7 +323,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
-        USE_ASM=tiles.use_asm, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
@@ -332,8 +342,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
