@@ -46,9 +46,10 @@ from dataplane.engine import QueueSink  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
-from dataplane.weights.layout import NUM_PROJ, field_size, fields_for_bits  # noqa: E402
+from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
 
 COPY_BYTES = 2 << 30
+MIXED = "mixed26"
 
 
 def copy_bandwidth(device: str) -> float:
@@ -75,11 +76,11 @@ class StepLog:
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     decode_rows: list[int] = field(default_factory=list)  # rows when decode-only, else 0
-    experts_touched: list[list[int]] = field(default_factory=list)  # per step: distinct experts per layer
+    routed: list[torch.Tensor] = field(default_factory=list)  # per step: bool [layers, experts], expert used
     context_tokens: list[int] = field(default_factory=list)  # cached tokens read by the step
 
     def clear(self) -> None:
-        for values in (self.starts, self.ends, self.decode_rows, self.experts_touched, self.context_tokens):
+        for values in (self.starts, self.ends, self.decode_rows, self.routed, self.context_tokens):
             values.clear()
 
 
@@ -93,7 +94,7 @@ def instrument(runner, log: StepLog) -> None:
         log.starts.append(start)
         decode = all(item.num_new_tokens == 1 for item in scheduled)
         log.decode_rows.append(len(scheduled) if decode else 0)
-        log.experts_touched.append((result.routed_tokens > 0).sum(dim=1).tolist())
+        log.routed.append(result.routed_tokens > 0)
         log.context_tokens.append(sum(item.start + item.num_new_tokens for item in scheduled))
         return result
 
@@ -112,37 +113,53 @@ def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) ->
     return [[t for out in sink.outputs(timeout=900) for t in out.new_token_ids] for sink in sinks]
 
 
-def expert_bytes(shapes: list[tuple[int, int]], bits: int) -> int:
-    """Bytes of one expert's three blocks at ``bits`` (codes + scales of the view's fields)."""
-    return sum(field_size(n, k, f).total for n, k in shapes for f in range(fields_for_bits(bits)))
+def expert_bytes(store, num_layers: int, num_experts: int) -> torch.Tensor:
+    """float64 [layers, experts]: bytes of each expert's three blocks at their current bits
+    (codes + scales of the resident fields, no page padding)."""
+    out = torch.zeros(num_layers, num_experts, dtype=torch.float64)
+    for layer in range(num_layers):
+        for e in range(num_experts):
+            for p in range(NUM_PROJ):
+                blk = block_index(layer, e, p, num_experts)
+                n, k = store.shape(blk)
+                out[layer, e] += sum(field_size(n, k, f).total for f in range(fields_for_bits(store.bits(blk))))
+    return out
 
 
-def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, bits: int, dense_bytes: int,
-            kv_token_bytes: int, shapes: list[tuple[int, int]], bandwidth: float) -> dict:
+def precision_label(store) -> str:
+    bits = sorted(set(store.block_bits()))
+    return str(bits[0]) if len(bits) == 1 else "mixed " + "/".join(map(str, bits))
+
+
+def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store, dense_bytes: int,
+            kv_token_bytes: int, bandwidth: float) -> dict:
     log.clear()
-    tokens = run_batch(engine, batch, prompt_len, steps + 2, f"t{bits}-{batch}")
+    tokens = run_batch(engine, batch, prompt_len, steps + 2, f"t{time.monotonic_ns()}-{batch}")
     idx = [i for i, rows in enumerate(log.decode_rows) if rows == batch]
     if len(idx) < 3:
         raise RuntimeError(f"only {len(idx)} full decode steps at B={batch}: {log.decode_rows}")
     step_s = statistics.median(log.ends[i] - log.starts[i] for i in idx)
     gaps = [log.starts[i + 1] - log.starts[i] for i in idx if i + 1 < len(log.starts)]
     engine_s = statistics.median(gaps) if gaps else step_s
-    per_expert = expert_bytes(shapes, bits)
-    touched = statistics.mean(sum(log.experts_touched[i]) for i in idx)  # distinct experts summed over layers
+    sizes = expert_bytes(store, *log.routed[idx[0]].shape)  # [layers, experts]
+    moved = statistics.mean(float((sizes * log.routed[i]).sum()) for i in idx)
+    touched = statistics.mean(float(log.routed[i].sum()) for i in idx) / log.routed[idx[0]].shape[0]
     kv = statistics.mean(log.context_tokens[i] for i in idx) * kv_token_bytes
-    total = dense_bytes + touched * per_expert + kv
+    total = dense_bytes + moved + kv
     roof = total / bandwidth
+    bits = store.block_bits()
     return {
-        "bits": bits,
+        "bits": precision_label(store),
+        "mean_bits": sum(bits) / len(bits),
         "batch": batch,
         "decode_steps_timed": len(idx),
         "step_ms": step_s * 1e3,
         "engine_step_ms": engine_s * 1e3,
         "tok_per_s": batch / engine_s,
-        "experts_touched_per_layer": touched / len(log.experts_touched[idx[0]]),
+        "experts_touched_per_layer": touched,
         "bytes_per_step": total,
         "bytes_dense": dense_bytes,
-        "bytes_experts": touched * per_expert,
+        "bytes_experts": moved,
         "bytes_kv": kv,
         "roofline_ms": roof * 1e3,
         "pct_roofline": 100 * roof / engine_s,
@@ -153,11 +170,25 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, bits:
     }
 
 
+def set_precision(store, state: str) -> None:
+    """Puts every block at ``state``: a bitwidth ("4") or "mixed26" (an expert's
+    blocks at 6 bits for even experts, 2 for odd: 4 bits on average, the bytes of
+    uniform 4). Demotes in place, promotes from the host masters and waits."""
+    for blk in range(store.num_blocks):
+        want = (6 if (blk // NUM_PROJ) % 2 == 0 else 2) if state == MIXED else int(state)
+        have = store.bits(blk)
+        if want < have:
+            store.demote(blk, want)
+        elif want > have:
+            store.promote(blk, want)
+    store.sync()
+
+
 PROFILE_PROMPT_LEN = 8  # one short prefill step, then decode steps only
 PROFILE_TOP = 15
 
 
-def profile_decode(engine, batch: int, steps: int, bits: int, graphs: bool) -> dict:
+def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool) -> dict:
     """GPU kernel time per decode step by kernel name (one prefill step of PROFILE_PROMPT_LEN included)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -181,7 +212,7 @@ def profile_decode(engine, batch: int, steps: int, bits: int, graphs: bool) -> d
         "kernels": [{"name": e.key[:80], "calls_per_step": e.count / (steps + 1),
                      "ms_per_step": spent(e) / 1e3 / (steps + 1)} for e in top],
     }
-    print(f"\nprofile B={batch} {bits}-bit: GPU {result['gpu_ms_per_step']:.2f} ms/step")
+    print(f"\nprofile B={batch} bits {bits}: GPU {result['gpu_ms_per_step']:.2f} ms/step")
     for k in result["kernels"]:
         print(f"  {k['ms_per_step']:7.3f} ms {k['calls_per_step']:6.1f}x  {k['name']}")
     return result
@@ -191,7 +222,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", default="mixtral-8x7b")
     parser.add_argument("--batches", default="1,16,64")
-    parser.add_argument("--bits", default="8,4", help="descending: blocks are demoted in place")
+    parser.add_argument("--bits", default="8,4",
+                        help=f"precision states in order: bitwidths or {MIXED} (6/2 bits by expert)")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=32, help="decode steps per timed run")
     parser.add_argument("--no-graphs", action="store_true", help="eager decode steps (no CUDA graphs)")
@@ -205,14 +237,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    bits_list = [int(b) for b in args.bits.split(",")]
-    if bits_list != sorted(bits_list, reverse=True):
-        raise SystemExit("--bits must be descending (demotion only)")
-
+    states = args.bits.split(",")
+    first_bits = 8 if states[0] == MIXED else int(states[0])
     bandwidth = copy_bandwidth(args.device)
     t0 = time.perf_counter()
     config = DataplaneConfig(
-        synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=bits_list[0],
+        synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=first_bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
     )
@@ -224,7 +254,6 @@ def main() -> int:
     dense_bytes = sum(p.numel() * p.element_size() for n, p in runner.model.named_parameters()
                       if not p.is_meta and "embed_tokens" not in n)
     kv_token_bytes = kv_block_bytes(1, spec.num_layers, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
-    shapes = [store.shape(p) for p in range(NUM_PROJ)]
     log = StepLog()
     instrument(runner, log)
     engine.start()
@@ -232,24 +261,22 @@ def main() -> int:
     try:
         for b in batches:  # compile kernels, capture graphs
             run_batch(engine, b, args.prompt_len, 4, f"warm-{b}")
-        for bits in bits_list:
-            for blk in range(store.num_blocks):
-                if store.bits(blk) > bits:
-                    store.demote(blk, bits)
+        for state in states:
+            set_precision(store, state)
             for b in batches:
-                rows.append(measure(engine, log, b, args.prompt_len, args.steps, bits, dense_bytes,
-                                    kv_token_bytes, shapes, bandwidth))
+                rows.append(measure(engine, log, b, args.prompt_len, args.steps, store, dense_bytes,
+                                    kv_token_bytes, bandwidth))
                 rows[-1]["mode"] = "graphs" if runner.graphs is not None else "eager"
                 print(json.dumps(rows[-1]), flush=True)
         if args.eager_too and runner.graphs is not None:
             graphs, runner.graphs = runner.graphs, None  # engine thread reads it per step
             for b in batches:
-                rows.append(measure(engine, log, b, args.prompt_len, args.steps, bits_list[-1], dense_bytes,
-                                    kv_token_bytes, shapes, bandwidth))
+                rows.append(measure(engine, log, b, args.prompt_len, args.steps, store, dense_bytes,
+                                    kv_token_bytes, bandwidth))
                 rows[-1]["mode"] = "eager"
                 print(json.dumps(rows[-1]), flush=True)
             runner.graphs = graphs
-        profiles = [profile_decode(engine, int(b), args.steps, bits_list[-1], runner.graphs is not None)
+        profiles = [profile_decode(engine, int(b), args.steps, precision_label(store), runner.graphs is not None)
                     for b in args.profile_batches.split(",") if b]
     finally:
         engine.stop()
@@ -276,9 +303,9 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\n{args.preset}: built in {build_s:.0f} s; copy {bandwidth / 1e12:.2f} TB/s; "
           f"graphs {result['graph_captures']} captured, {result['graph_replays']} replays")
-    print(f"{'mode':6} {'bits':>4} {'B':>3} {'step ms':>8} {'eng ms':>8} {'tok/s':>8} {'GB/step':>8} {'roof ms':>8} {'%roof':>6}")
+    print(f"{'mode':6} {'bits':>9} {'B':>3} {'step ms':>8} {'eng ms':>8} {'tok/s':>8} {'GB/step':>8} {'roof ms':>8} {'%roof':>6}")
     for r in rows:
-        print(f"{r['mode']:6} {r['bits']:4d} {r['batch']:3d} {r['step_ms']:8.2f} {r['engine_step_ms']:8.2f} {r['tok_per_s']:8.1f} "
+        print(f"{r['mode']:6} {r['bits']:>9} {r['batch']:3d} {r['step_ms']:8.2f} {r['engine_step_ms']:8.2f} {r['tok_per_s']:8.1f} "
               f"{r['bytes_per_step'] / 1e9:8.2f} {r['roofline_ms']:8.2f} {r['pct_roofline']:6.1f}")
     return 0
 
