@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
+import threading
 import sys
 import time
 from dataclasses import dataclass, field
@@ -170,6 +172,33 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store
     }
 
 
+class EngineThreadCalls:
+    """Runs callables on the engine thread, between steps (the weight store is
+    driven by that thread alone): wraps the engine's before_step hook."""
+
+    def __init__(self, engine) -> None:
+        self._calls: queue.Queue = queue.Queue()
+        self._then = engine.before_step
+        engine.before_step = self._before_step
+
+    def _before_step(self) -> None:
+        while True:
+            try:
+                fn, done = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            fn()
+            done.set()
+        if self._then is not None:
+            self._then()
+
+    def run(self, fn, timeout: float = 300.0) -> None:
+        done = threading.Event()
+        self._calls.put((fn, done))
+        if not done.wait(timeout):
+            raise TimeoutError("the engine thread did not run the call")
+
+
 def set_precision(store, state: str) -> None:
     """Puts every block at ``state``: a bitwidth ("4") or "mixed26" (an expert's
     blocks at 6 bits for even experts, 2 for odd: 4 bits on average, the bytes of
@@ -256,13 +285,14 @@ def main() -> int:
     kv_token_bytes = kv_block_bytes(1, spec.num_layers, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
     log = StepLog()
     instrument(runner, log)
+    on_engine = EngineThreadCalls(engine)
     engine.start()
     rows = []
     try:
         for b in batches:  # compile kernels, capture graphs
             run_batch(engine, b, args.prompt_len, 4, f"warm-{b}")
         for state in states:
-            set_precision(store, state)
+            on_engine.run(lambda: set_precision(store, state))
             for b in batches:
                 rows.append(measure(engine, log, b, args.prompt_len, args.steps, store, dense_bytes,
                                     kv_token_bytes, bandwidth))
