@@ -15,8 +15,8 @@ What a graph reads at replay time, so nothing is ever re-captured:
 
 A graph cannot fetch a host-only expert block on demand, so ``can_replay``
 refuses (and the runner runs the step eagerly) while any block is host-only.
-The eager path touches routed blocks for the LRU inside the MoE layer; after a
-replay the runner does it from the step's routing counts (``touch_routed``).
+The runner touches the routed blocks for the LRU after every step, replayed or
+not (``PagedExperts.touch_routed``).
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ class DecodeGraphs:
         self.device = kv.cache_view.device
         self.buckets = batch_buckets(max_batch)
         self.max_blocks = max_blocks_per_seq
-        self.paged = [m for m in model.modules() if isinstance(m, PagedExperts)]
-        self._stores = list({id(m.store): m.store for m in self.paged}.values())
+        paged = [m for m in model.modules() if isinstance(m, PagedExperts)]
+        self._stores = list({id(m.store): m.store for m in paged}.values())
         self._graphs: dict[int, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.replays = 0
@@ -146,11 +146,6 @@ class DecodeGraphs:
             g.graph.replay()
         self.replays += 1
         return g.logits[: len(rows)], g.routing
-
-    def touch_routed(self, routed_tokens: torch.Tensor) -> None:
-        """LRU bookkeeping of a replayed step: routed_tokens [layers, experts] host counts."""
-        for module in self.paged:
-            module.touch_routed(routed_tokens[module.layer])
 
     # -- internals ----------------------------------------------------------------
     def _fill(self, g: _Graph, rows: DecodeRows) -> None:

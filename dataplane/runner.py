@@ -18,6 +18,7 @@ from dataplane.kv_cache import KVCacheManager
 from dataplane.layers.attention import AttentionMetadata
 from dataplane.routing_stats import RoutingStats
 from dataplane.sampler import Sampler
+from dataplane.weights.paged_experts import PagedExperts
 from dataplane.scheduler import ScheduledSeq
 
 
@@ -65,6 +66,7 @@ class ModelRunner:
         self.sampler = sampler
         self.decode_kernels = decode_kernels or graphs is not None
         self.graphs = graphs
+        self.paged_experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """(input_ids [T], positions [T], context) for the scheduled sequences."""
@@ -133,7 +135,7 @@ class ModelRunner:
                 logits, routing = self.graphs.replay(rows)  # [B, vocab]
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
                 result = self._result(scheduled, logits[sampling] if sampling else None, routing, len(rows))
-                self.graphs.touch_routed(result.routed_tokens)
+                self._touch_routed(result.routed_tokens)
                 return result
         input_ids, positions, ctx = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
@@ -148,7 +150,14 @@ class ModelRunner:
             rows_t = torch.tensor(last_rows, device=self.device)
             logits = self.model.compute_logits(hidden[rows_t])  # [S, vocab] float32
         assert ctx.routing is not None
-        return self._result(scheduled, logits, ctx.routing, int(input_ids.shape[0]))
+        result = self._result(scheduled, logits, ctx.routing, int(input_ids.shape[0]))
+        self._touch_routed(result.routed_tokens)
+        return result
+
+    def _touch_routed(self, routed_tokens: torch.Tensor) -> None:
+        """LRU bookkeeping of the paged experts: routed_tokens [layers, experts] host counts."""
+        for module in self.paged_experts:
+            module.touch_routed(routed_tokens[module.layer])
 
     def _result(
         self, scheduled: list[ScheduledSeq], logits: torch.Tensor | None, routing: RoutingStats, num_tokens: int

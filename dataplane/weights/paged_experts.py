@@ -93,6 +93,10 @@ class PagedExperts(nn.Module):
             # after each replay (touch_routed).
             return self._forward_fused(x, topk_ids, topk_weights)
         self.store.poll()  # commit promotions whose copies have landed
+        if self.fused_kernel and self.store.all_resident:
+            # Nothing to fetch: no host sync in this layer. The runner touches
+            # the routed blocks from the step's routing counts (touch_routed).
+            return self._forward_fused(x, topk_ids, topk_weights)
         out = torch.zeros_like(x)  # [T, H]
         if x.shape[0] == 0:
             return out
@@ -114,7 +118,7 @@ class PagedExperts(nn.Module):
         return out
 
     def touch_routed(self, routed_tokens: torch.Tensor) -> None:
-        """LRU bookkeeping after a graph replay: routed_tokens [E] host counts of this layer."""
+        """LRU bookkeeping after a step: routed_tokens [E] host counts of this layer's experts."""
         experts = routed_tokens.nonzero().flatten().tolist()
         self.store.touch([self.block(e, p) for e in experts for p in range(NUM_PROJ)])
 

@@ -20,6 +20,7 @@ from dataplane.engine_builder import build
 from dataplane.kv_cache import blocks_for_tokens
 from dataplane.routing_stats import RoutingStats
 from dataplane.sampling_params import SamplingParams
+from dataplane.weights.layout import NUM_PROJ, block_index
 MODEL = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny"
 PROMPTS = [[5, 17, 99, 4, 23, 61, 7], [300, 12, 9], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61]]
 NEW_TOKENS = 6
@@ -103,6 +104,26 @@ def test_decode_rows_refuses_prefill_steps() -> None:
     too_long = DecodeRows([1], [0], [0], [[0] * (graphs.max_blocks + 1)])
     assert not graphs.can_replay(too_long)
     assert graphs.can_replay(DecodeRows([1], [0], [0], [[0]]))
+    # A host-only block forbids replays (a graph cannot fetch it on demand).
+    store = built.precision.store
+    store.set_host_only(0)
+    assert not graphs.can_replay(DecodeRows([1], [0], [0], [[0]]))
+
+
+def test_runner_touches_routed_experts_after_a_step() -> None:
+    """The fused paths (and graph replays) skip per-layer host work; the runner
+    records LRU accesses from the step's routing counts instead."""
+    built = build(_config(device="cpu", dtype="float32"))
+    runner, store = built.engine.runner, built.precision.store
+    spec = runner.model.spec
+    routed = torch.zeros(spec.num_layers, spec.num_experts, dtype=torch.int64)  # [layers, experts]
+    routed[1, 3] = 2
+    before = store.clock
+    runner._touch_routed(routed)
+    hit = [block_index(1, 3, p, spec.num_experts) for p in range(NUM_PROJ)]
+    assert all(store.last_access(b) > before for b in hit)
+    others = set(range(store.num_blocks)) - set(hit)
+    assert all(store.last_access(b) <= before for b in others)
 
 
 def _demote_mixed(built) -> None:
