@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.frontier_plot import plot_domain_shift  # noqa: E402
+from benchmarks.importance_exponent import git_commit  # noqa: E402
 from benchmarks.policy_bits import planner_bits, uniform_bits, uniform_bytes, workload_activity  # noqa: E402
 from benchmarks.quality_eval import (  # noqa: E402
     PagedModel,
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "domain shift",
         "command": "benchmarks/domain_shift.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
         "device": f"cpu, torch {torch.__version__}, {torch.get_num_threads()} threads",
         "model": str(args.model), "domain_a": a, "domain_b": b,
         "budget_bytes": budget, "budget_label": f"uniform {args.budget_bits}-bit bytes",

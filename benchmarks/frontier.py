@@ -12,7 +12,9 @@ and mean KL(p_8bit || p) per token. Methods (benchmarks/policy_bits.py):
   view whose bytes fit it;
 * planner: controlplane.planner with the profiled sensitivity table
   (models/pw-moe-tiny/sensitivity.json), routing activity and demand measured
-  on the workload's VALIDATION windows (never the test split);
+  on the workload's VALIDATION windows (never the test split), default
+  PlannerConfig (importance exponent, uniform guard); each point records the
+  ladder's budget_anchor ("greedy" or "uniform-<b>") and predicted cost;
 * planner_no_sensitivity: the controlplane's fallback table instead;
 * planner_no_routing: uniform activity (no telemetry yet).
 
@@ -37,16 +39,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.frontier_plot import plot_frontier  # noqa: E402
+from benchmarks.importance_exponent import git_commit  # noqa: E402
 from benchmarks.policy_bits import (  # noqa: E402
     best_static,
     no_sensitivity_table,
-    planner_bits,
+    planner_plan,
     uniform_activity,
     uniform_bits,
     uniform_bytes,
     workload_activity,
 )
-from benchmarks.quality_eval import PAGE_BYTES, PagedModel, evaluate, load_domain_windows, mean_quality  # noqa: E402
+from benchmarks.quality_eval import PAGE_BYTES, PagedModel, evaluate, load_domain_windows, mean_quality, routing_over  # noqa: E402
 from controlplane.config import ControlplaneConfig, PlannerConfig  # noqa: E402
 from controlplane.sensitivity import SENSITIVITY_FILE, load  # noqa: E402
 from dataplane.profiling.corpus import corpus_domains  # noqa: E402
@@ -71,13 +74,17 @@ def budgets(shape) -> list[dict]:
     return sorted(points, key=lambda p: p["bytes"])
 
 
-def method_bits(shape, table, fallback, activity, budget: int, cfg: PlannerConfig) -> dict[str, np.ndarray]:
-    return {
-        "static": uniform_bits(shape, best_static(shape, budget)),
-        "planner": planner_bits(shape, table, activity, budget, cfg),
-        "planner_no_sensitivity": planner_bits(shape, fallback, activity, budget, cfg),
-        "planner_no_routing": planner_bits(shape, table, uniform_activity(shape), budget, cfg),
+def method_bits(shape, table, fallback, activity, budget: int, cfg: PlannerConfig) -> tuple[dict, dict]:
+    """({method: bits [L, E, 3]}, {method: the planner's budget anchor and predicted cost})."""
+    plans = {
+        "planner": planner_plan(shape, table, activity, budget, cfg),
+        "planner_no_sensitivity": planner_plan(shape, fallback, activity, budget, cfg),
+        "planner_no_routing": planner_plan(shape, table, uniform_activity(shape), budget, cfg),
     }
+    bits = {"static": uniform_bits(shape, best_static(shape, budget)), **{m: b for m, (b, _) in plans.items()}}
+    info = {m: {"budget_anchor": ladder.budget_anchor,
+                "predicted_cost": float(f"{ladder.predicted_budget_cost:.6g}")} for m, (_, ladder) in plans.items()}
+    return bits, info
 
 
 def describe_bits(shape, bits: np.ndarray) -> dict:
@@ -92,22 +99,21 @@ def run_workload(paged: PagedModel, name: str, domains: list[str], args, table, 
     start = time.perf_counter()
     shape = paged.shape
     calib = load_domain_windows(args.tokens_dir, domains, args.activity_split, args.seq_len, args.activity_windows)
-    routed = np.zeros((shape.num_layers, shape.num_experts))
-    mass = np.zeros_like(routed)
-    for win in calib.values():
-        r, m = paged.routing(win)
-        routed, mass = routed + r, mass + m
+    routed, mass = routing_over(paged, calib)
     activity = workload_activity(routed, mass, HALF_LIFE_S)
     points = budgets(shape)
     configs: dict[str, np.ndarray] = {}  # unique bits -> key
     keys: list[dict[str, str]] = []
+    infos: list[dict] = []
     for p in points:
         row = {}
-        for method, bits in method_bits(shape, table, fallback, activity, p["bytes"], cfg).items():
+        bits_by_method, info = method_bits(shape, table, fallback, activity, p["bytes"], cfg)
+        for method, bits in bits_by_method.items():
             key = bits.tobytes().hex()
             configs.setdefault(key, bits)
             row[method] = key
         keys.append(row)
+        infos.append(info)
     tests = load_domain_windows(args.tokens_dir, domains, args.eval_split, args.seq_len, args.windows)
     print(f"[{name}] {len(configs)} unique configurations x {len(domains)} domains", flush=True)
     done = [0]
@@ -119,11 +125,11 @@ def run_workload(paged: PagedModel, name: str, domains: list[str], args, table, 
 
     quality = evaluate(paged, tests, configs, on_done=progress)
     out_points = []
-    for p, row in zip(points, keys):
+    for p, row, info in zip(points, keys, infos):
         methods = {}
         for method, key in row.items():
             per = quality[key]
-            methods[method] = {**describe_bits(shape, configs[key]),
+            methods[method] = {**describe_bits(shape, configs[key]), **info.get(method, {}),
                                "per_domain": {d: q.as_dict() for d, q in per.items()},
                                "mean": mean_quality(per)}
         out_points.append({**p, "best_static_bits": best_static(shape, p["bytes"]), "methods": methods})
@@ -191,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "quality-memory frontier",
         "command": "benchmarks/frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
         "device": f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
                   f"{torch.get_num_threads()} threads",
         "model": str(args.model),

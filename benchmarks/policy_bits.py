@@ -6,7 +6,10 @@
   Constraints(budget_bytes=budget); the bits are the ladder's start bits
   after its first ``budget_rungs`` demotions (what the dataplane walks to
   under the budget) and then the promotions the ladder keeps within the
-  budget (they spend the bytes the last demotion freed beyond it).
+  budget (they spend the bytes the last demotion freed beyond it). With the
+  uniform guard (PlannerConfig.uniform_guard) the budget prefix is the walk
+  to the best fitting uniform view when that is predicted cheaper; the
+  ladder's budget_anchor says which.
 
 Activity snapshots come from routing measured by the dataplane
 (RoutingStats) on a calibration workload, folded into the controlplane's
@@ -19,7 +22,7 @@ import numpy as np
 
 from controlplane.activity import ActivitySnapshot, ActivityTable
 from controlplane.config import PlannerConfig
-from controlplane.planner import Constraints, ModelShape, PlanInputs, build_ladder
+from controlplane.planner import Constraints, Ladder, ModelShape, PlanInputs, build_ladder
 from controlplane.sensitivity import SensitivityTable, fallback_table
 
 CEILING = 8
@@ -52,6 +55,12 @@ def apply_rungs(bits: np.ndarray, rungs) -> np.ndarray:
 def planner_bits(shape: ModelShape, table: SensitivityTable, activity: ActivitySnapshot, budget: int,
                  cfg: PlannerConfig) -> np.ndarray:
     """[L, E, 3] bits the planner's ladder gives under ``budget`` (module doc)."""
+    return planner_plan(shape, table, activity, budget, cfg)[0]
+
+
+def planner_plan(shape: ModelShape, table: SensitivityTable, activity: ActivitySnapshot, budget: int,
+                 cfg: PlannerConfig) -> tuple[np.ndarray, Ladder]:
+    """planner_bits and the ladder they come from."""
     current = uniform_bits(shape, CEILING)
     ladder = build_ladder(PlanInputs(shape, table, activity, current, Constraints(budget_bytes=budget)), cfg)
     if not np.array_equal(ladder.start_bits, current):
@@ -61,7 +70,7 @@ def planner_bits(shape: ModelShape, table: SensitivityTable, activity: ActivityS
     fitted = apply_rungs(ladder.start_bits, ladder.demotions[:ladder.budget_rungs])
     bits = apply_rungs(fitted, ladder.promotions)
     assert shape.expert_bytes(bits) <= budget
-    return bits
+    return bits, ladder
 
 
 def no_sensitivity_table(shape: ModelShape, reason: str = "ablation: no sensitivity") -> SensitivityTable:

@@ -113,6 +113,16 @@ def load_domain_windows(tokens_dir: str | Path, domains: list[str], split: str, 
     return {d: split_windows(tokens_dir, d, split, seq_len, windows) for d in domains}
 
 
+def routing_over(paged: PagedModel, windows: Mapping[str, EvalWindows]) -> tuple[np.ndarray, np.ndarray]:
+    """(routed tokens, router prob mass), each [L, E], summed over every domain's windows."""
+    routed = np.zeros((paged.num_layers, paged.num_experts))
+    mass = np.zeros_like(routed)
+    for win in windows.values():
+        r, m = paged.routing(win)
+        routed, mass = routed + r, mass + m
+    return routed, mass
+
+
 def _kl_and_nll(ref: torch.Tensor, lp: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
     """Sums over counted positions: ref, lp [B, S, V] log-probs; targets [B, S]."""
     keep = targets != IGNORE  # [B, S]

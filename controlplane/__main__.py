@@ -28,6 +28,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--db", dest="db_path", help="SQLite file of the admin state")
     parser.add_argument("--admin-token", dest="admin_tokens", action="append",
                         help="accepted Admin bearer token (repeatable)")
+    parser.add_argument("--telemetry-token", dest="telemetry_tokens", action="append",
+                        help="bearer token dataplanes must send on Telemetry (repeatable; "
+                             "better as PW_CONTROLPLANE_TELEMETRY_TOKENS, off the process list)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus /metrics HTTP port (0 = off)")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -36,15 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {k: v for k, v in vars(args).items() if k != "log_level" and v is not None}
-    if "admin_tokens" in overrides:
-        overrides["admin_tokens"] = tuple(overrides["admin_tokens"])
+    for key in ("admin_tokens", "telemetry_tokens"):
+        if key in overrides:
+            overrides[key] = tuple(overrides[key])
     try:
         cfg = ControlplaneConfig(**overrides)
     except ValidationError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
     server = ControlplaneServer(cfg).start()
-    print(f"controlplane serving on {server.address} (db {cfg.db_path})", flush=True)
+    metrics = f", metrics http://{cfg.metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
+    print(f"controlplane serving on {server.address} (db {cfg.db_path}{metrics})", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -27,14 +27,14 @@ class PlannerConfig(BaseModel):
 
     Importance of expert e in layer l (see planner.expert_importance):
 
-        importance = E * (w_share * share + w_prob * prob + w_demand * demand)
-                         / (w_share + w_prob + w_demand)
-                     + importance_floor
+        mix = (w_share * share + w_prob * prob + w_demand * demand)
+              / (w_share + w_prob + w_demand)
+        importance = (E * mix) ** importance_exponent + importance_floor
 
     where share, prob and demand are per-layer distributions over the E
     experts (decayed routed-token share, decayed router probability mass,
     running demand; uniform when nothing is known). A uniformly routed expert
-    has importance 1 + importance_floor.
+    has importance 1 + importance_floor whatever the exponent.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -53,6 +53,18 @@ class PlannerConfig(BaseModel):
     weight_share: float = Field(default=0.5, ge=0.0)
     weight_prob: float = Field(default=0.3, ge=0.0)
     weight_demand: float = Field(default=0.2, ge=0.0)
+    # How a block's cost grows with its expert's routed share (relative to
+    # an even share). The calibrated table holds the KL of a block at an
+    # even share; the per-expert KL measured on the default model grows
+    # about as share^1.8 (the quantized expert's error reaches more tokens
+    # *and* the router leans on it harder), so 1 (linear) under-protects hot
+    # experts, but the table's errors grow with the exponent too. Chosen on
+    # the VALIDATION split (benchmarks/importance_exponent.py ->
+    # benchmarks/results/importance_exponent_cpu.json): geometric-mean KL
+    # ratio to the best fitting uniform over mix/python/german x budgets
+    # uniform-3, 3.5, 4: 1.0 -> 0.632, 1.25 -> 0.619, 1.5 -> 0.622,
+    # 1.8 -> 0.633, 2.0 -> 0.640, 2.5 -> 0.691.
+    importance_exponent: float = Field(default=1.25, gt=0.0, le=4.0)
     # Added to every importance so that never-routed experts are still
     # ordered by their sensitivity instead of all costing zero.
     importance_floor: float = Field(default=0.01, ge=0.0)
@@ -60,15 +72,45 @@ class PlannerConfig(BaseModel):
     # Minimum bits of a block when no floor applies to it. 2 keeps host-only
     # (0) off unless an operator sets a floor of 0.
     default_floor_bits: int = 2
+    # The host-only rung (rungs.RungCost): its quality cost is the
+    # expected fetch stall per token, priced in the sensitivity table's units:
+    #
+    #   stall_s/token = route_prob * (host_fetch_latency_s + bytes / host_bw)
+    #   cost = host_stall_weight * worst_cost * stall_s / reference_step_s
+    #
+    # with worst_cost = the table's predicted cost of every block at its
+    # lowest view. The stated argument: a stall that adds one decode step to
+    # every token (latency x2, throughput /2) is as bad as the worst state the
+    # ladder can reach without host-only (the whole model at its lowest
+    # view); smaller stalls cost proportionally. host_stall_weight scales
+    # that exchange rate (1 = the argument as stated). The quality-per-stall-
+    # second constant is therefore worst_cost / reference_step_s, in the
+    # table's own units (nats of KL per token for a calibrated table; the
+    # fallback model's units otherwise). At batch 1 a token waits for the
+    # fetch only if it routes to the expert (route_prob); larger batches
+    # wait more often, so this is a lower bound on the stall.
     # Host-to-device bandwidth of an on-demand fetch of a host-only block.
     host_bandwidth_bytes_per_s: float = Field(default=25e9, gt=0.0)
-    # Quality units charged per second of expected fetch stall per token:
-    # converts the host-only rung's stall into the sensitivity table's units
-    # (tune it to the table). The default suits the fallback error model: a
-    # uniformly routed Mixtral-8x7B block then costs ~3x more per byte to
-    # send to the host than its 3->2 demotion, while an expert routed ~10x
-    # less than average goes to the host before losing its third bit.
-    host_stall_cost_per_s: float = Field(default=1e10, ge=0.0)
+    # Fixed cost of one on-demand fetch (allocate pages, copy fields, commit
+    # the page-table entry). Measured: the weight store promoted the default
+    # model's 96 blocks (12.6 MB) in 27 ms on the H200 (serving_h200.json,
+    # "store"), 0.28 ms per block of which bytes/bandwidth is < 0.01 ms.
+    host_fetch_latency_s: float = Field(default=2.8e-4, ge=0.0)
+    # Decode step the stall is compared with. Measured: the default model
+    # decodes 52.9 tokens/s at batch 1 on the H200 (serving_h200.json,
+    # "throughput", paged experts): 18.9 ms per step.
+    reference_step_s: float = Field(default=0.0189, gt=0.0)
+    # Dimensionless scale of the exchange rate above (0: stalls are free).
+    host_stall_weight: float = Field(default=1.0, ge=0.0)
+
+    # With a memory budget, compare the predicted cost of the greedy
+    # budget state with the state that puts every movable block at the
+    # highest single view that fits (the best static uniform bitwidth), and
+    # walk to the cheaper one first. The greedy walk is not optimal when a
+    # block's steps are not convex in cost per byte, or when the last rung
+    # overshoots the budget; this guard makes the plan never predicted worse
+    # than the uniform bitwidth that fits.
+    uniform_guard: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> PlannerConfig:
@@ -96,6 +138,13 @@ class ControlplaneConfig(BaseSettings):
     # Tokens accepted in "authorization: Bearer <token>" on Admin calls. At
     # least one is required: an Admin service without auth is never served.
     admin_tokens: tuple[str, ...] = ()
+    # Tokens a dataplane must send the same way on its Telemetry stream
+    # (PW_CONTROLPLANE_TELEMETRY_TOKENS='["t"]'). Empty: the stream is open
+    # to any dataplane that can reach the port (a warning is logged).
+    telemetry_tokens: tuple[str, ...] = ()
+    # Prometheus /metrics over HTTP on metrics_host:metrics_port; 0 disables it.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     # gRPC worker threads; every connected dataplane holds one for its stream.
     max_workers: int = Field(default=32, ge=4)
     # Largest message sent or received (a plan of a large MoE is megabytes).
@@ -116,4 +165,6 @@ class ControlplaneConfig(BaseSettings):
     def _check(self) -> ControlplaneConfig:
         if not self.admin_tokens or any(not t for t in self.admin_tokens):
             raise ValueError("at least one non-empty admin token is required")
+        if any(not t for t in self.telemetry_tokens):
+            raise ValueError("telemetry tokens must not be empty")
         return self

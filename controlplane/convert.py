@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from controlplane import sensitivity
 from controlplane.config import PlannerConfig
 from controlplane.planner import HOST_ONLY, NUM_PROJECTIONS, Ladder, ModelShape, Rung
 from pagedweight.v1 import common_pb2, telemetry_pb2
@@ -19,7 +20,8 @@ PROJ_ENUM = {index: enum for enum, index in PROJ_INDEX.items()}
 
 
 def shape_from_hello(hello: telemetry_pb2.Hello) -> ModelShape:
-    """Validates a Hello and returns the model shape it announces."""
+    """Validates a Hello and returns the model shape it announces (its
+    sensitivity table is checked by table_for_hello)."""
     if not hello.dataplane_id or len(hello.dataplane_id) > MAX_DATAPLANE_ID_LEN:
         raise ValueError(f"dataplane_id must be 1..{MAX_DATAPLANE_ID_LEN} characters")
     if hello.num_layers < 1 or hello.num_experts < 1:
@@ -104,6 +106,9 @@ def ladder_to_plan(ladder: Ladder, plan_id: int, cfg: PlannerConfig) -> telemetr
     """The PrecisionPlan message of a ladder, with the hysteresis parameters
     copied from the planner config."""
     return telemetry_pb2.PrecisionPlan(
+        corrective_promotions=ladder.corrective_promotions,
+        corrective_demotions=ladder.corrective_demotions,
+        floor_bits=ladder.floor_bits.reshape(-1).tolist(),
         plan_id=plan_id,
         demotions=[rung_to_step(r) for r in ladder.demotions],
         promotions=[rung_to_step(r) for r in ladder.promotions],
@@ -113,3 +118,40 @@ def ladder_to_plan(ladder: Ladder, plan_id: int, cfg: PlannerConfig) -> telemetr
         promotion_bytes_per_s=cfg.promotion_bytes_per_s,
         memory_budget_bytes=ladder.budget_bytes,
     )
+
+
+def table_from_proto(msg: telemetry_pb2.SensitivityTable, shape: ModelShape) -> sensitivity.SensitivityTable:
+    """Validates a Hello's table against the announced shape; ValueError
+    (a SensitivityError) when it is malformed."""
+    if msg.format_version != sensitivity.FORMAT_VERSION:
+        raise sensitivity.SensitivityError(
+            f"sensitivity format_version {msg.format_version} unsupported (expected {sensitivity.FORMAT_VERSION})"
+        )
+    if list(msg.bits) != list(sensitivity.BITS_AXIS):
+        raise sensitivity.SensitivityError(
+            f"sensitivity bits must be {list(sensitivity.BITS_AXIS)}, got {list(msg.bits)}"
+        )
+    if msg.num_projections != len(sensitivity.PROJECTIONS):
+        raise sensitivity.SensitivityError(f"sensitivity num_projections must be {len(sensitivity.PROJECTIONS)}")
+    if (msg.num_layers, msg.num_experts) != (shape.num_layers, shape.num_experts):
+        raise sensitivity.SensitivityError(
+            f"sensitivity table is {msg.num_layers} layers x {msg.num_experts} experts, "
+            f"the Hello announces {shape.num_layers} x {shape.num_experts}"
+        )
+    dims = (msg.num_layers, msg.num_experts, msg.num_projections, len(msg.bits))
+    if len(msg.cost) != int(np.prod(dims)):
+        raise sensitivity.SensitivityError(f"sensitivity cost has {len(msg.cost)} entries, dimensions {list(dims)} "
+                                           f"need {int(np.prod(dims))}")
+    cost = np.asarray(msg.cost, dtype=np.float64).reshape(dims)  # [L, E, 3, bits]
+    sensitivity.validate_cost(cost, shape.num_layers, shape.num_experts)
+    return sensitivity.SensitivityTable(cost=cost, source=msg.source or "dataplane Hello", is_fallback=False)
+
+
+def table_for_hello(hello: telemetry_pb2.Hello, shape: ModelShape) -> sensitivity.SensitivityTable:
+    """The Hello's table, or the fallback when it carries none (never reads
+    a file). ValueError when the table it carries is malformed."""
+    if hello.HasField("sensitivity"):
+        return table_from_proto(hello.sensitivity, shape)
+    sizes = tuple(float(shape.bytes_at(p, shape.ceiling_bits)) for p in range(NUM_PROJECTIONS))
+    reason = hello.sensitivity_error or "the dataplane sent no sensitivity table"
+    return sensitivity.fallback_table(shape.num_layers, shape.num_experts, sizes, reason)  # type: ignore[arg-type]

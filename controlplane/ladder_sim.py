@@ -18,6 +18,11 @@ free = pool - kv - expert weights:
   and the promotion byte rate allows it (a token bucket of one second; a
   rate of 0 means no limit).
 * A new plan resets the undo stack.
+* Corrective rungs (PrecisionPlan.corrective_*): the pins below the current
+  bits apply when the plan arrives; at the start of every step the
+  corrective promotions apply in order while the free bytes cover them
+  (no watermark, residence or byte rate), stopping at the first that does
+  not fit. No demotion goes below the plan's floor_bits.
 
 The gap between the watermarks plus the residence time are the hysteresis:
 a load oscillating inside the band causes no transitions at all.
@@ -71,19 +76,53 @@ class LadderWalker:
         self._plan: telemetry_pb2.PrecisionPlan | None = None
         self._demotions: list[Rung] = []
         self._promotions: list[Rung] = []
+        self._corrective: list[Rung] = []  # corrective promotions not applied yet, in plan order
+        self._floors: np.ndarray | None = None  # [L, E, 3] the plan's floor_bits
         self._applied: list[Rung] = []  # undo stack of this plan
         self._tokens = 0.0
         self._last_ms: float | None = None
 
-    def set_plan(self, plan: telemetry_pb2.PrecisionPlan) -> None:
+    def set_plan(self, plan: telemetry_pb2.PrecisionPlan, now_ms: float = 0.0) -> None:
         self._plan = plan
         self._demotions = [step_to_rung(s) for s in plan.demotions]
-        self._promotions = [step_to_rung(s) for s in plan.promotions]
+        promotions = [step_to_rung(s) for s in plan.promotions]
+        self._corrective = promotions[:plan.corrective_promotions]
+        self._promotions = promotions[plan.corrective_promotions:]
+        self._floors = (np.asarray(plan.floor_bits, dtype=np.int64).reshape(self.bits.shape)
+                        if len(plan.floor_bits) == self.bits.size else None)  # [L, E, 3]
         self._applied = []
         self._tokens = float(plan.promotion_bytes_per_s) * BUCKET_SECONDS
+        for r in self._demotions[:plan.corrective_demotions]:
+            if self.bits[r.layer, r.expert, r.proj] > r.to_bits:
+                self._set(r.layer, r.expert, r.proj, r.to_bits, now_ms)
+
+    def _set(self, layer: int, expert: int, proj: int, bits: int, now_ms: float) -> None:
+        """A direct (corrective) change of one block; its cost is not tracked."""
+        old = int(self.bits[layer, expert, proj])
+        self.weight_bytes += self.shape.bytes_at(proj, bits) - self.shape.bytes_at(proj, old)
+        self.bits[layer, expert, proj] = bits
+        self._changed_ms[layer, expert, proj] = now_ms
+        if bits > old:
+            self.stats.promotions += 1
+        else:
+            self.stats.demotions += 1
+
+    def _apply_corrective(self, now_ms: float, kv_bytes: int) -> None:
+        while self._corrective:
+            r = self._corrective[0]
+            have = int(self.bits[r.layer, r.expert, r.proj])
+            if have < r.to_bits:
+                need = self.shape.bytes_at(r.proj, r.to_bits) - self.shape.bytes_at(r.proj, have)
+                if need > self.free_bytes(kv_bytes):
+                    return
+                self._set(r.layer, r.expert, r.proj, r.to_bits, now_ms)
+            self._corrective.pop(0)
 
     def _may_change(self, r: Rung, now_ms: float, strict: bool) -> bool:
         if self.bits[r.layer, r.expert, r.proj] != r.from_bits:
+            return False
+        below_floor = self._floors is not None and r.to_bits < self._floors[r.layer, r.expert, r.proj]
+        if r.to_bits < r.from_bits and below_floor:
             return False
         settled = now_ms - self._changed_ms[r.layer, r.expert, r.proj] >= self._plan.min_residence_ms
         return settled or not strict
@@ -132,6 +171,7 @@ class LadderWalker:
         low = plan.low_watermark * self.pool_bytes
         high = plan.high_watermark * self.pool_bytes
         budget = plan.memory_budget_bytes
+        self._apply_corrective(now_ms, kv_bytes)
 
         def pressed() -> bool:
             return self.free_bytes(kv_bytes) < low or (budget > 0 and self.weight_bytes > budget)

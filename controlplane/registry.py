@@ -16,6 +16,7 @@ session goes out at once). Thread-safe: one condition guards every record.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -29,10 +30,19 @@ import numpy as np
 from controlplane import sensitivity
 from controlplane.activity import ActivityTable, normalize_rows
 from controlplane.config import ControlplaneConfig
-from controlplane.convert import block_bits_from_report, full_precision_bits, ladder_to_plan, shape_from_hello
+from controlplane.metrics import DataplaneGauges
+from controlplane.convert import (
+    block_bits_from_report,
+    full_precision_bits,
+    ladder_to_plan,
+    shape_from_hello,
+    table_for_hello,
+)
 from controlplane.planner import Constraints, Ladder, ModelShape, PlanInputs, build_ladder, expert_importance
 from controlplane.store import AdminStore
 from pagedweight.v1 import admin_pb2, telemetry_pb2
+
+log = logging.getLogger(__name__)
 
 
 class SessionEnded(Exception):
@@ -98,8 +108,9 @@ class DataplaneRegistry:
     def register(self, hello: telemetry_pb2.Hello) -> Session:
         """Validates a Hello (ValueError) and opens a session for it."""
         shape = shape_from_hello(hello)
-        sizes = tuple(float(shape.bytes_at(p, shape.ceiling_bits)) for p in range(3))
-        table = sensitivity.load_for_model(hello.model_path, shape.num_layers, shape.num_experts, sizes)
+        table = table_for_hello(hello, shape)
+        if table.is_fallback:
+            log.warning("dataplane %s: planning with the fallback error model (%s)", hello.dataplane_id, table.source)
         session = Session(hello.dataplane_id, uuid.uuid4().hex)
         with self._cond:
             old = self._records.get(hello.dataplane_id)
@@ -238,6 +249,22 @@ class DataplaneRegistry:
         """Shapes of every known dataplane."""
         with self._cond:
             return [rec.shape for rec in self._records.values()]
+
+    def gauges(self) -> list[DataplaneGauges]:
+        """What /metrics shows of every known dataplane (controlplane/metrics.py)."""
+        with self._cond:
+            return [
+                DataplaneGauges(
+                    dataplane_id=dp_id,
+                    connected=rec.connected,
+                    predicted_quality_cost=rec.last_report.predicted_quality_cost if rec.last_report else 0.0,
+                    plan_predicted_budget_cost=rec.last_ladder.predicted_budget_cost if rec.last_ladder else 0.0,
+                    demotion_rungs=len(rec.last_plan.demotions) if rec.last_plan is not None else 0,
+                    promotion_rungs=len(rec.last_plan.promotions) if rec.last_plan is not None else 0,
+                    sensitivity_fallback=rec.table.is_fallback,
+                )
+                for dp_id, rec in sorted(self._records.items())
+            ]
 
     def statuses(self) -> list[admin_pb2.DataplaneStatus]:
         """Every known dataplane's status, by id."""

@@ -22,10 +22,13 @@ more). The bits = 0 entry is the quality cost while the block is host-only
 the planner. Larger files may later move to safetensors; the JSON stays the
 reference.
 
-When the model folder has no valid table the controlplane uses the fallback
-error model (``fallback_table``; the table's ``is_fallback`` is True and its
-``source`` says why, shown in the Admin status): uniform quantization noise of
-a unit-range weight, step^2/12 with step = 2^-bits, summed over the block:
+The dataplane reads this file from its model folder and sends it in its
+Hello (telemetry.proto SensitivityTable; controlplane/convert.py validates
+it); the controlplane never reads the dataplane's disk. When the dataplane
+sends no table the controlplane uses the fallback error model
+(``fallback_table``; the table's ``is_fallback`` is True and its ``source``
+says why, shown in the Admin status): uniform quantization noise of a
+unit-range weight, step^2/12 with step = 2^-bits, summed over the block:
 
     cost(b) = size * (4^-b - 4^-8) / 12       for b in 2..8
     cost(0) = cost(2)                          (fetched at the lowest view)
@@ -133,16 +136,31 @@ def table_to_dict(table: SensitivityTable, model_name: str = "", units: str = ""
     }
 
 
-def load(path: str | Path) -> SensitivityTable:
+@dataclass(frozen=True)
+class TableDocument:
+    """A table file with its informative fields."""
+
+    table: SensitivityTable
+    units: str
+    model_name: str
+
+
+def read_document(path: str | Path) -> TableDocument:
     """Reads a table file; raises SensitivityError (or OSError) when unusable."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SensitivityError(f"{path}: not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise SensitivityError(f"{path}: top level must be an object")
-    return table_from_dict(doc, source=str(path))
+    table = table_from_dict(doc, source=str(path))
+    return TableDocument(table, str(doc.get("units", "")), str(doc.get("model_name", "")))
+
+
+def load(path: str | Path) -> SensitivityTable:
+    """Reads a table file; raises SensitivityError (or OSError) when unusable."""
+    return read_document(path).table
 
 
 def save(table: SensitivityTable, path: str | Path, model_name: str = "", units: str = "") -> None:
@@ -167,21 +185,3 @@ def fallback_table(
         sizes[:, None] * per_unit[None, :], (num_layers, num_experts, len(PROJECTIONS), len(BITS_AXIS))
     ).copy()  # [L, E, 3, bits]
     return SensitivityTable(cost=cost, source=f"fallback: {reason}", is_fallback=True)
-
-
-def load_for_model(
-    model_path: str, num_layers: int, num_experts: int, block_sizes: tuple[float, float, float]
-) -> SensitivityTable:
-    """The table beside the model, or the fallback (never raises): the reason
-    of a fallback names the missing or invalid file."""
-    if not model_path:
-        return fallback_table(num_layers, num_experts, block_sizes, "no model_path in Hello")
-    path = Path(model_path) / SENSITIVITY_FILE
-    if not path.is_file():
-        return fallback_table(num_layers, num_experts, block_sizes, f"{path} not found")
-    try:
-        table = load(path)
-        validate_cost(table.cost, num_layers, num_experts)
-    except (SensitivityError, OSError, UnicodeDecodeError) as exc:
-        return fallback_table(num_layers, num_experts, block_sizes, f"{path} invalid: {exc}")
-    return table

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import grpc
 
+from controlplane.metrics import ControlplaneMetrics
 from controlplane.registry import DataplaneRegistry, Session, SessionEnded, SessionFailed
 from pagedweight.v1 import telemetry_pb2, telemetry_pb2_grpc
 
@@ -29,8 +30,9 @@ WRITER_POLL_S = 1.0
 class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
     """Serves Telemetry.Connect over a DataplaneRegistry."""
 
-    def __init__(self, registry: DataplaneRegistry) -> None:
+    def __init__(self, registry: DataplaneRegistry, metrics: ControlplaneMetrics) -> None:
         self._registry = registry
+        self._metrics = metrics
 
     def Connect(
         self, request_iterator: Iterator[telemetry_pb2.DataplaneMessage], context: grpc.ServicerContext
@@ -58,6 +60,7 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
             except SessionEnded:
                 return
             if plan is not None:
+                self._metrics.plans.inc()
                 yield telemetry_pb2.ControlplaneMessage(plan=plan)
 
     def _read(self, request_iterator: Iterator[telemetry_pb2.DataplaneMessage], session: Session) -> None:
@@ -69,6 +72,7 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
                         session, grpc.StatusCode.INVALID_ARGUMENT, "only TelemetryReports may follow the Hello"
                     )
                     return
+                self._metrics.reports.inc()
                 try:
                     self._registry.report(session, message.report)
                 except ValueError as exc:

@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "--static-precision", dest="dynamic_precision", action="store_false", default=None,
         help="never change expert precision at run time (the static baseline)",
     )
+    p.add_argument(
+        "--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
+        help="run decode steps eagerly instead of replaying captured CUDA graphs",
+    )
     p.add_argument("--low-watermark", type=float)
     p.add_argument("--high-watermark", type=float)
     p.add_argument("--min-residence-ms", type=int)

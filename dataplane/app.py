@@ -59,6 +59,7 @@ class Dataplane:
                     interval_ms=self.config.telemetry_interval_ms,
                     backoff_initial_s=self.config.telemetry_backoff_initial_s,
                     backoff_max_s=self.config.telemetry_backoff_max_s,
+                    token=self.config.controlplane_token,
                 ),
                 self.engine,
                 self.precision,

@@ -7,6 +7,12 @@ controller). The client runs on its own thread and event loop. If the
 controlplane is down or the stream breaks, nothing else notices: the engine
 keeps serving on its last plan, and the client reconnects with exponential
 backoff (capped), starting a new report sequence at 1.
+
+The Hello carries the model's sensitivity table, read once from the model
+folder (dataplane/precision/sensitivity_message.py). With a token the stream
+sends ``authorization: Bearer <token>`` (the controlplane's telemetry
+tokens); a rejected token (UNAUTHENTICATED) is logged and retried like any
+other failure.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pagedweight.v1 import common_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 from dataplane.engine import EngineStats
 from dataplane.model_info import ModelInfo
+from dataplane.precision.sensitivity_message import load_hello_sensitivity
 from dataplane.precision_state import PrecisionReporter
 from dataplane.proto_convert import stats_to_proto
 
@@ -60,6 +67,7 @@ class TelemetryConfig:
     interval_ms: int = 1000
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 10.0
+    token: str | None = None  # bearer token of the Telemetry stream (None: send none)
 
 
 class LatestPlan:
@@ -102,6 +110,8 @@ class TelemetryClient:
         self._stop: asyncio.Event | None = None
         self._loop_ready = threading.Event()
         self._last_drain = time.monotonic()
+        self._sensitivity = load_hello_sensitivity(source.model_info.model_path)
+        self._metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -147,7 +157,7 @@ class TelemetryClient:
         """Runs one stream until it breaks or stop; sets ``welcomed`` on Welcome."""
         assert self._stop is not None
         async with grpc.aio.insecure_channel(self.config.target) as channel:
-            call = telemetry_pb2_grpc.TelemetryStub(channel).Connect()
+            call = telemetry_pb2_grpc.TelemetryStub(channel).Connect(metadata=self._metadata)
             await call.write(telemetry_pb2.DataplaneMessage(hello=self._hello()))
             reader = asyncio.ensure_future(self._read(call, welcomed))
             stopper = asyncio.ensure_future(self._stop.wait())
@@ -192,7 +202,7 @@ class TelemetryClient:
             by_projection.setdefault(fp.projection, []).append(
                 telemetry_pb2.BlockFootprint(bits=fp.bits, bytes=fp.bytes)
             )
-        return telemetry_pb2.Hello(
+        hello = telemetry_pb2.Hello(
             dataplane_id=self.config.dataplane_id,
             model_name=info.name,
             num_layers=info.num_layers,
@@ -204,8 +214,11 @@ class TelemetryClient:
                 for proj, entries in by_projection.items()
             ],
             report_interval_ms=self.config.interval_ms,
-            model_path=info.model_path,
+            sensitivity_error=self._sensitivity.error,
         )
+        if self._sensitivity.table is not None:
+            hello.sensitivity.CopyFrom(self._sensitivity.table)
+        return hello
 
     def _report(self, sequence: int) -> telemetry_pb2.TelemetryReport:
         now = time.monotonic()

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.processes import REPO_ROOT, Stack, StackConfig
+from launcher.processes import REPO_ROOT, Stack, StackConfig, free_ports
 
 DEFAULT_MODEL = REPO_ROOT / "models" / "pw-moe-tiny"
 STATE_DIR = REPO_ROOT / ".cache" / "serve"
@@ -31,6 +31,8 @@ def parse_args(argv: list[str]) -> StackConfig:
                         help="dataplane memory budget (weights + KV)")
     parser.add_argument("--admin-token", default=None,
                         help="controlplane admin token (random when omitted; printed)")
+    parser.add_argument("--controlplane-metrics-port", type=int, default=None,
+                        help="controlplane /metrics HTTP port (a free one when omitted; 0 = off)")
     args = parser.parse_args(argv)
     if not (args.model / "config.json").exists():
         parser.error(f"no model at {args.model} (missing config.json)")
@@ -43,6 +45,10 @@ def parse_args(argv: list[str]) -> StackConfig:
         controlplane_port=args.controlplane_port,
         db_path=STATE_DIR / "controlplane.sqlite3",
         admin_token=args.admin_token or secrets.token_urlsafe(16),
+        # The dataplane link gets its own random token on every start.
+        telemetry_token=secrets.token_urlsafe(16),
+        controlplane_metrics_port=(free_ports(1)[0] if args.controlplane_metrics_port is None
+                                   else args.controlplane_metrics_port),
         gpu_memory_gb=args.gpu_memory_gb,
         log_dir=STATE_DIR / "logs",
     )
@@ -64,7 +70,8 @@ def main(argv: list[str]) -> int:
     print(
         f"\nPagedWeight is serving.\n"
         f"  OpenAI API:   {cfg.gateway_url}/v1   (model list: {cfg.gateway_url}/v1/models)\n"
-        f"  metrics:      {cfg.gateway_url}/metrics\n"
+        f"  metrics:      {cfg.gateway_url}/metrics"
+        f"{'   controlplane: ' + cfg.controlplane_metrics_url if cfg.controlplane_metrics_url else ''}\n"
         f"  admin (gRPC): {cfg.controlplane_address}  token: {cfg.admin_token}\n"
         f"Ctrl-C stops all three processes.",
         flush=True,

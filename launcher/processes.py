@@ -7,6 +7,7 @@ process speaking gRPC/HTTP; nothing is shared in memory.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -51,6 +52,12 @@ class StackConfig:
     controlplane_port: int
     db_path: Path
     admin_token: str
+    # Bearer token of the dataplane -> controlplane Telemetry stream; handed
+    # to both through the environment (never on a command line). None: the
+    # stream is open.
+    telemetry_token: str | None = None
+    # Controlplane Prometheus /metrics port (0 = off).
+    controlplane_metrics_port: int = 0
     host: str = "127.0.0.1"
     gpu_memory_gb: float | None = None
     telemetry_interval_ms: int | None = None
@@ -70,12 +77,28 @@ class StackConfig:
     def controlplane_address(self) -> str:
         return f"{self.host}:{self.controlplane_port}"
 
+    @property
+    def controlplane_metrics_url(self) -> str | None:
+        port = self.controlplane_metrics_port
+        return f"http://{self.host}:{port}/metrics" if port else None
+
+
+def controlplane_env(cfg: StackConfig) -> dict[str, str]:
+    """Settings passed to the controlplane through its environment (controlplane/config.py)."""
+    return {"PW_CONTROLPLANE_TELEMETRY_TOKENS": json.dumps([cfg.telemetry_token])} if cfg.telemetry_token else {}
+
+
+def dataplane_env(cfg: StackConfig) -> dict[str, str]:
+    """Settings passed to the dataplane through its environment (dataplane/config.py)."""
+    return {"PW_DATAPLANE_CONTROLPLANE_TOKEN": cfg.telemetry_token} if cfg.telemetry_token else {}
+
 
 def controlplane_command(cfg: StackConfig) -> list[str]:
     return [
         sys.executable, "-m", "controlplane",
         "--host", cfg.host, "--port", str(cfg.controlplane_port),
         "--db", str(cfg.db_path), "--admin-token", cfg.admin_token,
+        "--metrics-port", str(cfg.controlplane_metrics_port),
     ]
 
 
@@ -104,7 +127,8 @@ def gateway_command(cfg: StackConfig) -> list[str]:
 class ManagedProcess:
     """One child process with its log file; stopped with SIGTERM, then SIGKILL."""
 
-    def __init__(self, name: str, command: list[str], log_dir: Path | None) -> None:
+    def __init__(self, name: str, command: list[str], log_dir: Path | None,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.name = name
         self.command = command
         self._log = None
@@ -114,6 +138,7 @@ class ManagedProcess:
             self._log = open(log_dir / f"{name}.log", "ab")
             stdout = self._log
         env = dict(os.environ)
+        env.update(extra_env or {})
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         self.popen = subprocess.Popen(
@@ -179,12 +204,13 @@ class Stack:
         self.processes: dict[str, ManagedProcess] = {}
 
     def start_controlplane(self, timeout_s: float = 60.0) -> None:
-        proc = ManagedProcess("controlplane", controlplane_command(self.cfg), self.cfg.log_dir)
+        proc = ManagedProcess("controlplane", controlplane_command(self.cfg), self.cfg.log_dir,
+                              controlplane_env(self.cfg))
         self.processes["controlplane"] = proc
         wait_grpc_healthy(self.cfg.controlplane_address, proc, timeout_s)
 
     def start_dataplane(self, timeout_s: float = 300.0) -> None:
-        proc = ManagedProcess("dataplane", dataplane_command(self.cfg), self.cfg.log_dir)
+        proc = ManagedProcess("dataplane", dataplane_command(self.cfg), self.cfg.log_dir, dataplane_env(self.cfg))
         self.processes["dataplane"] = proc
         wait_grpc_healthy(self.cfg.dataplane_address, proc, timeout_s)
 

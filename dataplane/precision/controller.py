@@ -5,10 +5,17 @@ it. It runs on the engine thread (the weight store is single-threaded):
 
 * ``reclaim(n_pages)`` — the scheduler's hook, called before any preemption:
   demote along the ladder until ``n_pages`` are free or the ladder is spent;
-* ``on_step()`` — called once per engine iteration: adopt a new plan, demote
+* ``on_step()`` — called once per engine iteration: adopt a new plan, apply
+  its corrective rungs (blocks below a floor or pin go up as soon as the
+  arena has the free pages, ignoring the watermarks, the residence time and
+  the byte rate; pinned blocks above their pin go down at once), demote
   while free pages are under the low watermark (before KV runs out), promote
   while they stay over the high watermark, within the residence time and the
   promotion byte rate (hysteresis against thrashing).
+
+No demotion ever takes a block below the plan's floor_bits. The ladder is
+walked by RungWalkers (dataplane/precision/walker.py): amortized O(1) per
+rung instead of a rescan from the top for every step.
 
 The telemetry thread only calls ``set_plan`` and the ``PrecisionReporter``
 methods, which read a snapshot guarded by a lock. When the controlplane is
@@ -19,6 +26,7 @@ is used so the dataplane can still trade precision for KV on its own.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +34,7 @@ from dataclasses import replace
 
 from dataplane.memory.arena import Arena, OutOfPages
 from dataplane.precision.ladder import Ladder, Rung, WalkLimits, ladder_from_plan
+from dataplane.precision.walker import RungWalker
 from dataplane.precision_state import PROJECTIONS, Footprint, PrecisionCounters
 from dataplane.weights.layout import HOST_ONLY_BITS, VIEW_BITS
 from dataplane.weights.store import WeightStore
@@ -35,8 +44,10 @@ DEFAULT_LIMITS = WalkLimits(
     low_watermark=0.05, high_watermark=0.15, min_residence_s=2.0, promotion_bytes_per_s=0
 )
 # At most this many promotions per engine step: promotions are background work
-# and must not stall a decode step.
+# and must not stall a decode step. Corrective promotions are not counted.
 MAX_PROMOTIONS_PER_STEP = 4
+
+log = logging.getLogger(__name__)
 
 
 class PrecisionController:
@@ -56,6 +67,11 @@ class PrecisionController:
         self.defaults = defaults
         self.clock = clock
         self._ladder: Ladder | None = None
+        self._down: RungWalker | None = None  # walkers over the ladder (None: fallback ladder)
+        self._up: RungWalker | None = None
+        self._floors: tuple[int, ...] | None = None  # minimum bits per block, from the plan
+        self._corrective_at = 0  # next corrective promotion to apply
+        self._known_bits: list[int] = store.block_bits()  # what the walkers last saw
         self._incoming: telemetry_pb2.PrecisionPlan | None = None
         self._changed_at = [float("-inf")] * store.num_blocks
         self._bucket_bytes = 0.0
@@ -84,61 +100,162 @@ class PrecisionController:
     def reclaim(self, n_pages: int) -> int:
         """Demotes along the ladder until ``n_pages`` more pages are free; returns pages freed."""
         self._adopt_plan()
+        self._see_bits()
         start = self.arena.free_pages
         while self.arena.free_pages - start < n_pages:
-            if not self._demote_next(ignore_residence=False) and not self._demote_next(ignore_residence=True):
+            if not self._demote_next():
                 break
         self._publish()
         return self.arena.free_pages - start
 
     def on_step(self) -> None:
-        """Once per engine iteration: adopt plans, keep free pages between the watermarks."""
+        """Once per engine iteration: adopt plans, apply corrective rungs,
+        keep free pages between the watermarks."""
         self._adopt_plan()
         self.store.poll()
+        self._see_bits()
+        self._apply_corrective_promotions()
         limits = self.limits
         total = self.arena.num_pages
         while self.arena.free_pages < limits.low_watermark * total:
-            if not self._demote_next(ignore_residence=False) and not self._demote_next(ignore_residence=True):
+            if not self._demote_next():
                 break
         for _ in range(MAX_PROMOTIONS_PER_STEP):
             if not self._promote_next(limits, total):
                 break
         self._publish()
 
-    # -- the walk ------------------------------------------------------------------
+    # -- plans and corrections -------------------------------------------------------
     def _adopt_plan(self) -> None:
         with self._lock:
             plan, self._incoming = self._incoming, None
-        if plan is not None:
-            self._ladder = ladder_from_plan(plan, self.num_experts, self.defaults)
+        if plan is None:
+            return
+        ladder = ladder_from_plan(plan, self.num_experts, self.defaults)
+        self._ladder = ladder
+        self._floors = ladder.floor_bits
+        if self._floors is not None and len(self._floors) != self.store.num_blocks:
+            log.warning("plan %d: floor_bits has %d entries for %d blocks; ignored",
+                        ladder.plan_id, len(self._floors), self.store.num_blocks)
+            self._floors = None
+        self._down = RungWalker(ladder.demotions, self._demotion_applies, self._is_pending, self._ready_at,
+                                self.clock)
+        self._up = RungWalker(ladder.promotions, self._promotion_applies, self._is_pending, self._ready_at,
+                              self.clock)
+        self._corrective_at = 0
+        for rung in ladder.corrective_demotions:  # pins below the current bits: at once
+            if self.store.bits(rung.block) > rung.to_bits:
+                self._demote(rung)
+
+    def _apply_corrective_promotions(self) -> None:
+        """Raises blocks to their floor or pin in plan order while the arena
+        has the free pages; stops at the first that does not fit (it waits
+        for pages, the next ones keep their order)."""
+        corrective = self._ladder.corrective_promotions if self._ladder is not None else ()
+        while self._corrective_at < len(corrective):
+            rung = corrective[self._corrective_at]
+            block = rung.block
+            pending = self.store.pending_bits(block)
+            if self.store.bits(block) >= rung.to_bits or (pending is not None and pending >= rung.to_bits):
+                self._corrective_at += 1
+                continue
+            if pending is not None:
+                return  # another promotion of the block is landing: retry next step
+            have = self.store.bits(block)
+            need = self.store.block_pages(block, rung.to_bits) - self.store.block_pages(block, have)
+            if need > self.arena.free_pages:
+                return
+            try:
+                self.store.promote(block, rung.to_bits)
+            except OutOfPages:
+                return
+            self._changed_at[block] = self.clock()
+            self._quality_cost = max(0.0, self._quality_cost - rung.quality_delta)
+            self._corrective_at += 1
+
+    # -- the walk ------------------------------------------------------------------
+    def _see_bits(self) -> None:
+        """Tells the walkers about blocks whose bits changed since they last
+        looked (promotions that landed, on-demand fetches)."""
+        bits = self.store.block_bits()
+        if self._down is not None and self._up is not None:
+            for block, (old, new) in enumerate(zip(self._known_bits, bits)):
+                if old != new:
+                    self._down.block_changed(block)
+                    self._up.block_changed(block)
+        self._known_bits = bits
+
+    def _changed(self, block: int) -> None:
+        self._changed_at[block] = self.clock()
+        self._known_bits[block] = self.store.bits(block)
+        if self._down is not None and self._up is not None:
+            self._down.block_changed(block)
+            self._up.block_changed(block)
+
+    def _ready_at(self, block: int) -> float:
+        return self._changed_at[block] + self.limits.min_residence_s
 
     def _resident_long_enough(self, block: int) -> bool:
-        return self.clock() - self._changed_at[block] >= self.limits.min_residence_s
+        return self.clock() >= self._ready_at(block)
 
-    def _demote_next(self, ignore_residence: bool) -> bool:
-        """Applies the first applicable demotion; False when none is left."""
-        for rung in self._demotion_candidates():
+    def _is_pending(self, block: int) -> bool:
+        return self.store.pending_bits(block) is not None
+
+    def _demotion_applies(self, rung: Rung) -> bool:
+        if self.store.bits(rung.block) != rung.from_bits or rung.to_bits >= rung.from_bits:
+            return False
+        return self._floors is None or rung.to_bits >= self._floors[rung.block]
+
+    def _promotion_applies(self, rung: Rung) -> bool:
+        return self.store.bits(rung.block) == rung.from_bits and rung.to_bits > rung.from_bits
+
+    def _demote(self, rung: Rung) -> None:
+        self.store.demote(rung.block, rung.to_bits)
+        self._changed(rung.block)
+        self._quality_cost += rung.quality_delta
+
+    def _demote_next(self) -> bool:
+        """Applies the first applicable demotion of a resident block, else the
+        first applicable one at all; False when none is left."""
+        if self._down is not None:
+            rung = self._down.first(honour_residence=True) or self._down.first(honour_residence=False)
+            if rung is None:
+                return False
+            self._demote(rung)
+            return True
+        return self._fallback_demote(ignore_residence=False) or self._fallback_demote(ignore_residence=True)
+
+    def _fallback_demote(self, ignore_residence: bool) -> bool:
+        """No plan yet: the first applicable rung of the local fallback ladder."""
+        for rung in self._fallback_demotions():
             if self.store.bits(rung.block) != rung.from_bits or rung.to_bits >= rung.from_bits:
                 continue
             if self.store.pending_bits(rung.block) is not None:
                 continue
             if not ignore_residence and not self._resident_long_enough(rung.block):
                 continue
-            self.store.demote(rung.block, rung.to_bits)
-            self._changed_at[rung.block] = self.clock()
-            self._quality_cost += rung.quality_delta
+            self._demote(rung)
             return True
         return False
 
-    def _promote_next(self, limits: WalkLimits, total_pages: int) -> bool:
-        """Applies the first promotion that keeps free pages above the high watermark."""
-        self._refill_bucket(limits)
-        for rung in self._promotion_candidates():
+    def _next_promotion(self) -> Rung | None:
+        if self._up is not None:
+            return self._up.first(honour_residence=True)
+        for rung in self._fallback_promotions():
             block = rung.block
             if self.store.bits(block) != rung.from_bits or rung.to_bits <= rung.from_bits:
                 continue
             if self.store.pending_bits(block) is not None or not self._resident_long_enough(block):
                 continue
+            return rung
+        return None
+
+    def _promote_next(self, limits: WalkLimits, total_pages: int) -> bool:
+        """Applies the first promotion that keeps free pages above the high watermark."""
+        self._refill_bucket(limits)
+        rung = self._next_promotion()
+        if rung is not None:
+            block = rung.block
             need = self.store.block_pages(block, rung.to_bits) - self.store.block_pages(block, rung.from_bits)
             if self.arena.free_pages - need <= limits.high_watermark * total_pages:
                 return False  # the best promotion does not fit: wait, do not skip ahead
@@ -162,17 +279,7 @@ class PrecisionController:
         self._bucket_bytes = min(float(rate), self._bucket_bytes + (now - self._bucket_at) * rate)
         self._bucket_at = now
 
-    # -- candidate orders ----------------------------------------------------------
-    def _demotion_candidates(self) -> list[Rung]:
-        if self._ladder is not None:
-            return list(self._ladder.demotions)
-        return self._fallback_demotions()
-
-    def _promotion_candidates(self) -> list[Rung]:
-        if self._ladder is not None:
-            return list(self._ladder.promotions)
-        return self._fallback_promotions()
-
+    # -- the fallback ladder (before any plan) ---------------------------------------
     def _fallback_demotions(self) -> list[Rung]:
         """No plan yet: highest-bit blocks first, least recently used first, one view down."""
         blocks = [b for b in range(self.store.num_blocks) if self.store.bits(b) > VIEW_BITS[0]]

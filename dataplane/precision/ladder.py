@@ -50,16 +50,27 @@ class WalkLimits:
 
 @dataclass(frozen=True)
 class Ladder:
-    """Demotions and promotions in the order to apply them, and the limits."""
+    """Demotions and promotions in the order to apply them, and the limits.
+
+    corrective_* are the plan's leading corrective rungs (pins and floors the
+    blocks do not meet yet; telemetry.proto PrecisionPlan): the controller
+    applies them without waiting for pressure or room. ``demotions`` still
+    starts with the corrective demotions; ``promotions`` excludes the
+    corrective promotions. floor_bits: minimum bits per block index, or None.
+    """
 
     plan_id: int
     demotions: tuple[Rung, ...]
     promotions: tuple[Rung, ...]
     limits: WalkLimits
+    corrective_demotions: tuple[Rung, ...] = ()
+    corrective_promotions: tuple[Rung, ...] = ()
+    floor_bits: tuple[int, ...] | None = None
 
 
 def ladder_from_plan(plan: telemetry_pb2.PrecisionPlan, num_experts: int, defaults: WalkLimits) -> Ladder:
-    """Converts a PrecisionPlan; plan fields left at 0 fall back to ``defaults``."""
+    """Converts a PrecisionPlan; plan fields left at 0 fall back to ``defaults``.
+    The controller checks floor_bits against its block count."""
 
     def rung(step: telemetry_pb2.PrecisionStep) -> Rung:
         proj = _PROJ_OF_ENUM.get(step.block.projection)
@@ -76,9 +87,17 @@ def ladder_from_plan(plan: telemetry_pb2.PrecisionPlan, num_experts: int, defaul
         min_residence_s=plan.min_residence_ms / 1000.0 if plan.min_residence_ms else defaults.min_residence_s,
         promotion_bytes_per_s=plan.promotion_bytes_per_s or defaults.promotion_bytes_per_s,
     )
+    demotions = tuple(rung(s) for s in plan.demotions)
+    promotions = tuple(rung(s) for s in plan.promotions)
+    n_down = min(plan.corrective_demotions, len(demotions))
+    n_up = min(plan.corrective_promotions, len(promotions))
+    floors = tuple(plan.floor_bits) if len(plan.floor_bits) else None
     return Ladder(
         plan_id=plan.plan_id,
-        demotions=tuple(rung(s) for s in plan.demotions),
-        promotions=tuple(rung(s) for s in plan.promotions),
+        demotions=demotions,
+        promotions=promotions[n_up:],
         limits=limits,
+        corrective_demotions=demotions[:n_down],
+        corrective_promotions=promotions[:n_up],
+        floor_bits=floors,
     )

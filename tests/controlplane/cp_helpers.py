@@ -24,7 +24,8 @@ RECV_TIMEOUT_S = 10.0
 
 
 def make_hello(dataplane_id: str = "dp-1", layers: int = 2, experts: int = 4, top_k: int = 2,
-               model_path: str = "", views: tuple[int, ...] = VIEWS) -> telemetry_pb2.Hello:
+               table: telemetry_pb2.SensitivityTable | None = None, views: tuple[int, ...] = VIEWS,
+               sensitivity_error: str = "") -> telemetry_pb2.Hello:
     footprints = [
         telemetry_pb2.ProjectionFootprint(
             projection=proj,
@@ -32,9 +33,21 @@ def make_hello(dataplane_id: str = "dp-1", layers: int = 2, experts: int = 4, to
         )
         for proj, per_bit in BYTES_PER_BIT.items()
     ]
-    return telemetry_pb2.Hello(
+    hello = telemetry_pb2.Hello(
         dataplane_id=dataplane_id, model_name="tiny-moe", num_layers=layers, num_experts=experts, top_k=top_k,
-        supported_bits=list(views), footprints=footprints, report_interval_ms=100, model_path=model_path,
+        supported_bits=list(views), footprints=footprints, report_interval_ms=100,
+        sensitivity_error=sensitivity_error,
+    )
+    if table is not None:
+        hello.sensitivity.CopyFrom(table)
+    return hello
+
+
+def table_message(cost: np.ndarray, source: str = "dp-host:/m/sensitivity.json") -> telemetry_pb2.SensitivityTable:
+    """The Hello's table of a cost array [L, E, 3, bits]."""
+    return telemetry_pb2.SensitivityTable(
+        source=source, format_version=1, units="nats", num_layers=cost.shape[0], num_experts=cost.shape[1],
+        num_projections=cost.shape[2], bits=[0, 2, 3, 4, 6, 8], cost=cost.reshape(-1).tolist(),
     )
 
 
@@ -59,11 +72,12 @@ class FakeDataplane:
     """A Telemetry client: send() queues messages on the stream, recv()
     returns the next ControlplaneMessage or raises the stream's RpcError."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, token: str | None = None) -> None:
         self.channel = grpc.insecure_channel(address)
         self._out: queue.Queue = queue.Queue()
         self._in: queue.Queue = queue.Queue()
-        self._call = telemetry_pb2_grpc.TelemetryStub(self.channel).Connect(self._requests())
+        metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
+        self._call = telemetry_pb2_grpc.TelemetryStub(self.channel).Connect(self._requests(), metadata=metadata)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _requests(self) -> Iterator[telemetry_pb2.DataplaneMessage]:

@@ -12,6 +12,7 @@ from controlplane.config import PlannerConfig
 from controlplane.convert import ladder_to_plan
 from controlplane.ladder_sim import LadderWalker
 from controlplane.planner import build_ladder
+from controlplane.store import Floor
 from tests.controlplane.cp_helpers import PLAN_E as E
 from tests.controlplane.cp_helpers import PLAN_L as L
 from tests.controlplane.cp_helpers import make_inputs, make_shape
@@ -100,3 +101,23 @@ def test_budget_is_enforced_by_the_walker():
     assert walker.stats.demotions == ladder.budget_rungs and walker.stats.promotions == 0
     walker.step(10_000, kv_bytes=0)  # room stays, the budget still caps promotions
     assert walker.weight_bytes <= budget
+
+
+def test_floor_above_current_bits_is_corrected_at_once_and_kept():
+    shape = make_shape()
+    current = np.full((L, E, 3), 2)
+    inputs = make_inputs(shape=shape, current=current, floors=(Floor(0, None, 6),))
+    cfg = PlannerConfig(min_residence_ms=10_000)
+    ladder = build_ladder(inputs, cfg)
+    plan = ladder_to_plan(ladder, 1, cfg)
+    assert plan.corrective_promotions == E * 3 and list(plan.floor_bits) == ladder.floor_bits.reshape(-1).tolist()
+    weights = shape.expert_bytes(current)
+    corrective_bytes = shape.expert_bytes(ladder.start_bits) - weights
+    # Free memory: enough for the corrections, far under the high watermark.
+    pool = weights + corrective_bytes + 1000
+    walker = LadderWalker(shape, current, pool)
+    walker.set_plan(plan)
+    walker.step(now_ms=0.0, kv_bytes=0)
+    assert np.all(walker.bits[0] == 6) and np.all(walker.bits[1] == 2)
+    walker.step(now_ms=50_000.0, kv_bytes=pool)  # all memory wanted by KV: demote everything allowed
+    assert np.all(walker.bits[0] == 6)

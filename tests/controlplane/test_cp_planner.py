@@ -41,9 +41,25 @@ def test_importance_formula():
     np.testing.assert_allclose(uniform, 1.0 + CFG.importance_floor)
     skew = expert_importance(activity(routed=[[3, 1, 0, 0], [1, 1, 1, 1]], demand=[[0, 0, 0, 4], [1, 1, 1, 1]]), CFG)
     w = CFG.weight_share + CFG.weight_prob
-    expected_00 = E * (w * 0.75 + CFG.weight_demand * 0.0) / (w + CFG.weight_demand) + CFG.importance_floor
-    assert skew[0, 0] == pytest.approx(expected_00)
+    mix_00 = (w * 0.75 + CFG.weight_demand * 0.0) / (w + CFG.weight_demand)
+    assert skew[0, 0] == pytest.approx((E * mix_00) ** CFG.importance_exponent + CFG.importance_floor)
     assert skew[0, 3] > skew[0, 2]  # demand alone lifts an unrouted expert
+
+
+@pytest.mark.parametrize("exponent", [1.0, 1.5, 2.0])
+def test_importance_exponent_keeps_uniform_at_one_and_sharpens_skew(exponent):
+    cfg = PlannerConfig(importance_exponent=exponent, importance_floor=0.0)
+    np.testing.assert_allclose(expert_importance(activity(), cfg), 1.0)
+    skew = expert_importance(activity(routed=[[3, 1, 0, 0], [1, 1, 1, 1]]), cfg)
+    # A share of 3/4 over E = 4 experts is 3x an even share.
+    assert skew[0, 0] == pytest.approx(3.0 ** exponent)
+    assert skew[0, 1] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("exponent", [0.0, -1.0, 5.0])
+def test_importance_exponent_is_validated(exponent):
+    with pytest.raises(ValueError):
+        PlannerConfig(importance_exponent=exponent)
 
 
 @pytest.mark.parametrize("seed", range(5))

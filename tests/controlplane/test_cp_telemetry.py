@@ -13,7 +13,7 @@ from controlplane import sensitivity
 from controlplane.server import ControlplaneServer
 from controlplane.store import Floor
 from pagedweight.v1 import admin_pb2, telemetry_pb2
-from tests.controlplane.cp_helpers import FakeDataplane, make_config, make_hello, make_report
+from tests.controlplane.cp_helpers import FakeDataplane, make_config, make_hello, make_report, table_message
 
 L, E = 2, 4
 POLL_S = 0.02
@@ -174,17 +174,44 @@ def test_plans_are_rate_limited(db_path):
         srv.stop(grace_s=0)
 
 
-def test_sensitivity_file_beside_model_is_used(server, admin, dataplanes, tmp_path):
+def sensitive_cost() -> np.ndarray:
     cost = np.zeros((L, E, 3, len(sensitivity.BITS_AXIS)))
     cost[..., 1:] = np.array([5.0, 3.0, 2.0, 1.0, 0.0])  # 2,3,4,6,8 bits
     cost[..., 0] = 5.0
     cost[1, 2, 2, 1:] = [500.0, 300.0, 200.0, 100.0, 0.0]  # one very sensitive block
-    sensitivity.save(sensitivity.SensitivityTable(cost, "", False), tmp_path / sensitivity.SENSITIVITY_FILE)
-    dp, plan = connect(dataplanes, model_path=str(tmp_path))
+    return cost
+
+
+def test_sensitivity_table_from_the_hello_is_used(server, admin, dataplanes):
+    dp, plan = connect(dataplanes, table=table_message(sensitive_cost(), source="dp-host:/m/sensitivity.json"))
     st = status_of(admin)
-    assert not st.sensitivity_fallback and st.sensitivity_source == str(tmp_path / sensitivity.SENSITIVITY_FILE)
+    assert not st.sensitivity_fallback and st.sensitivity_source == "dp-host:/m/sensitivity.json"
     last = plan.demotions[-1]
     assert (last.block.layer, last.block.expert, last.from_bits, last.to_bits) == (1, 2, 3, 2)
+
+
+def test_no_table_in_the_hello_plans_with_the_fallback(server, admin, dataplanes):
+    connect(dataplanes, sensitivity_error="/m/sensitivity.json not found")
+    st = status_of(admin)
+    assert st.sensitivity_fallback and st.sensitivity_source == "fallback: /m/sensitivity.json not found"
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda t: t.cost.pop(), "entries"),
+    (lambda t: setattr(t, "num_experts", E + 1), "experts"),
+    (lambda t: setattr(t, "num_projections", 2), "num_projections"),
+    (lambda t: t.bits.__setitem__(2, 4), "bits"),
+    (lambda t: setattr(t, "format_version", 2), "format_version"),
+    (lambda t: t.cost.__setitem__(0, float("nan")), "finite"),
+])
+def test_malformed_table_rejects_the_stream(server, dataplanes, mutate, message):
+    table = table_message(sensitive_cost())
+    mutate(table)
+    dp = dataplanes()
+    dp.hello(make_hello(table=table))
+    with pytest.raises(grpc.RpcError) as err:
+        dp.recv()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
 
 
 def test_reconnect_supersedes_the_old_stream(server, admin, dataplanes):

@@ -86,8 +86,8 @@ def test_sensitivity_save_load_round_trip(tmp_path):
     np.testing.assert_array_equal(loaded.cost, table.cost)
     assert not loaded.is_fallback and loaded.source == str(path)
     assert loaded.at(1, 2, 0, 3) == pytest.approx(3.0)
-    got = sensitivity.load_for_model(str(tmp_path), L, E, (1.0, 1.0, 2.0))
-    assert not got.is_fallback
+    doc = sensitivity.read_document(path)
+    assert (doc.model_name, doc.units) == ("m", "mse")
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -104,13 +104,11 @@ def test_sensitivity_validation(tmp_path, mutate, message):
     path.write_text(json.dumps(doc))
     with pytest.raises(sensitivity.SensitivityError, match=message):
         sensitivity.load(path)
-    fallback = sensitivity.load_for_model(str(tmp_path), L, E, (1.0, 1.0, 2.0))
-    assert fallback.is_fallback and "invalid" in fallback.source
 
 
-def test_sensitivity_fallback_model(tmp_path):
-    table = sensitivity.load_for_model(str(tmp_path), L, E, (100.0, 100.0, 200.0))
-    assert table.is_fallback and "not found" in table.source
+def test_sensitivity_fallback_model():
+    table = sensitivity.fallback_table(L, E, (100.0, 100.0, 200.0), "no table")
+    assert table.is_fallback and table.source == "fallback: no table"
     assert table.at(0, 0, 0, 8) == 0.0
     # 4^-bits error model: each bit less costs about 4x more.
     assert table.at(0, 0, 0, 2) / table.at(0, 0, 0, 3) == pytest.approx(4.0, rel=0.01)

@@ -32,6 +32,7 @@ class FakeControlplane(telemetry_pb2_grpc.TelemetryServicer):
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.hellos: list[telemetry_pb2.Hello] = []
+        self.metadata: list[dict[str, str]] = []  # per session: the stream's invocation metadata
         self.sessions: list[list[telemetry_pb2.TelemetryReport]] = []
 
     def Connect(self, request_iterator, context):
@@ -40,6 +41,7 @@ class FakeControlplane(telemetry_pb2_grpc.TelemetryServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be a Hello")
         with self.lock:
             self.hellos.append(first.hello)
+            self.metadata.append(dict(context.invocation_metadata()))
             reports: list[telemetry_pb2.TelemetryReport] = []
             self.sessions.append(reports)
             session = len(self.sessions)
@@ -82,8 +84,9 @@ def generate(dataplane: Dataplane, rid: str, n: int) -> list[int]:
 def dataplane_with(random_ckpt):
     started: list[Dataplane] = []
 
-    def make(controlplane: str) -> Dataplane:
+    def make(controlplane: str, **overrides) -> Dataplane:
         config = DataplaneConfig(
+            **overrides,
             model_path=str(random_ckpt),
             cpu_arena_bytes=4 << 20,
             controlplane=controlplane,
@@ -113,7 +116,9 @@ def test_hello_reports_and_plans(dataplane_with):
         assert hello.dataplane_id == "dp-test" and hello.model_name == info.name
         assert (hello.num_layers, hello.num_experts, hello.top_k) == (info.num_layers, info.num_experts, info.top_k)
         assert list(hello.supported_bits) == [2, 3, 4, 6, 8] and hello.report_interval_ms == INTERVAL_MS
-        assert hello.model_path == info.model_path
+        # The random checkpoint has no sensitivity.json: no table, and why.
+        assert not hello.HasField("sensitivity") and "sensitivity.json not found" in hello.sensitivity_error
+        assert "authorization" not in fake.metadata[0]  # no token configured: none sent
         projections = {fp.projection: {b.bits: b.bytes for b in fp.by_bits} for fp in hello.footprints}
         assert set(projections) == {common_pb2.PROJECTION_GATE, common_pb2.PROJECTION_UP, common_pb2.PROJECTION_DOWN}
         assert all(by[0] == 0 and by[8] > 0 for by in projections.values())
@@ -176,3 +181,34 @@ def test_controlplane_absent_from_the_start(dataplane_with):
         wait_for(lambda: dp.telemetry.connected.is_set() and len(fake.reports(0)) >= 1, "a late connect")
     finally:
         server.stop(0)
+
+
+def test_stream_carries_the_configured_token(dataplane_with):
+    fake = FakeControlplane()
+    server, port = start_fake(fake)
+    try:
+        dataplane_with(f"127.0.0.1:{port}", controlplane_token="tele-secret")
+        wait_for(lambda: len(fake.hellos) >= 1, "the Hello")
+        assert fake.metadata[0]["authorization"] == "Bearer tele-secret"
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("token, connects", [("tele-secret", True), ("wrong", False), (None, False)])
+def test_real_controlplane_requires_the_telemetry_token(dataplane_with, tmp_path, token, connects):
+    from controlplane.config import ControlplaneConfig
+    from controlplane.server import ControlplaneServer
+
+    cp = ControlplaneServer(ControlplaneConfig(
+        port=0, db_path=str(tmp_path / "cp.sqlite3"), admin_tokens=("admin",), telemetry_tokens=("tele-secret",),
+    )).start()
+    try:
+        dp = dataplane_with(cp.address, controlplane_token=token)
+        if connects:
+            wait_for(lambda: dp.plans.get() is not None, "a plan from the controlplane")
+            assert dp.telemetry.connected.is_set()
+        else:
+            time.sleep(0.5)  # several reconnect attempts at the test's backoff
+            assert dp.telemetry.sessions_total == 0 and dp.plans.get() is None
+    finally:
+        cp.stop(grace_s=0)

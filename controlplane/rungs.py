@@ -1,0 +1,202 @@
+"""Rungs and their costs: the planner's primitives (model shape, one step of
+one block, the quality cost of a step and of a state, per-block chains and
+the greedy walk that merges them). The formulas are in controlplane/planner.py's
+module doc. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from controlplane.activity import ActivitySnapshot
+from controlplane.config import PlannerConfig
+from controlplane.sensitivity import BITS_AXIS, SensitivityTable
+from controlplane.store import Floor, Pin
+
+NUM_PROJECTIONS = 3  # gate, up, down (WEIGHT_LAYOUT.md block order)
+HOST_ONLY = 0
+NOT_PINNED = -1
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a dataplane serves, from its Hello."""
+
+    num_layers: int
+    num_experts: int
+    top_k: int
+    view_bits: tuple[int, ...]  # supported views, ascending, e.g. (2, 3, 4, 6, 8)
+    footprint_bytes: tuple[Mapping[int, int], ...]  # [proj] -> {bits (views and 0): bytes}
+
+    @property
+    def ceiling_bits(self) -> int:
+        return self.view_bits[-1]
+
+    def bytes_at(self, proj: int, bits: int) -> int:
+        return self.footprint_bytes[proj][bits]
+
+    def expert_bytes(self, bits: np.ndarray) -> int:
+        """GPU bytes of all expert blocks at bits [L, E, 3]."""
+        total = 0
+        for proj in range(NUM_PROJECTIONS):
+            for b, count in zip(*np.unique(bits[:, :, proj], return_counts=True)):
+                total += self.bytes_at(proj, int(b)) * int(count)
+        return total
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Operator bounds (controlplane/store.py); budget 0 = none."""
+
+    floors: tuple[Floor, ...] = ()
+    pins: tuple[Pin, ...] = ()
+    budget_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    shape: ModelShape
+    sensitivity: SensitivityTable  # [L, E, 3, bits]
+    activity: ActivitySnapshot  # [L, E] distributions
+    current_bits: np.ndarray  # [L, E, 3] int, as in TelemetryReport.block_bits
+    constraints: Constraints
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of one block. bytes_delta > 0 frees (demotion), < 0 needs
+    (promotion); quality_delta >= 0 is the cost (demotion) or the benefit
+    (promotion)."""
+
+    layer: int
+    expert: int
+    proj: int
+    from_bits: int
+    to_bits: int
+    bytes_delta: int
+    quality_delta: float
+
+
+def expert_importance(activity: ActivitySnapshot, cfg: PlannerConfig) -> np.ndarray:
+    """[L, E] importance (module doc); demand counts only when requests run."""
+    w_demand = cfg.weight_demand if activity.has_demand else 0.0
+    weight_sum = cfg.weight_share + cfg.weight_prob + w_demand
+    if weight_sum <= 0.0:  # only the demand weight is set and nothing runs
+        mix = activity.routed_share
+    else:
+        mix = (
+            cfg.weight_share * activity.routed_share
+            + cfg.weight_prob * activity.prob_share
+            + w_demand * activity.demand_share
+        ) / weight_sum  # [L, E], rows sum to 1
+    num_experts = activity.routed_share.shape[1]
+    return (num_experts * mix) ** cfg.importance_exponent + cfg.importance_floor
+
+
+def route_probability(activity: ActivitySnapshot, top_k: int) -> np.ndarray:
+    """[L, E] chance that a token is routed to the expert."""
+    return np.minimum(1.0, top_k * activity.routed_share)
+
+def block_chain(shape: ModelShape, floor_bits: int) -> tuple[int, ...]:
+    """Allowed bits of a block, descending: views >= floor, then 0 if allowed."""
+    chain = tuple(v for v in reversed(shape.view_bits) if v >= floor_bits)
+    return chain + (HOST_ONLY,) if floor_bits == HOST_ONLY else chain
+
+
+class RungCost:
+    """dQ of a rung and of a whole state (module doc), closed over one PlanInputs."""
+
+    def __init__(self, inputs: PlanInputs, cfg: PlannerConfig) -> None:
+        self._shape = inputs.shape
+        self._cost = inputs.sensitivity
+        self.importance = expert_importance(inputs.activity, cfg)  # [L, E]
+        lowest = BITS_AXIS.index(inputs.shape.view_bits[0])
+        worst_cost = float(inputs.sensitivity.cost[..., lowest].sum())  # table units
+        per_stall_s = cfg.host_stall_weight * worst_cost / cfg.reference_step_s  # table units per s/token
+        self._route_prob = route_probability(inputs.activity, inputs.shape.top_k)  # [L, E]
+        self._stall_scale = per_stall_s * self._route_prob  # [L, E] table units per s of fetch
+        self._fetch_latency_s = cfg.host_fetch_latency_s
+        self._host_bw = cfg.host_bandwidth_bytes_per_s
+
+    def stall(self, layer: int, expert: int, proj: int, resident_bits: int) -> float:
+        """Cost of serving block (layer, expert, proj) from the host, where its
+        fetched view would take bytes_at(resident_bits) on the GPU."""
+        fetch_s = self._fetch_latency_s + self._shape.bytes_at(proj, resident_bits) / self._host_bw
+        return float(self._stall_scale[layer, expert]) * fetch_s
+
+    def rung(self, layer: int, expert: int, proj: int, a: int, b: int) -> Rung:
+        sens_a = self._cost.at(layer, expert, proj, a)
+        sens_b = self._cost.at(layer, expert, proj, b)
+        quality = float(self.importance[layer, expert]) * abs(sens_b - sens_a)
+        if HOST_ONLY in (a, b):
+            quality += self.stall(layer, expert, proj, max(a, b))
+        freed = self._shape.bytes_at(proj, a) - self._shape.bytes_at(proj, b)
+        return Rung(layer, expert, proj, a, b, freed, quality)
+
+    def state_cost(self, bits: np.ndarray) -> float:
+        """Predicted cost of a whole state bits [L, E, 3] relative to all at
+        the ceiling: importance-weighted table costs plus the stall of
+        host-only blocks (fetched at the lowest view)."""
+        idx = np.searchsorted(np.asarray(BITS_AXIS), bits)  # [L, E, 3] positions on the table's bits axis
+        sens = np.take_along_axis(self._cost.cost, idx[..., None], axis=-1)[..., 0]  # [L, E, 3]
+        total = float((self.importance[:, :, None] * sens).sum())
+        for layer, expert, proj in zip(*np.nonzero(bits == HOST_ONLY)):
+            total += self.stall(int(layer), int(expert), int(proj), self._shape.view_bits[0])
+        return total
+
+
+def _ratio(rung: Rung) -> float:
+    moved = abs(rung.bytes_delta)
+    return rung.quality_delta / moved if moved > 0 else float("inf")
+
+
+def greedy_walk(chains: list[list[Rung]], descending: bool) -> list[Rung]:
+    """Merges per-block rung chains by dQ/dM (ascending, or descending for
+    promotions) with a priority queue; a chain's rung is queued only after its
+    predecessor is emitted. Ties break by (layer, expert, proj)."""
+    sign = -1.0 if descending else 1.0
+    heap: list[tuple[float, int, int, int, int, int]] = []
+    for c, chain in enumerate(chains):
+        if chain:
+            r = chain[0]
+            heapq.heappush(heap, (sign * _ratio(r), r.layer, r.expert, r.proj, c, 0))
+    out: list[Rung] = []
+    while heap:
+        _, _, _, _, c, i = heapq.heappop(heap)
+        out.append(chains[c][i])
+        if i + 1 < len(chains[c]):
+            r = chains[c][i + 1]
+            heapq.heappush(heap, (sign * _ratio(r), r.layer, r.expert, r.proj, c, i + 1))
+    return out
+
+
+def chains(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndarray,
+           pins: np.ndarray, down: bool) -> list[list[Rung]]:
+    """Per-block chains of single steps from start bits, down to the floor or
+    up to the ceiling; pinned experts have none."""
+    out: list[list[Rung]] = []
+    for layer in range(shape.num_layers):
+        for expert in range(shape.num_experts):
+            if pins[layer, expert] != NOT_PINNED:
+                continue
+            allowed = block_chain(shape, int(floors[layer, expert]))
+            if not down:
+                allowed = tuple(reversed(allowed))
+            for proj in range(NUM_PROJECTIONS):
+                bits = int(start[layer, expert, proj])
+                if bits not in allowed:
+                    continue
+                path = allowed[allowed.index(bits):]
+                out.append([cost.rung(layer, expert, proj, a, b) for a, b in zip(path, path[1:])])
+    return out
+
+
+def apply_rungs(bits: np.ndarray, rungs: list[Rung]) -> np.ndarray:
+    out = bits.copy()
+    for r in rungs:
+        out[r.layer, r.expert, r.proj] = r.to_bits
+    return out

@@ -1,0 +1,176 @@
+"""The host-only rung's price (in the table's units) and the uniform budget guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controlplane.activity import ActivitySnapshot, normalize_rows
+from controlplane.budget_guard import uniform_level
+from controlplane.config import PlannerConfig
+from controlplane.planner import (
+    Constraints,
+    ModelShape,
+    PlanInputs,
+    RungCost,
+    apply_rungs,
+    build_ladder,
+)
+from controlplane.sensitivity import BITS_AXIS, SensitivityTable, load
+from controlplane.store import Floor, Pin
+
+DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny" / "sensitivity.json"
+# The default model's block bytes per view (PAGE_BYTES 1024 pages, as the frontier measures them).
+TINY_FOOTPRINT = {0: 0, 2: 27648, 3: 43008, 4: 58368, 6: 86016, 8: 113664}
+VIEWS = (2, 3, 4, 6, 8)
+COLD, HOT = 0, 1
+
+
+def snapshot(share: np.ndarray) -> ActivitySnapshot:
+    rows = normalize_rows(share)
+    return ActivitySnapshot(rows, rows, rows, has_demand=False)
+
+
+def skewed_share(layers: int, experts: int, cold: float, hot: float) -> np.ndarray:
+    """[L, E]: expert COLD gets ``cold`` of each layer, HOT gets ``hot``, the rest share evenly."""
+    share = np.full((layers, experts), (1.0 - cold - hot) / (experts - 2))
+    share[:, COLD], share[:, HOT] = cold, hot
+    return share
+
+
+def tiny_inputs(share: np.ndarray, table: SensitivityTable, floors=(Floor(None, None, 0),), budget=0) -> PlanInputs:
+    shape = ModelShape(table.num_layers, table.num_experts, 2, VIEWS, (TINY_FOOTPRINT,) * 3)
+    current = np.full((shape.num_layers, shape.num_experts, 3), 8)
+    return PlanInputs(shape, table, snapshot(share), current, Constraints(floors=tuple(floors), budget_bytes=budget))
+
+
+@pytest.fixture(scope="module")
+def tiny_table() -> SensitivityTable:
+    return load(DEFAULT_TABLE)
+
+
+def positions(ladder, expert: int, pred) -> list[int]:
+    return [i for i, r in enumerate(ladder.demotions) if r.expert == expert and pred(r)]
+
+
+def test_rare_expert_goes_host_only_before_a_hot_one_loses_real_bits(tiny_table):
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.005, hot=0.3)
+    ladder = build_ladder(tiny_inputs(share, tiny_table), PlannerConfig())
+    cold_host = positions(ladder, COLD, lambda r: r.to_bits == 0)
+    hot_below_6 = positions(ladder, HOT, lambda r: r.from_bits == 6)
+    hot_host = positions(ladder, HOT, lambda r: r.to_bits == 0)
+    assert len(cold_host) == len(hot_host) == 3 * tiny_table.num_layers
+    assert max(cold_host) < min(hot_below_6)  # the rare expert leaves the GPU before the hot one drops to 4 bits
+    assert max(cold_host) < min(hot_host)
+    for layer in range(tiny_table.num_layers):  # a hot block's host-only rung is its last, after all its views
+        for proj in range(3):
+            mine = [i for i, r in enumerate(ladder.demotions)
+                    if (r.layer, r.expert, r.proj) == (layer, HOT, proj)]
+            assert ladder.demotions[mine[-1]].to_bits == 0
+            assert [ladder.demotions[i].from_bits for i in mine] == [8, 6, 4, 3, 2]
+
+
+def test_host_only_rung_priced_in_table_units_and_linear_in_route_probability(tiny_table):
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.01, hot=0.3)
+    cfg = PlannerConfig()
+    cost = RungCost(tiny_inputs(share, tiny_table), cfg)
+    # sens(0) == sens(2) in the calibrated table, so the 2 -> 0 rung is the stall alone.
+    host_cold = cost.rung(0, COLD, 0, 2, 0).quality_delta
+    host_hot = cost.rung(0, HOT, 0, 2, 0).quality_delta
+    # route_prob = top_k * share: 0.02 vs 0.6.
+    assert host_hot / host_cold == pytest.approx(0.6 / 0.02)
+    lowest = BITS_AXIS.index(VIEWS[0])
+    worst = tiny_table.cost[..., lowest].sum()
+    fetch_s = cfg.host_fetch_latency_s + TINY_FOOTPRINT[2] / cfg.host_bandwidth_bytes_per_s
+    assert host_hot == pytest.approx(cfg.host_stall_weight * worst / cfg.reference_step_s * 0.6 * fetch_s)
+    # Same table in other units (x1000): the host-only rung scales with it, so
+    # its place among demotions does not depend on the units.
+    scaled = SensitivityTable(tiny_table.cost * 1000.0, "scaled", False)
+    scaled_cost = RungCost(tiny_inputs(share, scaled), cfg)
+    assert scaled_cost.rung(0, HOT, 0, 2, 0).quality_delta == pytest.approx(1000.0 * host_hot)
+    a = build_ladder(tiny_inputs(share, tiny_table), cfg).demotions
+    b = build_ladder(tiny_inputs(share, scaled), cfg).demotions
+    assert [(r.layer, r.expert, r.proj, r.to_bits) for r in a] == [(r.layer, r.expert, r.proj, r.to_bits) for r in b]
+
+
+def test_free_stalls_send_blocks_to_the_host_right_after_their_lowest_view(tiny_table):
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.01, hot=0.3)
+    ladder = build_ladder(tiny_inputs(share, tiny_table), PlannerConfig(host_stall_weight=0.0))
+    for i, r in enumerate(ladder.demotions):
+        if r.to_bits == 0:
+            assert r.quality_delta == 0.0
+            prev = ladder.demotions[i - 1]
+            assert (prev.layer, prev.expert, prev.proj, prev.to_bits) == (r.layer, r.expert, r.proj, 2)
+
+
+# -- the uniform guard ---------------------------------------------------------------
+
+def nonconvex_table() -> SensitivityTable:
+    """1 layer, 2 experts (same for the 3 projections). Expert 0: 8->6 costly,
+    6->4 almost free; expert 1: cheap steps all the way down. The greedy walk
+    takes expert 1 to 2 bits before it pays expert 0's 8->6."""
+    views = {0: [110.0, 100.01, 10.01, 10.0, 0.0], 1: [9.0, 7.0, 5.0, 1.0, 0.0]}  # cost at 2, 3, 4, 6, 8
+    cost = np.zeros((1, 2, 3, len(BITS_AXIS)))
+    for e, c in views.items():
+        cost[0, e, :, 1:] = c
+        cost[0, e, :, 0] = c[0]
+    return SensitivityTable(cost, "nonconvex", False)
+
+
+def flat_inputs(table: SensitivityTable, budget: int, floors=(), pins=()) -> PlanInputs:
+    per_bit = {0: 0, **{b: 100 * b for b in VIEWS}}
+    shape = ModelShape(1, 2, 1, VIEWS, (per_bit,) * 3)
+    return PlanInputs(shape, table, snapshot(np.ones((1, 2))), np.full((1, 2, 3), 8),
+                      Constraints(floors=tuple(floors), pins=tuple(pins), budget_bytes=budget))
+
+
+def budget_state(ladder) -> np.ndarray:
+    fitted = apply_rungs(ladder.start_bits, ladder.demotions[:ladder.budget_rungs])
+    return apply_rungs(fitted, ladder.promotions)
+
+
+def test_guard_keeps_the_uniform_state_when_greedy_is_predicted_worse():
+    inputs = flat_inputs(nonconvex_table(), budget=2 * 3 * 400)  # uniform 4-bit bytes
+    greedy = build_ladder(inputs, PlannerConfig(uniform_guard=False))
+    guarded = build_ladder(inputs, PlannerConfig())
+    assert greedy.budget_anchor == "greedy" and guarded.budget_anchor == "uniform-4"
+    cost = RungCost(inputs, PlannerConfig())
+    weight = 1.0 + PlannerConfig().importance_floor  # importance of an evenly routed expert
+    uniform4 = np.full((1, 2, 3), 4)
+    # Greedy: expert 1 all the way to 2 bits, then expert 0's projections 4, 6, 8.
+    np.testing.assert_array_equal(budget_state(greedy)[0], [[4, 6, 8], [2, 2, 2]])
+    assert cost.state_cost(budget_state(greedy)) == pytest.approx(weight * (10.01 + 10.0 + 3 * 9.0))
+    assert cost.state_cost(uniform4) == pytest.approx(weight * 3 * (10.01 + 5.0))
+    np.testing.assert_array_equal(budget_state(guarded), uniform4)
+    assert guarded.predicted_budget_cost == pytest.approx(cost.state_cost(uniform4))
+    assert guarded.predicted_budget_cost < greedy.predicted_budget_cost
+    # The ladder stays walkable: each block's rungs are consecutive single steps.
+    bits = guarded.start_bits.copy()
+    for r in guarded.demotions:
+        assert bits[r.layer, r.expert, r.proj] == r.from_bits and r.to_bits < r.from_bits
+        bits[r.layer, r.expert, r.proj] = r.to_bits
+    assert np.all(bits == 2)  # the continuation walks on to the floor
+
+
+def test_guard_keeps_greedy_when_it_is_predicted_better(tiny_table):
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.02, hot=0.3)
+    budget = 3 * tiny_table.num_layers * tiny_table.num_experts * TINY_FOOTPRINT[3]
+    inputs = tiny_inputs(share, tiny_table, floors=(), budget=budget)
+    guarded = build_ladder(inputs, PlannerConfig())
+    greedy = build_ladder(inputs, PlannerConfig(uniform_guard=False))
+    assert guarded.budget_anchor == "greedy"
+    assert guarded.demotions == greedy.demotions and guarded.promotions == greedy.promotions
+    uniform = RungCost(inputs, PlannerConfig()).state_cost(np.full(inputs.current_bits.shape, 3))
+    assert guarded.predicted_budget_cost < uniform
+
+
+def test_guard_respects_pins_and_floors():
+    floors, pins = (Floor(0, 1, 6),), (Pin(0, 0, 8),)
+    inputs = flat_inputs(nonconvex_table(), budget=3 * (800 + 600), floors=floors, pins=pins)
+    ladder = build_ladder(inputs, PlannerConfig())
+    state = budget_state(ladder)
+    assert np.all(state[0, 0] == 8) and np.all(state[0, 1] >= 6)
+    np.testing.assert_array_equal(uniform_level(inputs.shape, np.full((1, 2, 3), 8), np.array([[2, 6]]),
+                                                np.array([[8, -1]]), 4)[0, 1], [6, 6, 6])
