@@ -59,7 +59,6 @@ class DecodeRows:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph | None  # None: eager mode (see DecodeGraphs)
-    step: Callable[[], torch.Tensor]  # the captured work, run eagerly when graph is None
     input_ids: torch.Tensor  # [bucket] int64
     positions: torch.Tensor  # [bucket] int64
     slots: torch.Tensor  # [bucket] int64
@@ -67,7 +66,8 @@ class _Graph:
     context_lens: torch.Tensor  # [bucket] int32
     token_weight: torch.Tensor  # [bucket] int64, 1 = real row, 0 = padding
     routing: RoutingStats
-    logits: torch.Tensor  # [bucket, vocab] float32, written by the replay
+    logits: torch.Tensor | None = None  # [bucket, vocab] float32, written by the replay
+    step: Callable[[], torch.Tensor] | None = None  # the captured work (run directly when graph is None)
 
 
 class DecodeGraphs:
@@ -141,10 +141,12 @@ class DecodeGraphs:
             g = self._capture(bucket, rows)
         self._fill(g, rows)
         if g.graph is None:
+            assert g.step is not None
             g.logits = g.step()
         else:
             g.graph.replay()
         self.replays += 1
+        assert g.logits is not None
         return g.logits[: len(rows)], g.routing
 
     # -- internals ----------------------------------------------------------------
@@ -176,7 +178,6 @@ class DecodeGraphs:
         token_weight = buf(bucket, dtype=torch.int64)
         g = _Graph(
             graph=torch.cuda.CUDAGraph() if self.capture else None,
-            step=lambda: torch.empty(0),
             input_ids=buf(bucket, dtype=torch.int64),
             positions=buf(bucket, dtype=torch.int64),
             slots=buf(bucket, dtype=torch.int64),
@@ -186,7 +187,6 @@ class DecodeGraphs:
             routing=RoutingStats(
                 self.num_layers, self.num_experts, torch.arange(bucket, device=dev), bucket, token_weight
             ),
-            logits=torch.empty(0, device=dev),
         )
         # Real data in the buffers: the warm-up runs below execute the step
         # for real (they write the same K/V the replay will write again).

@@ -116,6 +116,7 @@ class WeightStore:
         self.block_fields = torch.zeros(num, dtype=torch.int32, device=self.device)  # [blocks]
         self._pages: list[list[list[int]]] = [[[] for _ in range(NUM_FIELDS)] for _ in range(num)]
         self._fields = [0] * num
+        self._host_only = num  # blocks with 0 resident fields (kept with _fields by _set_fields)
         self._pending: dict[int, _Pending] = {}
         self._version = [0] * num
         self._last_access = [0] * num
@@ -151,7 +152,12 @@ class WeightStore:
     @property
     def all_resident(self) -> bool:
         """No block is host-only (a kernel can read every block from the arena)."""
-        return HOST_ONLY_FIELDS not in self._fields
+        return self._host_only == 0
+
+    def _set_fields(self, block: int, fields: int) -> None:
+        """The one place resident field counts change (keeps the host-only count)."""
+        self._host_only += (fields == HOST_ONLY_FIELDS) - (self._fields[block] == HOST_ONLY_FIELDS)
+        self._fields[block] = fields
 
     def shape(self, block: int) -> tuple[int, int]:
         return self._shapes[block]
@@ -268,7 +274,7 @@ class WeightStore:
         dropped = [p for f in range(target, have) for p in self._pages[block][f]]
         for f in range(target, have):
             self._pages[block][f] = []
-        self._fields[block] = target
+        self._set_fields(block, target)
         self.arena.free(dropped)
         if target:
             self.arena.retag(self.resident_pages(block), PageTag("weight", bits))
@@ -306,7 +312,7 @@ class WeightStore:
             self._pages[block][f] = pages
         old = self.resident_pages(block)
         self.block_fields[block] = pending.fields  # written last: the commit point
-        self._fields[block] = pending.fields
+        self._set_fields(block, pending.fields)
         bits = bits_for_fields(pending.fields)
         if old:
             self.arena.retag(old, PageTag("weight", bits))

@@ -180,3 +180,18 @@ def test_store_rejects_bad_construction(blocks) -> None:
         WeightStore(arena_for(100, PAGE), blocks, initial_bits=5)
     with pytest.raises(ValueError, match="entries for 3 blocks"):
         WeightStore(arena_for(100, PAGE), blocks, initial_bits=[8, 8])
+
+
+def test_all_resident_follows_host_only_blocks(blocks) -> None:
+    store = WeightStore(arena_for(200, PAGE), blocks, initial_bits=[8, 0, 2])
+    assert not store.all_resident  # block 1 starts host-only
+    store.promote(1, 3)
+    store.sync()
+    assert store.all_resident
+    store.set_host_only(2)
+    store.demote(0, 2)
+    assert not store.all_resident
+    store.promote(2, 2)
+    assert not store.all_resident  # in flight: not committed yet
+    store.sync()
+    assert store.all_resident
