@@ -13,7 +13,11 @@ table predicts it:
     table[l, e, p, :] = scale[l, p] * c[l, e, p, :] * top_k / E
 
 where c is the per-routed-token cost and f[l, e] the routed tokens of expert
-e per token on the KL windows (sum over e = top_k). The factor top_k / E makes
+e per token on the KL windows (sum over e = top_k). With several measured
+views (``view_scales``), each view gets its own scale[l, p, bits] (the
+KL-per-error ratio differs between 2 and 6 bits); a view with no usable
+measurement borrows the nearest measured view's scale, and the table is made
+non-increasing in bits again afterwards. The factor top_k / E makes
 the planner's dQ = importance * cost (importance = E * routed share, 1 for an
 even share) the predicted KL of the demotion in nats per token: a table entry
 is the KL its demotion adds while the expert gets an even share of its layer's
@@ -116,3 +120,34 @@ def calibrated_table(cost: np.ndarray, scale: np.ndarray, top_k: int) -> np.ndar
     """table [L, E, 3, bits] in KL units (module doc)."""
     num_experts = cost.shape[1]
     return cost * scale[:, None, :, None] * (top_k / num_experts)
+
+
+def view_scales(cost: np.ndarray, kl_by_bits: dict[int, np.ndarray], routed_per_token: np.ndarray,
+                bits_axis: Sequence[int]) -> np.ndarray:
+    """scale [L, 3, len(bits_axis)]: one per measured view (kl_by_bits: bits -> KL [L, 3]);
+    views not measured, or measured as free, take the nearest measured view's
+    scale (the lower one on a tie); the host-only slot (0) takes the lowest view's."""
+    num_layers = cost.shape[0]
+    scale = np.zeros((num_layers, NUM_PROJ, len(bits_axis)))
+    for bits, kl in kl_by_bits.items():
+        scale[..., bits_axis.index(bits)] = kl_scales(cost, kl, routed_per_token, bits_axis.index(bits))
+    views = [b for b in bits_axis if b != 0]
+    for layer in range(num_layers):
+        for proj in range(NUM_PROJ):
+            measured = [b for b in views if scale[layer, proj, bits_axis.index(b)] > 0]
+            if not measured:
+                continue
+            for b in views:
+                if b not in measured:
+                    near = min(measured, key=lambda m: (abs(m - b), m))
+                    scale[layer, proj, bits_axis.index(b)] = scale[layer, proj, bits_axis.index(near)]
+    if 0 in bits_axis:
+        scale[..., bits_axis.index(0)] = scale[..., bits_axis.index(min(views))]
+    return scale
+
+
+def calibrated_table_per_view(cost: np.ndarray, scale: np.ndarray, top_k: int) -> np.ndarray:
+    """table [L, E, 3, bits] in KL units from per-view scales [L, 3, bits]; non-increasing in bits."""
+    num_experts = cost.shape[1]
+    table = cost * scale[:, None, :, :] * (top_k / num_experts)
+    return np.maximum.accumulate(table[..., ::-1], axis=-1)[..., ::-1]

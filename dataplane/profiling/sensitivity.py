@@ -59,7 +59,14 @@ from controlplane.sensitivity import BITS_AXIS, CEILING_BITS, SENSITIVITY_FILE, 
 from dataplane.checkpoint import Checkpoint
 from dataplane.models.registry import build_model
 from dataplane.profiling.corpus import corpus_domains, split_windows, windows_digest
-from dataplane.profiling.kl_calibration import ExpertViews, calibrated_table, group_kl, kl_scales
+from dataplane.profiling.kl_calibration import (
+    ExpertViews,
+    calibrated_table,
+    calibrated_table_per_view,
+    group_kl,
+    kl_scales,
+    view_scales,
+)
 from dataplane.profiling.moments import ExpertMoments, RecordingExperts, attach_recorders
 from dataplane.profiling.window_forward import WindowForward
 from dataplane.weights.codec import decode, encode
@@ -87,6 +94,9 @@ class ProfileConfig:
     # calibration windows (0 = keep the raw units), and the view it measures.
     kl_windows_per_domain: int = 4
     kl_bits: int = 3
+    # Views measured by the KL calibration; more than one gives each view its
+    # own scale (kl_calibration.view_scales). () = only kl_bits.
+    kl_views: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
@@ -95,6 +105,8 @@ class ProfileConfig:
             raise ValueError("need tokens >= seq_len > 1 and batch > 0")
         if self.kl_windows_per_domain < 0 or self.kl_bits not in VIEW_BITS[:-1]:
             raise ValueError(f"kl_windows_per_domain must be >= 0 and kl_bits one of {VIEW_BITS[:-1]}")
+        if any(b not in VIEW_BITS[:-1] for b in self.kl_views):
+            raise ValueError(f"kl_views must be among {VIEW_BITS[:-1]}")
 
 
 @dataclass(frozen=True)
@@ -221,11 +233,22 @@ def profile(model_path: str | Path, tokens_dir: str | Path, cfg: ProfileConfig,
             r.enabled = False
         kl_windows = torch.cat([p[:cfg.kl_windows_per_domain] for p in parts])  # [N', S]
         views = ExpertViews([r.inner for r in recorders])
-        kl, routed = group_kl(runner, views, kl_windows, cfg.kl_bits, cfg.batch, len(recorders), progress)
-        scale = kl_scales(cost, kl, routed, BITS_AXIS.index(cfg.kl_bits))
-        cost = calibrated_table(cost, scale, ckpt.spec.top_k)
-        kl_record.update(bits=cfg.kl_bits, tokens=int(kl_windows.numel()), group_kl=kl.tolist(),
-                         scale=scale.tolist())
+        if len(cfg.kl_views) > 1:
+            kl_by_bits = {}
+            for bits in cfg.kl_views:
+                kl_by_bits[bits], routed = group_kl(runner, views, kl_windows, bits, cfg.batch, len(recorders),
+                                                    progress)
+            scale = view_scales(cost, kl_by_bits, routed, BITS_AXIS)
+            cost = calibrated_table_per_view(cost, scale, ckpt.spec.top_k)
+            kl_record.update(views=list(cfg.kl_views), tokens=int(kl_windows.numel()),
+                             group_kl={str(b): kl.tolist() for b, kl in kl_by_bits.items()},
+                             scale=scale.tolist(), scale_bits_axis=list(BITS_AXIS))
+        else:
+            kl, routed = group_kl(runner, views, kl_windows, cfg.kl_bits, cfg.batch, len(recorders), progress)
+            scale = kl_scales(cost, kl, routed, BITS_AXIS.index(cfg.kl_bits))
+            cost = calibrated_table(cost, scale, ckpt.spec.top_k)
+            kl_record.update(bits=cfg.kl_bits, tokens=int(kl_windows.numel()), group_kl=kl.tolist(),
+                             scale=scale.tolist())
     table = SensitivityTable(cost=cost, source=str(Path(model_path) / SENSITIVITY_FILE), is_fallback=False)
     record = {
         "model": str(model_path),
@@ -258,10 +281,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kl-windows-per-domain", type=int, default=ProfileConfig.kl_windows_per_domain,
                         help="windows per domain for the KL calibration of the units (0 = raw units)")
     parser.add_argument("--kl-bits", type=int, default=ProfileConfig.kl_bits)
+    parser.add_argument("--kl-views", default=",".join(map(str, ProfileConfig.kl_views)),
+                        help="comma list of views to calibrate each on its own, e.g. 2,3,4,6 ('' = only --kl-bits)")
     parser.add_argument("--out", type=Path, default=None, help=f"default: MODEL/{SENSITIVITY_FILE}")
     args = parser.parse_args(argv)
     cfg = ProfileConfig(tokens=args.tokens, seq_len=args.seq_len, batch=args.batch, weighting=args.weighting,
-                        kl_windows_per_domain=args.kl_windows_per_domain, kl_bits=args.kl_bits)
+                        kl_windows_per_domain=args.kl_windows_per_domain, kl_bits=args.kl_bits,
+                        kl_views=tuple(int(b) for b in args.kl_views.split(",") if b))
     table, record = profile(args.model, args.corpus_dir, cfg)
     out = args.out or args.model / SENSITIVITY_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
