@@ -292,6 +292,8 @@ class DataplaneRegistry:
             sensitivity_source=rec.table.source,
             sensitivity_fallback=rec.table.is_fallback,
             budget_feasible=rec.last_ladder.budget_feasible if rec.last_ladder is not None else True,
+            budget_anchor=rec.last_ladder.budget_anchor if rec.last_ladder is not None else "",
+            plan_predicted_budget_cost=rec.last_ladder.predicted_budget_cost if rec.last_ladder is not None else 0.0,
         )
         if report is not None:
             status.engine.CopyFrom(report.engine)

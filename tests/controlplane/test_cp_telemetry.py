@@ -131,9 +131,13 @@ def test_admin_change_sends_new_plan_within_floor(server, admin, dataplanes):
     assert plan2.plan_id > plan.plan_id
     assert all(s.to_bits >= 6 for s in plan2.demotions if s.block.layer == 1)
     assert any(s.to_bits < 6 for s in plan2.demotions if s.block.layer == 0)
+    assert status_of(admin).budget_anchor == "greedy" and status_of(admin).plan_predicted_budget_cost == 0.0
     stub.SetMemoryBudget(admin_pb2.SetMemoryBudgetRequest(dataplane_id="dp-1", expert_budget_bytes=10**5),
                          metadata=md)
     assert dp.recv_plan().memory_budget_bytes == 10**5
+    st = status_of(admin)
+    assert st.budget_anchor == "greedy" or st.budget_anchor.startswith("uniform-")
+    assert st.plan_predicted_budget_cost > 0.0
 
 
 def test_activity_shift_replans_and_stable_activity_does_not(server, dataplanes):
