@@ -21,6 +21,8 @@ import threading
 
 import torch
 
+from kernels.router import RoutingTargets
+
 
 class RoutingStats:
     """Routing of one forward step, per layer and expert (device tensors).
@@ -57,6 +59,16 @@ class RoutingStats:
         self.routed_tokens.zero_()
         self.prob_mass.zero_()
         self.seq_prob_sum.zero_()
+
+    def targets(self, layer: int) -> RoutingTargets:
+        """Views of one layer's sums, for the fused router kernel (kernels/router.py)."""
+        return RoutingTargets(
+            routed=self.routed_tokens[layer],
+            mass=self.prob_mass[layer],
+            seq_mass=self.seq_prob_sum[:, layer],
+            token_seq=self.token_seq_index,
+            token_weight=self.token_weight,
+        )
 
     def record(self, layer: int, topk_ids: torch.Tensor, probs: torch.Tensor) -> None:
         """Adds one MoE layer's routing. topk_ids: [T, k] int64; probs: [T, E] float32."""

@@ -41,6 +41,8 @@ PROJ_GATE, PROJ_UP, PROJ_DOWN = 0, 1, 2
 PROJS_PER_EXPERT = 3
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
 DEFAULT_SMS = 132
+# Resident programs per multiprocessor: both weight kernels use 255 registers
+# per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
 
 
@@ -241,7 +243,10 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active
-    split = max(1, min(ffn // GROUP, triton.cdiv(PROGRAMS_PER_SM * num_sms, tiles_down)))
+    # One wave: a split that overfills the multiprocessors by a few programs
+    # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
+    # slots), so round down.
+    split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg)
 

@@ -8,18 +8,7 @@ from torch import nn
 from dataplane.layers.experts import DenseExperts, Experts
 from dataplane.layers.linear import Linear
 from dataplane.routing_stats import RoutingStats
-
-
-def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mixtral routing: softmax over all experts in float32, top-k, renormalise.
-
-    router_logits: [T, E]. Returns (probs [T, E] float32, topk_ids [T, k]
-    int64, topk_weights [T, k] float32 summing to 1 per token).
-    """
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
-    topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-    return probs, topk_ids, topk_weights
+from kernels.router import route, route_reference
 
 
 class SparseMoeBlock(nn.Module):
@@ -54,7 +43,12 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, routing: RoutingStats | None) -> torch.Tensor:
         # x: [T, H]
         router_logits = self.gate(x)  # [T, E]
-        probs, topk_ids, topk_weights = route(router_logits, self.top_k)
-        if routing is not None:
-            routing.record(self.layer_index, topk_ids, probs)
+        if router_logits.is_cuda:
+            # One launch for softmax, top-k, renormalisation and the statistics.
+            targets = routing.targets(self.layer_index) if routing is not None else None
+            topk_ids, topk_weights = route(router_logits, self.top_k, targets)
+        else:
+            probs, topk_ids, topk_weights = route_reference(router_logits, self.top_k)
+            if routing is not None:
+                routing.record(self.layer_index, topk_ids, probs)
         return self.experts(x, topk_ids, topk_weights)  # [T, H]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_reference
+
 
 class RMSNorm(nn.Module):
     """y = weight * x / sqrt(mean(x^2) + eps), the statistics in float32.
 
     The normalised activations are cast back to the input dtype before the
     weight multiplies them (the order transformers uses, so logits match).
+    On CUDA one fused Triton launch (kernels/rmsnorm.py), else plain torch.
     """
 
     def __init__(self, hidden_size: int, eps: float, device: torch.device, dtype: torch.dtype) -> None:
@@ -20,6 +23,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [tokens, hidden]
-        x32 = x.float()
-        variance = x32.pow(2).mean(-1, keepdim=True)  # [tokens, 1]
-        return self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
+        if x.is_cuda and x.dtype == self.weight.dtype:
+            return rmsnorm(x, self.weight, self.eps)
+        return rmsnorm_reference(x, self.weight, self.eps)
+
+    def add_forward(self, delta: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + delta, its norm): the residual add fused into the norm's launch."""
+        # delta, residual: [tokens, hidden]
+        if residual.is_cuda and delta.dtype == residual.dtype == self.weight.dtype:
+            return add_rmsnorm(delta, residual, self.weight, self.eps)
+        total = residual + delta
+        return total, rmsnorm_reference(total, self.weight, self.eps)

@@ -151,8 +151,9 @@ class MixtralDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         # x: [T, H]
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
-        return x + self.block_sparse_moe(self.post_attention_layernorm(x), ctx.routing)
+        attn = self.self_attn(self.input_layernorm(x), positions, ctx)
+        x, normed = self.post_attention_layernorm.add_forward(attn, x)  # x + attn, its norm
+        return x + self.block_sparse_moe(normed, ctx.routing)
 
 
 class MixtralModel(nn.Module):
