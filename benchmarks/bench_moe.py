@@ -100,8 +100,12 @@ def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None
 
 
 TUNE_CANDIDATES = [dict(block_n=128, num_stages=3, num_warps=4, use_asm=True),
-                   dict(block_n=128, num_stages=3, num_warps=4, use_asm=True, split_k_up=1)]
-TUNE_CASES = [(1, "4"), (16, "4"), (64, "4"), (1, "2"), (1, "8"), (16, "mixed")]
+                   dict(block_n=128, num_stages=3, num_warps=4, use_asm=True, maxnreg=128),
+                   dict(block_n=128, num_stages=2, num_warps=4, use_asm=True, maxnreg=128),
+                   dict(block_n=64, num_stages=3, num_warps=4, use_asm=True, maxnreg=128),
+                   dict(block_n=128, num_stages=3, num_warps=4, use_asm=True, maxnreg=96),
+                   dict(block_n=128, num_stages=3, num_warps=8, use_asm=True, maxnreg=128)]
+TUNE_CASES = [(1, "4"), (16, "4"), (64, "4"), (1, "2")]
 
 
 def time_layer(shape, weights, layers, batch, bits, tune):

@@ -59,10 +59,6 @@ class PagedWeights:
 class MoeTiles:
     """Launch shape. block_n_up must divide 128; split_k 0 = fill the GPU.
 
-    split_k_up: K splits of the gate/up launch (partial sums meet in the
-    workspace through atomics; the last of the 2 * split_k_up programs of a
-    tile applies SiLU * up).
-
     use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
     only; the interpreter cannot run inline assembly).
     maxnreg: cap on registers per thread (more programs per multiprocessor,
@@ -73,7 +69,6 @@ class MoeTiles:
     block_n_down: int = 128
     block_m: int = 16
     split_k: int = 0
-    split_k_up: int = 1
     num_warps: int = 4
     num_stages: int = 3
     use_asm: bool = False
@@ -87,7 +82,7 @@ class MoeTiles:
         return opts
 
 
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles", "groups_per_split"])
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
 def _moe_gate_up_kernel(
     xp_ptr,  # [T, H] fp16, x in virtual in-group order
     xsum_ptr,  # [T, H / 128] fp32 group sums of xp
@@ -98,24 +93,19 @@ def _moe_gate_up_kernel(
     arena_ptr,  # [num_pages * page_bytes / 4] int32 arena words
     pt_ptr,  # [num_blocks, 5, max_pages] int32 page table
     bf_ptr,  # [num_blocks] int32 resident field count per block
-    gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations, zero between launches
+    gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
     h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, groups_per_split,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, SPLIT: tl.constexpr,
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
+    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    # Program ((2 * tile + which) * SPLIT + ks, slot): rows [tile * BN, +BN) of
-    # the gate (which = 0) or up (which = 1) block of the slot's expert, over
-    # the ks-th slice of K. The partial sums are added into gu (zero between
-    # launches); whichever of the 2 * SPLIT programs finishes last combines
-    # SiLU(gate) * up and zeroes its gu rows again.
-    ks = tl.program_id(0) % SPLIT
-    tile = tl.program_id(0) // (2 * SPLIT)
-    which = (tl.program_id(0) // SPLIT) % 2
+    # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
+    # (which = 0) or up (which = 1) block of the slot's expert. Whichever of
+    # the pair finishes second combines SiLU(gate) * up.
+    tile = tl.program_id(0) // 2
+    which = tl.program_id(0) % 2
     slot = tl.program_id(1)
-    g0 = ks * groups_per_split
-    g1 = tl.minimum(g0 + groups_per_split, H // 128)
     if slot < tl.load(num_active_ptr):
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
@@ -142,25 +132,18 @@ def _moe_gate_up_kernel(
                 tok = (flat // top_k).to(tl.int64)
                 xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
                 xs_ptrs = xsum_ptr + tok * (H // 128)
-                acc = block_matmul_any(nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, g0,
-                                       g1, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1,
+                acc = block_matmul_any(nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
+                                       H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1,
                                        1, BN, BM, USE_ASM)
                 keep = (n < F)[:, None] & valid[None, :]
                 pos64 = pos.to(tl.int64)
                 mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
-                theirs = gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None]
-                if SPLIT == 1:
-                    tl.store(mine, acc, mask=keep)
-                else:
-                    tl.atomic_add(mine, acc, mask=keep, sem="relaxed")
+                tl.store(mine, acc, mask=keep)
                 tl.debug_barrier()
                 counter = count_ptr + (expert * (F // BN) + tile) * m_tiles + (m0 - start) // BM
-                if tl.atomic_add(counter, 1, sem="acq_rel") == 2 * SPLIT - 1:
-                    other = tl.load(theirs, mask=keep, other=0.0, cache_modifier=".cg")
-                    if SPLIT > 1:
-                        acc = tl.load(mine, mask=keep, other=0.0, cache_modifier=".cg")
-                    tl.store(mine, tl.zeros_like(acc), mask=keep)
-                    tl.store(theirs, tl.zeros_like(acc), mask=keep)
+                if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
+                    other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
+                                    mask=keep, other=0.0, cache_modifier=".cg")
                     gate = tl.where(which == 0, acc, other)
                     up = tl.where(which == 0, other, acc)
                     h = gate / (1.0 + tl.exp(-gate)) * up
@@ -246,14 +229,12 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 split_k_up: int | None = None) -> MoeTiles:
+                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
-    leave multiprocessors idle. split_k_up: None = the split with the least
-    estimated makespan (_least_makespan_split).
+    leave multiprocessors idle.
     """
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
@@ -266,38 +247,14 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
-    split_up = split_k_up or _least_makespan_split(2 * (ffn // block_n_up) * active, hidden // GROUP,
-                                                   PROGRAMS_PER_SM * num_sms)
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    split_k_up=split_up,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg)
-
-
-MAX_SPLIT_UP = 8
-# Fixed cost of one program in group-iterations: filling the load pipeline is
-# about one DRAM latency (~1 us), about one 128-wide group step (~1.2 us at B=1
-# on the H200, benchmarks/results/moe_ncu_h200.json); an estimate, not fitted.
-PROGRAM_OVERHEAD_GROUPS = 1
-
-
-def _least_makespan_split(programs: int, groups: int, slots: int) -> int:
-    """K splits of a launch of `programs` equal programs over `groups` groups of
-    K with the least estimated makespan on `slots` resident programs:
-    rounds(S) * (ceil(groups / S) + PROGRAM_OVERHEAD_GROUPS) (ties: fewest).
-    Mixtral B = 1 gate/up: 448 programs on 264 slots take 2 rounds of 32
-    groups (66); 4 splits take 7 rounds of 8 (63)."""
-    best, best_cost = 1, None
-    for s in range(1, min(MAX_SPLIT_UP, groups) + 1):
-        cost = triton.cdiv(programs * s, slots) * (triton.cdiv(groups, s) + PROGRAM_OVERHEAD_GROUPS)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = s, cost
-    return best
 
 
 @dataclass
 class MoeWorkspace:
     prep: MoePrep
-    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations, zero between launches
+    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
@@ -309,7 +266,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
-        gu=torch.zeros(pairs, 2, ffn, dtype=torch.float32, device=device),
+        gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
         h=torch.empty(pairs, ffn, dtype=torch.float16, device=device),
         hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
@@ -366,15 +323,12 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     pt = weights.page_table
     if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
         raise ValueError("workspace was allocated for other tiles")
-    n_groups = hidden // GROUP
-    per_split = triton.cdiv(n_groups, max(1, tiles.split_k_up))
-    split = triton.cdiv(n_groups, per_split)  # no empty slices
-    _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up) * split, slots)](
+    _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
         ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
-        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], per_split, BN=tiles.block_n_up,
-        BM=tiles.block_m, USE_ASM=tiles.use_asm, SPLIT=split, **tiles.launch_options(),
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
