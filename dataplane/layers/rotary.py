@@ -13,8 +13,9 @@ class RotaryEmbedding(nn.Module):
 
     cos/sin are computed per step from the positions (no table of
     max_position_embeddings rows), in float32 and cast to the activations'
-    dtype, exactly as transformers does, so logits match bit for bit in fp32.
-    On CUDA one Triton launch for q and k (kernels/rotary.py), else torch.
+    dtype, exactly as transformers does, so the torch path (CPU) matches its
+    logits bit for bit in fp32. On CUDA one Triton launch rotates q and k
+    (kernels/rotary.py; its cos/sin may differ from torch's in the last ulp).
     """
 
     def __init__(self, head_dim: int, theta: float, device: torch.device) -> None:
