@@ -282,6 +282,9 @@ def main() -> None:
     ap.add_argument("--models", default="mixtral,qwen", help="comma list of mixtral, qwen")
     ap.add_argument("--tune-only", action="store_true", help="only the autotune table (implies --autotune)")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; later rows are skipped")
+    ap.add_argument("--batches", help="comma list of batch sizes (default 1,4,16,64; --quick: 1,64)")
+    ap.add_argument("--bits", help="comma list of views: 8,6,4,3,2,mixed (default all; --quick: 4,2,mixed)")
+    ap.add_argument("--kernels-only", action="store_true", help="skip the bf16 torch and attention rows")
     args = ap.parse_args()
     deadline = time.time() + args.budget
     torch.manual_seed(0)
@@ -289,6 +292,13 @@ def main() -> None:
     print(f"tiles tuned from sweep: {tune}", flush=True)
     batches = [1, 64] if args.quick else BATCHES
     bits = ["4", "2", "mixed"] if args.quick else BITS
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
+    if args.bits:
+        bits = args.bits.split(",")
+        unknown = set(bits) - set(BITS)
+        if unknown:
+            ap.error(f"unknown views {sorted(unknown)}; choose from {BITS}")
     hbm = copy_bandwidth()
     print(f"device-to-device copy: {hbm:.0f} GB/s", flush=True)
     result = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -305,10 +315,10 @@ def main() -> None:
         if tune_log:
             result["autotune"], tune_log = list(tune_log), None
         Path(args.out).write_text(json.dumps(result, indent=1))
-    for shape in shapes if not args.tune_only else []:
+    for shape in shapes if not (args.tune_only or args.kernels_only) else []:
         if time.time() < deadline:
             result["bf16"] += bf16_rows(shape, batches, hbm)
-    if time.time() < deadline and not args.tune_only:
+    if time.time() < deadline and not (args.tune_only or args.kernels_only):
         result["attention"] = attention_rows(hbm)
     mixed = []
     timed = [r for r in result["moe"] if "time_us" in r]

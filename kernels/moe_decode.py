@@ -198,6 +198,17 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     else:
         inv_step = 1.0
     acc = tl.zeros((BN, BM), tl.float32)
+    # Latency of the two small per-group loads (ncu stall sampling on the H200:
+    # their global-load waits and the layout conversions they caused were the
+    # largest stalls of the loop). The (scale, offset) load is tied into the
+    # decode by a zero that the compiler cannot fold, so Triton's pipeliner
+    # treats it as an operand of the dot and streams it through shared memory
+    # with the fields, stages ahead; the activation sums of the next group are
+    # loaded one iteration ahead by hand.
+    zero = K >> 31  # 0 at run time (K < 2^31), opaque to the compiler
+    xs_next = tl.load(xs_ptrs + g0 * xs_group_stride, mask=xs_mask, other=0.0)
+    for j in tl.static_range(1, XS_SUB):
+        xs_next += tl.load(xs_ptrs + g0 * xs_group_stride + j, mask=xs_mask, other=0.0)
     gs = g0
     while gs < g1:
         ge = _next_brk(k0, gs, g1)
@@ -221,7 +232,13 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             p4 = _seg_base(a4, b4, k4, gs, 8)
         ps = tl.where(gs < sk, sa, sb)
         for g in range(gs, ge):
-            f0 = _load_two_bit(arena_ptr, p0, g, c4, w2)
+            sw = tl.load(arena_ptr + ps + g)  # [BN] (scale, offset) fp16 pair
+            xs = xs_next  # [BM] activation sums of group g
+            g_next = tl.minimum(g + 1, g1 - 1)
+            xs_next = tl.load(xs_ptrs + g_next * xs_group_stride, mask=xs_mask, other=0.0)
+            for j in tl.static_range(1, XS_SUB):
+                xs_next += tl.load(xs_ptrs + g_next * xs_group_stride + j, mask=xs_mask, other=0.0)
+            f0 = _load_two_bit(arena_ptr, p0, g, c4, w2) | (sw & zero).to(tl.uint32)[:, None, None]
             f1 = f0
             f2 = f0
             f3 = f0
@@ -237,13 +254,9 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
             xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
             part = tl.dot(w, xt)  # [BN, BM] = sum (1024 + q) x
-            sw = tl.load(arena_ptr + ps + g)  # [BN] (scale, offset) fp16 pair
             scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
             offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
             offset = offset - 1024.0 * scale
-            xs = tl.load(xs_ptrs + g * xs_group_stride, mask=xs_mask, other=0.0)
-            for j in tl.static_range(1, XS_SUB):
-                xs += tl.load(xs_ptrs + g * xs_group_stride + j, mask=xs_mask, other=0.0)
             acc = acc + part * scale[:, None]
             acc = acc + offset[:, None] * xs[None, :]
         gs = ge
