@@ -16,7 +16,7 @@ What a graph reads at replay time, so nothing is ever re-captured:
 A graph cannot fetch a host-only expert block on demand, so ``can_replay``
 refuses (and the runner runs the step eagerly) while any block is host-only.
 The runner touches the routed blocks for the LRU after every step, replayed or
-not (``PagedExperts.touch_routed``).
+not (``ModelRunner.touch_routed``).
 """
 
 from __future__ import annotations
@@ -57,9 +57,43 @@ class DecodeRows:
 
 
 @dataclass
+class _Inputs:
+    """A graph's static inputs: views of two device buffers, each filled by one copy.
+
+    Rows of ``ids`` ([4, bucket] int64): token ids, positions, slots, token
+    weights (1 = real row, 0 = padding). ``lens_tables`` ([bucket * (1 +
+    max_blocks)] int32): context lengths, then the block tables row-major. The
+    host twins are pinned on CUDA, so the copies are asynchronous; the runner
+    waits for the device once per step (the sampled ids), after which the
+    host buffers may be rewritten.
+    """
+
+    host_ids: torch.Tensor  # [4, bucket] int64
+    host_lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32
+    ids: torch.Tensor  # [4, bucket] int64, device
+    lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32, device
+
+    @classmethod
+    def allocate(cls, bucket: int, max_blocks: int, device: torch.device) -> "_Inputs":
+        pin = device.type == "cuda"
+        n32 = bucket * (1 + max_blocks)
+        return cls(
+            host_ids=torch.zeros(4, bucket, dtype=torch.int64, pin_memory=pin),
+            host_lens_tables=torch.zeros(n32, dtype=torch.int32, pin_memory=pin),
+            ids=torch.zeros(4, bucket, dtype=torch.int64, device=device),
+            lens_tables=torch.zeros(n32, dtype=torch.int32, device=device),
+        )
+
+    def upload(self) -> None:
+        self.ids.copy_(self.host_ids, non_blocking=True)
+        self.lens_tables.copy_(self.host_lens_tables, non_blocking=True)
+
+
+@dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph | None  # None: eager mode (see DecodeGraphs)
-    input_ids: torch.Tensor  # [bucket] int64
+    inputs: _Inputs
+    input_ids: torch.Tensor  # [bucket] int64 (views of inputs.ids / inputs.lens_tables)
     positions: torch.Tensor  # [bucket] int64
     slots: torch.Tensor  # [bucket] int64
     block_tables: torch.Tensor  # [bucket, max_blocks] int32
@@ -157,32 +191,34 @@ class DecodeGraphs:
         def padded(values: list[int]) -> list[int]:
             return values + [values[0]] * pad
 
-        tables = torch.zeros(bucket, self.max_blocks, dtype=torch.int32)  # [bucket, max_blocks]
+        lengths = [p + 1 for p in rows.positions]  # cached tokens after this step
+        host = g.inputs
+        host.host_ids.copy_(
+            torch.tensor(
+                [padded(rows.input_ids), padded(rows.positions), padded(rows.slots), [1] * n + [0] * pad],
+                dtype=torch.int64,
+            )
+        )
+        host.host_lens_tables[:bucket].copy_(torch.tensor(padded(lengths), dtype=torch.int32))
+        tables = host.host_lens_tables[bucket:].view(bucket, self.max_blocks)  # [bucket, max_blocks]
+        tables.zero_()
         for i, table in enumerate(rows.tables):
             tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
         tables[n:] = tables[0]
-        lengths = [p + 1 for p in rows.positions]  # cached tokens after this step
-        g.input_ids.copy_(torch.tensor(padded(rows.input_ids), dtype=torch.int64))
-        g.positions.copy_(torch.tensor(padded(rows.positions), dtype=torch.int64))
-        g.slots.copy_(torch.tensor(padded(rows.slots), dtype=torch.int64))
-        g.context_lens.copy_(torch.tensor(padded(lengths), dtype=torch.int32))
-        g.block_tables.copy_(tables)
-        g.token_weight.copy_(torch.tensor([1] * n + [0] * pad, dtype=torch.int64))
+        host.upload()
 
     def _capture(self, bucket: int, rows: DecodeRows) -> _Graph:
         dev = self.device
-
-        def buf(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype, device=dev)
-
-        token_weight = buf(bucket, dtype=torch.int64)
+        inputs = _Inputs.allocate(bucket, self.max_blocks, dev)
+        token_weight = inputs.ids[3]
         g = _Graph(
             graph=torch.cuda.CUDAGraph() if self.capture else None,
-            input_ids=buf(bucket, dtype=torch.int64),
-            positions=buf(bucket, dtype=torch.int64),
-            slots=buf(bucket, dtype=torch.int64),
-            block_tables=buf(bucket, self.max_blocks, dtype=torch.int32),
-            context_lens=buf(bucket, dtype=torch.int32),
+            inputs=inputs,
+            input_ids=inputs.ids[0],
+            positions=inputs.ids[1],
+            slots=inputs.ids[2],
+            block_tables=inputs.lens_tables[bucket:].view(bucket, self.max_blocks),
+            context_lens=inputs.lens_tables[:bucket],
             token_weight=token_weight,
             routing=RoutingStats(
                 self.num_layers, self.num_experts, torch.arange(bucket, device=dev), bucket, token_weight

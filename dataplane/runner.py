@@ -134,8 +134,10 @@ class ModelRunner:
             if rows is not None and self.graphs.can_replay(rows):
                 logits, routing = self.graphs.replay(rows)  # [B, vocab]
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
-                result = self._result(scheduled, logits[sampling] if sampling else None, routing, len(rows))
-                self._touch_routed(result.routed_tokens)
+                if len(sampling) < len(scheduled):
+                    logits = logits[sampling] if sampling else None
+                result = self._result(scheduled, logits, routing, len(rows))
+                self.touch_routed(result.routed_tokens)
                 return result
         input_ids, positions, ctx = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
@@ -151,27 +153,44 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[rows_t])  # [S, vocab] float32
         assert ctx.routing is not None
         result = self._result(scheduled, logits, ctx.routing, int(input_ids.shape[0]))
-        self._touch_routed(result.routed_tokens)
+        self.touch_routed(result.routed_tokens)
         return result
 
-    def _touch_routed(self, routed_tokens: torch.Tensor) -> None:
+    def touch_routed(self, routed_tokens: torch.Tensor) -> None:
         """LRU bookkeeping of the paged experts: routed_tokens [layers, experts] host counts."""
+        experts: dict[int, list[int]] = {}
+        for layer, expert in routed_tokens.nonzero().tolist():  # one host op for all layers
+            experts.setdefault(layer, []).append(expert)
         for module in self.paged_experts:
-            module.touch_routed(routed_tokens[module.layer])
+            module.touch_experts(experts.get(module.layer, []))
 
     def _result(
         self, scheduled: list[ScheduledSeq], logits: torch.Tensor | None, routing: RoutingStats, num_tokens: int
     ) -> StepResult:
-        """Samples the sampling sequences (logits [S, vocab], in scheduled order) and copies stats to the host."""
+        """Samples the sampling sequences (logits [S, vocab], in scheduled order) and copies stats to the host.
+
+        The statistics' copies are queued before sampling, so the one wait for
+        the device (the sampled ids) covers them too.
+        """
+        routed = _start_host_copy(routing.routed_tokens)
+        mass = _start_host_copy(routing.prob_mass)
+        seq_mass = _start_host_copy(routing.seq_prob_sum[: len(scheduled)])
         sampled: dict[str, int] = {}
         if logits is not None:
             seqs = [item.seq for item in scheduled if item.samples]
             for seq, token in zip(seqs, self.sampler.sample(logits, seqs)):
                 sampled[seq.seq_id] = token
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the copies above have landed
         return StepResult(
-            sampled=sampled,
-            routed_tokens=routing.routed_tokens.cpu(),
-            prob_mass=routing.prob_mass.cpu(),
-            seq_prob_sum=routing.seq_prob_sum[: len(scheduled)].cpu(),
-            num_tokens=num_tokens,
+            sampled=sampled, routed_tokens=routed, prob_mass=mass, seq_prob_sum=seq_mass, num_tokens=num_tokens
         )
+
+
+def _start_host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t``; from a CUDA tensor it lands in pinned memory once the stream reaches it."""
+    if not t.is_cuda:
+        return t.clone()
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out

@@ -133,10 +133,12 @@ def _next_brk(brk, gs, ge):
 
 
 @triton.jit
-def _load_two_bit(arena_ptr, base, g, c4, w2):
-    # -> uint32 [BN, 4, 2]: group g, quarter c (8 bytes), word.
-    off = base[:, None, None] + (g * 8 + c4[None, :, None] * 2 + w2[None, None, :])
-    return tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
+def _load_two_bit(arena_ptr, base, g):
+    # -> uint32 [BN, 4, 2]: group g, quarter c (8 bytes), word. Loaded as the
+    # row's 8 contiguous words so that the copies are 16 bytes wide.
+    off = base[:, None] + (g * 8 + tl.arange(0, 8)[None, :])
+    words = tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
+    return tl.reshape(words, (words.shape[0], 4, 2))
 
 
 @triton.jit
@@ -165,7 +167,6 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     n_groups = K // 128
     r64 = rows.to(tl.int64)
     c4 = tl.arange(0, 4)
-    w2 = tl.arange(0, 2)
     a0, b0, k0 = row_pages(pt_blk_ptr, r64 * (n_groups * 32), n_groups * 32, 32, log2p)
     a1, b1, k1 = a0, b0, k0
     a2, b2, k2 = a0, b0, k0
@@ -238,7 +239,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             xs_next = tl.load(xs_ptrs + g_next * xs_group_stride, mask=xs_mask, other=0.0)
             for j in tl.static_range(1, XS_SUB):
                 xs_next += tl.load(xs_ptrs + g_next * xs_group_stride + j, mask=xs_mask, other=0.0)
-            f0 = _load_two_bit(arena_ptr, p0, g, c4, w2) | (sw & zero).to(tl.uint32)[:, None, None]
+            f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
             f1 = f0
             f2 = f0
             f3 = f0
@@ -248,9 +249,9 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             if NF >= 3:
                 f2 = _load_one_bit(arena_ptr, p2, g, c4)
             if NF >= 4:
-                f3 = _load_two_bit(arena_ptr, p3, g, c4, w2)
+                f3 = _load_two_bit(arena_ptr, p3, g)
             if NF >= 5:
-                f4 = _load_two_bit(arena_ptr, p4, g, c4, w2)
+                f4 = _load_two_bit(arena_ptr, p4, g)
             w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
             xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
             part = tl.dot(w, xt)  # [BN, BM] = sum (1024 + q) x

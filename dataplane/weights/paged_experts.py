@@ -90,12 +90,12 @@ class PagedExperts(nn.Module):
             # Inside a CUDA-graph capture (dataplane/cuda_graphs.py): no host
             # work here. The graph runner replays only while every block is
             # resident, polls the store before and touches the routed blocks
-            # after each replay (touch_routed).
+            # after each replay (ModelRunner.touch_routed).
             return self._forward_fused(x, topk_ids, topk_weights)
         self.store.poll()  # commit promotions whose copies have landed
         if self.fused_kernel and self.store.all_resident:
             # Nothing to fetch: no host sync in this layer. The runner touches
-            # the routed blocks from the step's routing counts (touch_routed).
+            # the routed blocks from the step's routing counts (ModelRunner.touch_routed).
             return self._forward_fused(x, topk_ids, topk_weights)
         out = torch.zeros_like(x)  # [T, H]
         if x.shape[0] == 0:
@@ -117,9 +117,8 @@ class PagedExperts(nn.Module):
             out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
         return out
 
-    def touch_routed(self, routed_tokens: torch.Tensor) -> None:
-        """LRU bookkeeping after a step: routed_tokens [E] host counts of this layer's experts."""
-        experts = routed_tokens.nonzero().flatten().tolist()
+    def touch_experts(self, experts: list[int]) -> None:
+        """LRU bookkeeping after a step: the experts of this layer that tokens were routed to."""
         self.store.touch([self.block(e, p) for e in experts for p in range(NUM_PROJ)])
 
     def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:

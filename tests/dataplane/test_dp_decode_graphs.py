@@ -119,7 +119,7 @@ def test_runner_touches_routed_experts_after_a_step() -> None:
     routed = torch.zeros(spec.num_layers, spec.num_experts, dtype=torch.int64)  # [layers, experts]
     routed[1, 3] = 2
     before = store.clock
-    runner._touch_routed(routed)
+    runner.touch_routed(routed)
     hit = [block_index(1, 3, p, spec.num_experts) for p in range(NUM_PROJ)]
     assert all(store.last_access(b) > before for b in hit)
     others = set(range(store.num_blocks)) - set(hit)
