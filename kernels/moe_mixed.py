@@ -230,7 +230,7 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None) -> MoeTiles:
-    """A launch shape for decode sizes: 8-64 tokens per tile, enough programs.
+    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
@@ -239,9 +239,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
-    # Token tile = the wgmma N: 8 is the smallest; below 8 tokens per expert a
-    # wider tile only adds masked activation copies to every loop step.
-    block_m = 8 if per_expert <= 8 else (16 if per_expert <= 16 else (32 if per_expert <= 32 else 64))
+    block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active
