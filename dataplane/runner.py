@@ -18,7 +18,9 @@ from dataplane.kv_cache import KVCacheManager
 from dataplane.layers.attention import AttentionMetadata
 from dataplane.routing_stats import RoutingStats
 from dataplane.sampler import Sampler
+from dataplane.weights.layout import NUM_PROJ
 from dataplane.weights.paged_experts import PagedExperts
+from dataplane.weights.store import WeightStore
 from dataplane.scheduler import ScheduledSeq
 
 
@@ -67,6 +69,7 @@ class ModelRunner:
         self.decode_kernels = decode_kernels or graphs is not None
         self.graphs = graphs
         self.paged_experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
+        self._touch_groups = _touch_groups(self.paged_experts, num_layers)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """(input_ids [T], positions [T], context) for the scheduled sequences."""
@@ -157,12 +160,18 @@ class ModelRunner:
         return result
 
     def touch_routed(self, routed_tokens: torch.Tensor) -> None:
-        """LRU bookkeeping of the paged experts: routed_tokens [layers, experts] host counts."""
-        experts: dict[int, list[int]] = {}
-        for layer, expert in routed_tokens.nonzero().tolist():  # one host op for all layers
-            experts.setdefault(layer, []).append(expert)
-        for module in self.paged_experts:
-            module.touch_experts(experts.get(module.layer, []))
+        """LRU bookkeeping of the paged experts: routed_tokens [layers, experts] host counts.
+
+        One access per store per step for all its routed blocks (blocks used in
+        the same step are equally recent); the block ids come from one tensor
+        expression, not a Python loop per layer.
+        """
+        hit = routed_tokens.nonzero()  # [n, 2] (layer, expert)
+        for store, served, num_experts in self._touch_groups:
+            pairs = hit[served[hit[:, 0]]]  # rows whose layer has a paged-experts module on this store
+            first = (pairs[:, 0] * num_experts + pairs[:, 1]) * NUM_PROJ  # [m] block_index(l, e, 0), vectorized
+            blocks = first[:, None] + torch.arange(NUM_PROJ)  # [m, NUM_PROJ]
+            store.touch(blocks.flatten().tolist())
 
     def _result(
         self, scheduled: list[ScheduledSeq], logits: torch.Tensor | None, routing: RoutingStats, num_tokens: int
@@ -185,6 +194,19 @@ class ModelRunner:
         return StepResult(
             sampled=sampled, routed_tokens=routed, prob_mass=mass, seq_prob_sum=seq_mass, num_tokens=num_tokens
         )
+
+
+def _touch_groups(modules: list[PagedExperts], num_layers: int) -> list[tuple[WeightStore, torch.Tensor, int]]:
+    """(store, served bool [layers], experts per layer) for each weight store behind the modules."""
+    groups: dict[int, tuple[WeightStore, torch.Tensor, int]] = {}
+    for m in modules:
+        store, served, experts = groups.setdefault(
+            id(m.store), (m.store, torch.zeros(num_layers, dtype=torch.bool), m.num_experts)
+        )
+        if m.num_experts != experts:
+            raise ValueError("paged-experts modules on one store must have the same expert count")
+        served[m.layer] = True
+    return list(groups.values())
 
 
 def _start_host_copy(t: torch.Tensor) -> torch.Tensor:

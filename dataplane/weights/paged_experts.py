@@ -117,10 +117,6 @@ class PagedExperts(nn.Module):
             out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
         return out
 
-    def touch_experts(self, experts: list[int]) -> None:
-        """LRU bookkeeping after a step: the experts of this layer that tokens were routed to."""
-        self.store.touch([self.block(e, p) for e in experts for p in range(NUM_PROJ)])
-
     def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
         from kernels.moe_mixed import PagedWeights, fused_moe_mixed
