@@ -16,9 +16,11 @@ freed beyond it. Two ways to choose the prefix:
   and pins.
 
 ``fit_budget`` evaluates both (prefix + kept promotions) with the planner's
-own predicted cost (RungCost.state_cost) and returns the cheaper one (the
-greedy one on a tie), so a plan is never predicted worse than the uniform
-bitwidth that fits. Pure functions, no I/O.
+own predicted cost (RungCost.state_cost) and returns the greedy one only
+when it is predicted cheaper by more than ``margin`` (relative;
+PlannerConfig.uniform_guard_margin says why it is not zero), so a plan is
+never predicted worse than the uniform bitwidth that fits. Pure functions,
+no I/O.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from controlplane.rungs import NOT_PINNED, ModelShape, Rung, RungCost, apply_run
 from controlplane.rungs import greedy_walk
 
 GREEDY = "greedy"
-# The uniform state must beat the greedy one by this relative margin: float
-# noise must not flip the choice between two equal predictions.
-GUARD_MARGIN = 1e-9
+# Equal predictions (within float noise) count as a tie, which the uniform
+# state wins whatever the configured margin.
+TIE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -113,15 +115,17 @@ def uniform_fit(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np
 
 
 def fit_budget(cost: RungCost, shape: ModelShape, start: np.ndarray, demotions: list[Rung],
-               floors: np.ndarray, pins: np.ndarray, budget: int, guard: bool) -> BudgetFit:
-    """The greedy fit, or (with ``guard``) the uniform one when it is
-    predicted cheaper and fits."""
+               floors: np.ndarray, pins: np.ndarray, budget: int, guard: bool, margin: float = 0.0) -> BudgetFit:
+    """The greedy fit, or (with ``guard``) the uniform one when it fits and
+    the greedy one is not predicted cheaper by more than ``margin``."""
     greedy = greedy_fit(cost, shape, start, demotions, floors, pins, budget)
     if not guard:
         return greedy
     uniform = uniform_fit(cost, shape, start, floors, pins, budget)
     if uniform is None or not uniform.feasible:
         return greedy
-    if not greedy.feasible or uniform.predicted_cost < greedy.predicted_cost * (1.0 - GUARD_MARGIN):
+    if not greedy.feasible:
         return uniform
-    return greedy
+    if greedy.predicted_cost < uniform.predicted_cost * (1.0 - max(margin, TIE_TOLERANCE)):
+        return greedy
+    return uniform

@@ -34,7 +34,8 @@ with a memory budget, the first budget_rungs of them bring the expert bytes
 within the budget, and the promotions start after them and stop before the
 budget would be exceeded. With uniform_guard (controlplane/budget_guard.py)
 the budget prefix may instead be the walk to the best uniform view that
-fits, when that state is predicted cheaper.
+fits, unless the greedy state is predicted cheaper by more than
+uniform_guard_margin.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def build_ladder(inputs: PlanInputs, cfg: PlannerConfig) -> Ladder:
     start_bytes = shape.expert_bytes(target)
     budget = inputs.constraints.budget_bytes
     if budget > 0:
-        fit = fit_budget(cost, shape, target, demotions, floors, pins, budget, cfg.uniform_guard)
+        fit = fit_budget(cost, shape, target, demotions, floors, pins, budget, cfg.uniform_guard,
+                         cfg.uniform_guard_margin)
         demotions, promotions = fit.prefix + fit.continuation, fit.promotions
         budget_rungs, feasible, anchor, predicted = len(fit.prefix), fit.feasible, fit.anchor, fit.predicted_cost
     else:

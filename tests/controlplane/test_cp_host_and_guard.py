@@ -166,6 +166,23 @@ def test_guard_keeps_greedy_when_it_is_predicted_better(tiny_table):
     assert guarded.predicted_budget_cost < uniform
 
 
+def test_guard_margin_decides_between_a_predicted_gain_and_the_uniform_state(tiny_table):
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.02, hot=0.3)
+    budget = 3 * tiny_table.num_layers * tiny_table.num_experts * TINY_FOOTPRINT[3]
+    inputs = tiny_inputs(share, tiny_table, floors=(), budget=budget)
+    greedy = build_ladder(inputs, PlannerConfig(uniform_guard=False))
+    uniform = RungCost(inputs, PlannerConfig()).state_cost(np.full(inputs.current_bits.shape, 3))
+    gain = 1.0 - greedy.predicted_budget_cost / uniform  # relative, predicted
+    assert 0.0 < gain < 0.5
+    below = build_ladder(inputs, PlannerConfig(uniform_guard_margin=gain / 2))
+    above = build_ladder(inputs, PlannerConfig(uniform_guard_margin=2 * gain))
+    assert below.budget_anchor == "greedy"
+    assert below.predicted_budget_cost == pytest.approx(greedy.predicted_budget_cost)
+    assert above.budget_anchor == "uniform-3"
+    assert above.predicted_budget_cost == pytest.approx(uniform)
+    np.testing.assert_array_equal(budget_state(above), np.full(inputs.current_bits.shape, 3))
+
+
 def test_guard_respects_pins_and_floors():
     floors, pins = (Floor(0, 1, 6),), (Pin(0, 0, 8),)
     inputs = flat_inputs(nonconvex_table(), budget=3 * (800 + 600), floors=floors, pins=pins)

@@ -89,11 +89,12 @@ def test_min_residence_bounds_transitions_of_a_wide_swing():
 
 
 def test_budget_is_enforced_by_the_walker():
-    cfg = PlannerConfig()
+    cfg = PlannerConfig(uniform_guard=False)  # a greedy budget prefix: the walker stops where it fits
     shape = make_shape()
     bits = np.full((L, E, 3), 8)
     budget = int(shape.expert_bytes(bits) * 0.7)
     ladder = build_ladder(make_inputs(current=bits, budget=budget), cfg)
+    assert ladder.budget_anchor == "greedy"
     walker = LadderWalker(shape, bits, POOL_BYTES)
     walker.set_plan(ladder_to_plan(ladder, plan_id=1, cfg=cfg))
     walker.step(0, kv_bytes=0)  # lots of free memory, but over budget

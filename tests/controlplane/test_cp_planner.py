@@ -165,7 +165,9 @@ def test_memory_budget_start_point():
     shape = make_shape()
     full = shape.expert_bytes(np.full((L, E, 3), 8))
     budget = int(full * 0.6)
-    ladder = build_ladder(make_inputs(budget=budget), CFG)
+    # The greedy prefix's mechanics; the guard's choice is tested in test_cp_host_and_guard.py.
+    ladder = build_ladder(make_inputs(budget=budget), CFG.model_copy(update={"uniform_guard": False}))
+    assert ladder.budget_anchor == "greedy"
     freed = np.cumsum([r.bytes_delta for r in ladder.demotions])
     k = ladder.budget_rungs
     assert ladder.budget_feasible and k > 0
