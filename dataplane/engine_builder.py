@@ -135,13 +135,24 @@ def load_model(
     """
     if config.synthetic is not None:
         spec, model = build_synthetic(config.synthetic, device, dtype, seed=config.seed, dense_experts=dense_experts)
+        _fuse_projections(model, device)
         return _model_info(config, spec, config.synthetic, "", None), model
     assert config.model_path is not None
     ckpt = Checkpoint(config.model_path)
     tokenizer = ckpt.tokenizer_info()
     model = build_model(ckpt.spec, device, dtype)
     model.load_weights(ckpt.iter_tensors(device=device))
+    _fuse_projections(model, device)
     return _model_info(config, ckpt.spec, ckpt.name, str(ckpt.path.resolve()), tokenizer), model.eval()
+
+
+def _fuse_projections(model: nn.Module, device: torch.device) -> None:
+    """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv)."""
+    model.fuse_qkv()
+    if device.type == "cuda":
+        # The unfused weights' blocks go back to the driver: plan_memory sizes
+        # the arena from the device's free memory.
+        torch.cuda.empty_cache()
 
 
 def _model_info(

@@ -107,13 +107,33 @@ class MixtralAttention(nn.Module):
         self.v_proj = Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, device, dtype)
         self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, device, dtype)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, device)
+        self.qkv_proj: Linear | None = None  # set by fuse_qkv (then q/k/v_proj are None)
+
+    def fuse_qkv(self) -> None:
+        """Replaces q_proj, k_proj and v_proj by one projection of their stacked
+        weights: one GEMM per step instead of three (at decode each is a
+        launch-bound GEMV). A transform applied after the weights are loaded;
+        the three weights are freed."""
+        if self.qkv_proj is not None:
+            return
+        parts = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        fused = Linear(self.q_proj.in_features, sum(w.shape[0] for w in parts), torch.device("meta"), parts[0].dtype)
+        fused.weight = nn.Parameter(torch.cat([w.detach() for w in parts]), requires_grad=False)  # [q+k+v, H]
+        self.qkv_proj = fused
+        self.q_proj = self.k_proj = self.v_proj = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         # x: [T, H]; positions: [T]
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)  # [T, heads, D]
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, kvh, D]
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.qkv_proj is not None:
+            # Views of one [T, q + 2 kv] output; rotary and the KV write take row strides.
+            q, k, v = self.qkv_proj(x).split((q_size, kv_size, kv_size), dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(tokens, self.num_heads, self.head_dim)  # [T, heads, D]
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, kvh, D]
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         meta = ctx.attn
         if ctx.kv_arena is not None and meta.sliding_window is None and meta.decode_only:
@@ -207,6 +227,14 @@ class MixtralForCausalLM(nn.Module):
         """hidden: [N, H] -> logits [N, vocab] in float32."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def fuse_qkv(self) -> None:
+        """Fuses every layer's q/k/v projections (MixtralAttention.fuse_qkv).
+        After load_weights: the checkpoint names address the unfused ones."""
+        for module in self.modules():
+            if isinstance(module, MixtralAttention):
+                module.fuse_qkv()
 
     # -- loading -------------------------------------------------------------
     @torch.no_grad()

@@ -55,10 +55,12 @@ def _hf_checkpoint(path, tie: bool = False, sliding_window: int | None = None):
     return model
 
 
-def _load(path):
+def _load(path, fuse_qkv: bool = False):
     ckpt = Checkpoint(path)
     model = build_model(ckpt.spec, torch.device("cpu"), torch.float32)
     model.load_weights(ckpt.iter_tensors(progress=False))
+    if fuse_qkv:
+        model.fuse_qkv()
     return ckpt.spec, model.eval()
 
 
@@ -96,10 +98,11 @@ def _check_against_peer(hf, runner, tokens: dict[str, list[int]], plan: list[lis
     assert all(done[sid] == len(toks) for sid, toks in tokens.items())
 
 
-def test_prefill_chunked_prefill_and_decode_match_transformers(tmp_path):
+@pytest.mark.parametrize("fuse_qkv", [False, True])
+def test_prefill_chunked_prefill_and_decode_match_transformers(tmp_path, fuse_qkv):
     hf = _hf_checkpoint(tmp_path)
     assert (tmp_path / "model.safetensors.index.json").exists()  # sharded
-    spec, model = _load(tmp_path)
+    spec, model = _load(tmp_path, fuse_qkv)
     runner = _runner(spec, model)
     gen = torch.Generator().manual_seed(1)
     lengths = {"a": 9, "b": 17, "c": 4, "d": 12}
@@ -113,9 +116,10 @@ def test_prefill_chunked_prefill_and_decode_match_transformers(tmp_path):
     _check_against_peer(hf, runner, tokens, plan)
 
 
-def test_many_decode_steps_across_block_boundaries(tmp_path):
+@pytest.mark.parametrize("fuse_qkv", [False, True])
+def test_many_decode_steps_across_block_boundaries(tmp_path, fuse_qkv):
     hf = _hf_checkpoint(tmp_path)
-    spec, model = _load(tmp_path)
+    spec, model = _load(tmp_path, fuse_qkv)
     runner = _runner(spec, model)
     gen = torch.Generator().manual_seed(2)
     tokens = {
@@ -172,3 +176,17 @@ def test_clear_errors_for_bad_folders(tmp_path):
         break
     with pytest.raises(CheckpointError, match="missing shards"):
         Checkpoint(tmp_path / "m")
+
+
+def test_fuse_qkv_stacks_the_three_weights_and_frees_them(tmp_path):
+    _hf_checkpoint(tmp_path)
+    spec, model = _load(tmp_path)
+    attn = model.model.layers[1].self_attn
+    q, k, v = (attn.q_proj.weight.clone(), attn.k_proj.weight.clone(), attn.v_proj.weight.clone())
+    model.fuse_qkv()
+    model.fuse_qkv()  # idempotent
+    assert attn.q_proj is None and attn.k_proj is None and attn.v_proj is None
+    torch.testing.assert_close(attn.qkv_proj.weight, torch.cat([q, k, v]), rtol=0, atol=0)
+    names = {n for n, _ in model.named_parameters()}
+    assert "model.layers.1.self_attn.qkv_proj.weight" in names
+    assert not any(n.endswith((".q_proj.weight", ".k_proj.weight", ".v_proj.weight")) for n in names)
