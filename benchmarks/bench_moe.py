@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.provenance import git_commit  # noqa: E402
 from benchmarks.moe_setup import (  # noqa: E402
     MIXTRAL,
     QWEN,
@@ -265,14 +265,6 @@ def tune_from_sweep(path: str | None) -> dict | None:
     return dict(block_n=bn, num_stages=stages, use_asm=True)
 
 
-def git_commit() -> str:
-    """HEAD of the checkout, or a marker when the tree travelled without .git (the GPU machine)."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent)
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and commit != "HEAD" else "unknown: fill in the commit that was measured"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -285,6 +277,7 @@ def main() -> None:
     ap.add_argument("--batches", help="comma list of batch sizes (default 1,4,16,64; --quick: 1,64)")
     ap.add_argument("--bits", help="comma list of views: 8,6,4,3,2,mixed (default all; --quick: 4,2,mixed)")
     ap.add_argument("--kernels-only", action="store_true", help="skip the bf16 torch and attention rows")
+    ap.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     args = ap.parse_args()
     deadline = time.time() + args.budget
     torch.manual_seed(0)
@@ -302,7 +295,7 @@ def main() -> None:
     hbm = copy_bandwidth()
     print(f"device-to-device copy: {hbm:.0f} GB/s", flush=True)
     result = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                  command=" ".join(sys.argv), git_commit=git_commit(), torch=torch.__version__,
+                  command=" ".join(sys.argv), git_commit=git_commit(args.commit), torch=torch.__version__,
                   triton=triton.__version__, copy_GBps=hbm, tuned=tune, moe=[], bf16=[],
                   attention=[])
     tune_log = [] if args.autotune or args.tune_only else None

@@ -21,7 +21,6 @@ Anchors: uniform 3-bit and the steady-state plan of each domain alone.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.frontier_plot import plot_domain_shift  # noqa: E402
-from benchmarks.importance_exponent import git_commit  # noqa: E402
+from benchmarks.provenance import cpu_header  # noqa: E402
 from benchmarks.policy_bits import planner_bits, uniform_bits, uniform_bytes, workload_activity  # noqa: E402
 from benchmarks.quality_eval import (  # noqa: E402
     PagedModel,
@@ -141,10 +140,7 @@ def main(argv: list[str] | None = None) -> None:
 
     result = {
         "benchmark": "domain shift",
-        "command": "benchmarks/domain_shift.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(),
-        "device": f"cpu, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        **cpu_header("benchmarks/domain_shift.py", argv),
         "model": str(args.model), "domain_a": a, "domain_b": b,
         "budget_bytes": budget, "budget_label": f"uniform {args.budget_bits}-bit bytes",
         "half_life_s": HALF_LIFE_S, "report_ms": args.report_ms,

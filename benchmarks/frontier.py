@@ -26,9 +26,7 @@ Identical bits configurations are evaluated once. Writes JSON and a PNG.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.frontier_plot import plot_frontier  # noqa: E402
-from benchmarks.importance_exponent import git_commit  # noqa: E402
+from benchmarks.provenance import cpu_header  # noqa: E402
 from benchmarks.policy_bits import (  # noqa: E402
     best_static,
     no_sensitivity_table,
@@ -195,11 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     sidecar = args.model / PROFILE_SIDECAR
     result = {
         "benchmark": "quality-memory frontier",
-        "command": "benchmarks/frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(),
-        "device": f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
-                  f"{torch.get_num_threads()} threads",
+        **cpu_header("benchmarks/frontier.py", argv),
         "model": str(args.model),
         "sensitivity": {"file": str(args.model / SENSITIVITY_FILE),
                         "profile": json.loads(sidecar.read_text())["calibration"] if sidecar.is_file() else None},

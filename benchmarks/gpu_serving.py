@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -33,6 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.provenance import git_commit  # noqa: E402
 from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine import QueueSink  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
@@ -152,17 +152,11 @@ def part_pressure(device: str, requests: int, max_tokens: int) -> list[dict]:
     return rows
 
 
-def git_commit() -> str:
-    """HEAD of the checkout, or a marker when the tree travelled without .git (the GPU machine)."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and commit != "HEAD" else "unknown: fill in the commit that was measured"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     args = parser.parse_args()
     on_gpu = args.device.startswith("cuda")
     batches = [1, 16, 64] if on_gpu else [1, 4]
@@ -171,7 +165,7 @@ def main() -> int:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": git_commit(args.commit),
         "model": str(MODEL.relative_to(REPO)),
     }
     result["store"] = part_store(args.device)

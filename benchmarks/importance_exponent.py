@@ -21,9 +21,7 @@ with the lowest score. Writes JSON (benchmarks/results/importance_exponent_cpu.j
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.provenance import cpu_header  # noqa: E402
 from benchmarks.policy_bits import best_static, planner_bits, uniform_bits, uniform_bytes  # noqa: E402
 from benchmarks.policy_bits import workload_activity  # noqa: E402
 from benchmarks.quality_eval import PagedModel, evaluate, load_domain_windows, routing_over  # noqa: E402
@@ -58,19 +57,6 @@ def disjoint_windows(tokens_dir: Path, domain: str, split: str, seq_len: int, co
                                 .astype(np.int64))]
     idx = torch.from_numpy(pick)
     return EvalWindows(every.inputs[idx], every.targets[idx])
-
-
-def git_commit() -> str:
-    """HEAD's short id, "+dirty" when the working tree has uncommitted changes
-    (the results then come from HEAD plus those changes)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,10 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     workloads = {"mix": domains, **{d: [d] for d in filter(None, args.single_domains.split(","))}}
     result = {
         "benchmark": "importance exponent on validation",
-        "command": "benchmarks/importance_exponent.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(),
-        "device": f"cpu, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        **cpu_header("benchmarks/importance_exponent.py", argv),
         "eval": {"split": "validation", "windows_per_domain": args.windows,
                  "disjoint_from_activity_windows": args.activity_windows,
                  "kl": "mean KL(p_8bit || p) per counted position, nats (mean over the workload's domains)"},
