@@ -17,10 +17,11 @@ freed beyond it. Two ways to choose the prefix:
 
 ``fit_budget`` evaluates both (prefix + kept promotions) with the planner's
 own predicted cost (RungCost.state_cost) and returns the greedy one only
-when it is predicted cheaper by more than ``margin`` (relative;
-PlannerConfig.uniform_guard_margin says why it is not zero), so a plan is
-never predicted worse than the uniform bitwidth that fits. Pure functions,
-no I/O.
+when it is predicted cheaper: by more than ``margin`` (relative;
+PlannerConfig.uniform_guard_margin says why it is not zero) when the uniform
+fit is a single-view state (no promotions fit on top of it), by more than
+float noise otherwise. So a plan is never predicted worse than the uniform
+bitwidth that fits. Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def uniform_fit(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np
 def fit_budget(cost: RungCost, shape: ModelShape, start: np.ndarray, demotions: list[Rung],
                floors: np.ndarray, pins: np.ndarray, budget: int, guard: bool, margin: float = 0.0) -> BudgetFit:
     """The greedy fit, or (with ``guard``) the uniform one when it fits and
-    the greedy one is not predicted cheaper by more than ``margin``."""
+    the greedy one is not predicted cheaper by more than ``margin`` (module doc)."""
     greedy = greedy_fit(cost, shape, start, demotions, floors, pins, budget)
     if not guard:
         return greedy
@@ -126,6 +127,10 @@ def fit_budget(cost: RungCost, shape: ModelShape, start: np.ndarray, demotions: 
         return greedy
     if not greedy.feasible:
         return uniform
-    if greedy.predicted_cost < uniform.predicted_cost * (1.0 - max(margin, TIE_TOLERANCE)):
+    # The margin protects a single-view state (the known static point, and
+    # the fastest for the kernels); once promotions are kept on top of the
+    # uniform prefix both candidates are mixed and the cheaper one wins.
+    required = max(margin, TIE_TOLERANCE) if not uniform.promotions else TIE_TOLERANCE
+    if greedy.predicted_cost < uniform.predicted_cost * (1.0 - required):
         return greedy
     return uniform

@@ -112,8 +112,10 @@ class PlannerConfig(BaseModel):
     # than the uniform bitwidth that fits.
     uniform_guard: bool = True
     # How much cheaper (relative) the greedy state must be predicted than the
-    # uniform one to be chosen over it. Two measured reasons not to trade a
-    # uniform state for a predicted gain of a few percent:
+    # uniform one to be chosen over it, when the uniform fit is a single-view
+    # state (a budget at or just above a view's bytes; between views both
+    # candidates are mixed and the cheaper wins). Two measured reasons not to
+    # trade a uniform state for a predicted gain of a few percent:
     # * the table over-predicted the gain on the default model's validation
     #   split by up to ~3 points on the mix workload (predicted 8.2 % / 2.4 %
     #   at the uniform-3 / uniform-4 budgets, measured 5.3 % / 0.3 %:

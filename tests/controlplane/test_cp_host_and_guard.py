@@ -183,6 +183,20 @@ def test_guard_margin_decides_between_a_predicted_gain_and_the_uniform_state(tin
     np.testing.assert_array_equal(budget_state(above), np.full(inputs.current_bits.shape, 3))
 
 
+def test_guard_margin_only_protects_a_single_view_state(tiny_table):
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.02, hot=0.3)
+    blocks = 3 * tiny_table.num_layers * tiny_table.num_experts
+    budget = blocks * (TINY_FOOTPRINT[3] + TINY_FOOTPRINT[4]) // 2  # between the 3- and 4-bit views
+    inputs = tiny_inputs(share, tiny_table, floors=(), budget=budget)
+    greedy = build_ladder(inputs, PlannerConfig(uniform_guard=False))
+    wide = build_ladder(inputs, PlannerConfig(uniform_guard_margin=0.99))
+    uniform3 = RungCost(inputs, PlannerConfig()).state_cost(np.full(inputs.current_bits.shape, 3))
+    assert greedy.predicted_budget_cost < uniform3
+    # The uniform-3 fit keeps promotions here, so it is a mixed state: the margin does not apply.
+    assert len(set(budget_state(wide).reshape(-1).tolist())) > 1
+    assert wide.predicted_budget_cost <= greedy.predicted_budget_cost
+
+
 def test_guard_respects_pins_and_floors():
     floors, pins = (Floor(0, 1, 6),), (Pin(0, 0, 8),)
     inputs = flat_inputs(nonconvex_table(), budget=3 * (800 + 600), floors=floors, pins=pins)
