@@ -115,10 +115,10 @@ class DemandTracker:
     ``decay^n * mean + (1 - decay^n) * S / n``: each token weighs as one
     observation of an exponential moving average with factor ``decay``.
 
-    The means live in one table, a row per tracked sequence, so a step costs
-    the same few tensor ops whatever the batch (per-sequence ops took about
-    1.2 ms of host time per step at B = 64); rows of forgotten sequences are
-    zero and reused.
+    The means live in one numpy table, a row per tracked sequence, so a step
+    costs the same few array ops whatever the batch (per-sequence torch ops
+    took about 1.2 ms of host time per step at B = 64); rows of forgotten
+    sequences are zero and reused.
     """
 
     def __init__(self, num_layers: int, num_experts: int, decay: float) -> None:
