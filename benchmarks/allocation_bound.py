@@ -8,7 +8,8 @@ the VALIDATION windows) and each uniform view's budget, the predicted cost
 (RungCost.state_cost: importance-weighted table cost) of
 
 * the uniform view,
-* the planner's budget state,
+* the planner's budget state, and its greedy state without the uniform
+  guard (what the guard's margin is compared with),
 * a lower bound on every allocation of supported views to blocks that fits
   the budget: the Lagrangian dual max_lam sum_i min_v (c_i(v) + lam b_i(v)) -
   lam B (weak duality: no allocation within B costs less).
@@ -89,12 +90,14 @@ def main(argv: list[str] | None = None) -> None:
             bound = dual_bound(per_view.reshape(-1, len(views)), block_bytes.reshape(-1, len(views)), budget)
             uniform = cost.state_cost(uniform_bits(shape, bits))
             planned, ladder = planner_plan(shape, table, activity, budget, cfg)
+            greedy, _ = planner_plan(shape, table, activity, budget, cfg.model_copy(update={"uniform_guard": False}))
             row = {"budget": f"uniform {bits}-bit", "budget_bytes": budget, "uniform_predicted": uniform,
                    "planner_predicted": cost.state_cost(planned), "planner_anchor": ladder.budget_anchor,
+                   "greedy_predicted": cost.state_cost(greedy),
                    "any_allocation_at_least": bound, "max_predicted_reduction": 1.0 - bound / uniform}
             rows.append(row)
             print(f"{name:7s} {row['budget']}: uniform {uniform:.5f} planner {row['planner_predicted']:.5f} "
-                  f"({ladder.budget_anchor}) bound {bound:.5f} -> at most {row['max_predicted_reduction']:.1%}",
+                  f"({ladder.budget_anchor}) greedy {row['greedy_predicted']:.5f} bound {bound:.5f} -> at most {row['max_predicted_reduction']:.1%}",
                   flush=True)
         result["workloads"][name] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)

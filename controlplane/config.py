@@ -117,8 +117,9 @@ class PlannerConfig(BaseModel):
     # candidates are mixed and the cheaper wins). Two measured reasons not to
     # trade a uniform state for a predicted gain of a few percent:
     # * the table over-predicted the gain on the default model's validation
-    #   split by up to ~3 points on the mix workload (predicted 8.2 % / 2.4 %
-    #   at the uniform-3 / uniform-4 budgets, measured 5.3 % / 0.3 %:
+    #   split by up to ~3 points on the mix workload (greedy state predicted
+    #   8.2 % / 2.4 % cheaper at the uniform-3 / uniform-4 budgets,
+    #   allocation_bound_cpu.json; measured 5.3 % / 0.3 %,
     #   importance_exponent_cpu.json; gains above ~14 % were under-predicted);
     # * mixed bitwidths cost the fused MoE kernel 2-7 % of speed against the
     #   uniform view of the same bytes (moe_h200_s4.json, Mixtral B = 1..64).

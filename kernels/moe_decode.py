@@ -149,6 +149,15 @@ def _load_one_bit(arena_ptr, base, g, c4):
 
 
 @triton.jit
+def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
+    # -> fp32 [BM]: activation sums of group g (XS_SUB partial sums added).
+    xs = tl.load(xs_ptrs + g * xs_group_stride, mask=xs_mask, other=0.0)
+    for j in tl.static_range(1, XS_SUB):
+        xs += tl.load(xs_ptrs + g * xs_group_stride + j, mask=xs_mask, other=0.0)
+    return xs
+
+
+@triton.jit
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                  xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
@@ -207,9 +216,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     # with the fields, stages ahead; the activation sums of the next group are
     # loaded one iteration ahead by hand.
     zero = K >> 31  # 0 at run time (K < 2^31), opaque to the compiler
-    xs_next = tl.load(xs_ptrs + g0 * xs_group_stride, mask=xs_mask, other=0.0)
-    for j in tl.static_range(1, XS_SUB):
-        xs_next += tl.load(xs_ptrs + g0 * xs_group_stride + j, mask=xs_mask, other=0.0)
+    xs_next = _group_sums(xs_ptrs, g0, xs_group_stride, xs_mask, XS_SUB)
     gs = g0
     while gs < g1:
         ge = _next_brk(k0, gs, g1)
@@ -236,9 +243,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             sw = tl.load(arena_ptr + ps + g)  # [BN] (scale, offset) fp16 pair
             xs = xs_next  # [BM] activation sums of group g
             g_next = tl.minimum(g + 1, g1 - 1)
-            xs_next = tl.load(xs_ptrs + g_next * xs_group_stride, mask=xs_mask, other=0.0)
-            for j in tl.static_range(1, XS_SUB):
-                xs_next += tl.load(xs_ptrs + g_next * xs_group_stride + j, mask=xs_mask, other=0.0)
+            xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB)
             f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
             f1 = f0
             f2 = f0
