@@ -19,8 +19,8 @@ def git_commit(override: str | None = None) -> str:
 
     ``override`` wins: on the GPU machine the tree travels with a stale
     ``.git``, so its HEAD is not what ran and the caller passes ``--commit``.
-    Otherwise HEAD's short id, with "+dirty" when tracked files have
-    uncommitted changes (the numbers then come from HEAD plus those), or
+    Otherwise HEAD's short id, with "+dirty" when tracked files outside
+    benchmarks/results have uncommitted changes (the numbers then come from HEAD plus those), or
     "unknown" without git.
     """
     if override:
@@ -28,8 +28,10 @@ def git_commit(override: str | None = None) -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        # Result files do not count: a rerun rewrites its own tracked JSON.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!benchmarks/results"], cwd=REPO, capture_output=True, text=True,
+                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
