@@ -12,8 +12,10 @@ For each batch size B, B requests with the same prompt length run together;
 the timed window is the steps in which all B sequences decode.
 
 Reported per (bits, B):
-* step_ms: median wall time of ModelRunner.execute over those steps (the
-  forward, sampling and the device->host copy of the step's statistics);
+* step_ms: median wall time from ModelRunner.launch to the end of its
+  collect over those steps (the forward, sampling, the device->host copy of
+  the step's statistics, and the previous step's bookkeeping that the engine
+  does in between while the device works);
 * engine_step_ms: median time between consecutive step starts (adds the
   engine loop: scheduling, output delivery);
 * tok_per_s = B / engine_step_ms;
@@ -73,7 +75,7 @@ def copy_bandwidth(device: str) -> float:
 
 @dataclass
 class StepLog:
-    """Per-step records of the runner (wrapped ``execute``)."""
+    """Per-step records of the runner (wrapped ``launch`` / ``collect``)."""
 
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
@@ -87,20 +89,28 @@ class StepLog:
 
 
 def instrument(runner, log: StepLog) -> None:
-    execute = runner.execute
+    """Records each step from the start of ``runner.launch`` to the end of its ``collect``."""
+    launch, collect = runner.launch, runner.collect
+    started: dict[int, float] = {}  # id(launched step) -> its launch start
 
-    def timed(scheduled):
+    def timed_launch(scheduled):
         start = time.perf_counter()
-        result = execute(scheduled)
+        step = launch(scheduled)
+        started[id(step)] = start
+        return step
+
+    def timed_collect(step):
+        result = collect(step)
         log.ends.append(time.perf_counter())
-        log.starts.append(start)
+        log.starts.append(started.pop(id(step)))
+        scheduled = step.scheduled
         decode = all(item.num_new_tokens == 1 for item in scheduled)
         log.decode_rows.append(len(scheduled) if decode else 0)
         log.routed.append(result.routed_tokens > 0)
         log.context_tokens.append(sum(item.start + item.num_new_tokens for item in scheduled))
         return result
 
-    runner.execute = timed
+    runner.launch, runner.collect = timed_launch, timed_collect
 
 
 def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) -> list[list[int]]:
@@ -258,6 +268,7 @@ def main() -> int:
     parser.add_argument("--no-graphs", action="store_true", help="eager decode steps (no CUDA graphs)")
     parser.add_argument("--eager-too", action="store_true",
                         help="after the graph rows, the last bits again with eager steps")
+    parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
     parser.add_argument("--profile-batches", default="",
                         help="after the timed rows: profile decode at these batch sizes (torch.profiler, "
@@ -274,6 +285,7 @@ def main() -> int:
         synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=first_bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
+        fuse_qkv=not args.no_fuse_qkv,
     )
     built = build(config)
     build_s = time.perf_counter() - t0
@@ -318,6 +330,7 @@ def main() -> int:
         "torch": torch.__version__,
         "commit": args.commit,
         "preset": args.preset,
+        "fuse_qkv": not args.no_fuse_qkv,
         "prompt_len": args.prompt_len,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "build_seconds": build_s,

@@ -94,6 +94,9 @@ class DataplaneConfig(BaseSettings):
     # captured per batch bucket up to max_running_seqs (dataplane/cuda_graphs.py);
     # False runs every step eagerly (the Triton decode kernels still apply).
     cuda_graphs: bool = True
+    # Stack each layer's q/k/v projections into one after loading (one GEMM
+    # instead of three per decode step); False keeps them apart (A/B runs).
+    fuse_qkv: bool = True
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

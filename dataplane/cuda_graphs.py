@@ -60,35 +60,40 @@ class DecodeRows:
 
 @dataclass
 class _Inputs:
-    """A graph's static inputs: views of two device buffers, each filled by one copy.
+    """A graph's static inputs: views of one device buffer, filled by one copy.
 
     Rows of ``ids`` ([4, bucket] int64): token ids, positions, slots, token
     weights (1 = real row, 0 = padding). ``lens_tables`` ([bucket * (1 +
-    max_blocks)] int32): context lengths, then the block tables row-major. The
-    host twins are pinned on CUDA, so the copies are asynchronous; the runner
-    waits for the device once per step (the sampled ids), after which the
-    host buffers may be rewritten.
+    max_blocks)] int32): context lengths, then the block tables row-major.
+    Both are views of one byte buffer (``device``) with a host twin
+    (``host``, pinned on CUDA), so a step's inputs go up in one asynchronous
+    copy; the runner waits for the device once per step (the sampled ids),
+    after which the host buffer may be rewritten.
     """
 
-    host_ids: torch.Tensor  # [4, bucket] int64
-    host_lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32
-    ids: torch.Tensor  # [4, bucket] int64, device
-    lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32, device
+    host: torch.Tensor  # [nbytes] uint8
+    device: torch.Tensor  # [nbytes] uint8
+    host_ids: torch.Tensor  # [4, bucket] int64, view of host
+    host_lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32, view of host
+    ids: torch.Tensor  # [4, bucket] int64, view of device
+    lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32, view of device
 
     @classmethod
     def allocate(cls, bucket: int, max_blocks: int, device: torch.device) -> "_Inputs":
-        pin = device.type == "cuda"
-        n32 = bucket * (1 + max_blocks)
-        return cls(
-            host_ids=torch.zeros(4, bucket, dtype=torch.int64, pin_memory=pin),
-            host_lens_tables=torch.zeros(n32, dtype=torch.int32, pin_memory=pin),
-            ids=torch.zeros(4, bucket, dtype=torch.int64, device=device),
-            lens_tables=torch.zeros(n32, dtype=torch.int32, device=device),
-        )
+        ids_bytes = 4 * bucket * 8  # int64 rows first: the int32 part starts 8-byte aligned
+        nbytes = ids_bytes + 4 * bucket * (1 + max_blocks)
+        host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
+        def views(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return buf[:ids_bytes].view(torch.int64).view(4, bucket), buf[ids_bytes:].view(torch.int32)
+
+        host_ids, host_lens_tables = views(host)
+        ids, lens_tables = views(dev)
+        return cls(host, dev, host_ids, host_lens_tables, ids, lens_tables)
 
     def upload(self) -> None:
-        self.ids.copy_(self.host_ids, non_blocking=True)
-        self.lens_tables.copy_(self.host_lens_tables, non_blocking=True)
+        self.device.copy_(self.host, non_blocking=True)
 
 
 @dataclass

@@ -3,6 +3,10 @@
 Input: the scheduler's ``ScheduledSeq`` list. Output: the sampled token of
 every sequence that completed its tokens this step, plus the step's routing
 statistics. The batch is flattened (see dataplane/layers/attention.py).
+
+A step is launched, then collected: between the two the device works and the
+caller's thread is free (the engine does the previous step's bookkeeping
+there, so that host time hides behind the device's).
 """
 
 from __future__ import annotations
@@ -32,6 +36,37 @@ class StepResult:
     routed_tokens: torch.Tensor  # [layers, experts] int64
     prob_mass: torch.Tensor  # [layers, experts] float32
     seq_prob_sum: torch.Tensor  # [B, layers, experts] float32, scheduled order
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class _HostStats:
+    """Host copies of a step's routing statistics, queued on the device stream.
+
+    On CUDA they land in pinned memory once the stream reaches them: read
+    them only after the step's collect.
+    """
+
+    routed_tokens: torch.Tensor  # [layers, experts] int64
+    prob_mass: torch.Tensor  # [layers, experts] float32
+    seq_prob_sum: torch.Tensor  # [B, layers, experts] float32, scheduled order
+
+    @classmethod
+    def start(cls, routing: RoutingStats, batch: int) -> "_HostStats":
+        return cls(
+            routed_tokens=_start_host_copy(routing.routed_tokens),
+            prob_mass=_start_host_copy(routing.prob_mass),
+            seq_prob_sum=_start_host_copy(routing.seq_prob_sum[:batch]),
+        )
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step whose device work is queued (``ModelRunner.launch``); ``collect`` finishes it."""
+
+    scheduled: list[ScheduledSeq]
+    logits: torch.Tensor | None  # [S, vocab] float32, rows of the sampling sequences (scheduled order)
+    stats: _HostStats
     num_tokens: int
 
 
@@ -131,7 +166,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
-        """Runs one step. ``scheduled`` must be non-empty with blocks allocated."""
+        """Runs one step and waits for it: ``collect(launch(scheduled))``.
+
+        Does not touch the routed blocks for the LRU (the engine does that with
+        ``touch_routed`` while the next step runs).
+        """
+        return self.collect(self.launch(scheduled))
+
+    @torch.inference_mode()
+    def launch(self, scheduled: list[ScheduledSeq]) -> LaunchedStep:
+        """Queues one step's device work and returns without waiting for it.
+
+        ``scheduled`` must be non-empty with blocks allocated. The host copies
+        of the routing statistics are queued behind the forward. Until
+        ``collect`` returns, the caller may do host work that needs no result
+        of this step (the engine does the previous step's bookkeeping there).
+        """
         if self.graphs is not None:
             rows = self.decode_rows(scheduled)
             if rows is not None and self.graphs.can_replay(rows):
@@ -139,9 +189,7 @@ class ModelRunner:
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
                 if len(sampling) < len(scheduled):
                     logits = logits[sampling] if sampling else None
-                result = self._result(scheduled, logits, routing, len(rows))
-                self.touch_routed(result.routed_tokens)
-                return result
+                return LaunchedStep(scheduled, logits, _HostStats.start(routing, len(scheduled)), len(rows))
         input_ids, positions, ctx = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
         logits = None
@@ -155,9 +203,30 @@ class ModelRunner:
             rows_t = torch.tensor(last_rows, device=self.device)
             logits = self.model.compute_logits(hidden[rows_t])  # [S, vocab] float32
         assert ctx.routing is not None
-        result = self._result(scheduled, logits, ctx.routing, int(input_ids.shape[0]))
-        self.touch_routed(result.routed_tokens)
-        return result
+        return LaunchedStep(scheduled, logits, _HostStats.start(ctx.routing, len(scheduled)), int(input_ids.shape[0]))
+
+    @torch.inference_mode()
+    def collect(self, step: LaunchedStep) -> StepResult:
+        """Samples the launched step's sampling sequences and waits for its statistics.
+
+        One wait for the device per step: the sampled ids; the statistics'
+        copies were queued before them.
+        """
+        sampled: dict[str, int] = {}
+        if step.logits is not None:
+            seqs = [item.seq for item in step.scheduled if item.samples]
+            for seq, token in zip(seqs, self.sampler.sample(step.logits, seqs)):
+                sampled[seq.seq_id] = token
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the statistics' copies have landed
+        stats = step.stats
+        return StepResult(
+            sampled=sampled,
+            routed_tokens=stats.routed_tokens,
+            prob_mass=stats.prob_mass,
+            seq_prob_sum=stats.seq_prob_sum,
+            num_tokens=step.num_tokens,
+        )
 
     def touch_routed(self, routed_tokens: torch.Tensor) -> None:
         """LRU bookkeeping of the paged experts: routed_tokens [layers, experts] host counts.
@@ -172,28 +241,6 @@ class ModelRunner:
             first = (pairs[:, 0] * num_experts + pairs[:, 1]) * NUM_PROJ  # [m] block_index(l, e, 0), vectorized
             blocks = first[:, None] + torch.arange(NUM_PROJ)  # [m, NUM_PROJ]
             store.touch(blocks.flatten().tolist())
-
-    def _result(
-        self, scheduled: list[ScheduledSeq], logits: torch.Tensor | None, routing: RoutingStats, num_tokens: int
-    ) -> StepResult:
-        """Samples the sampling sequences (logits [S, vocab], in scheduled order) and copies stats to the host.
-
-        The statistics' copies are queued before sampling, so the one wait for
-        the device (the sampled ids) covers them too.
-        """
-        routed = _start_host_copy(routing.routed_tokens)
-        mass = _start_host_copy(routing.prob_mass)
-        seq_mass = _start_host_copy(routing.seq_prob_sum[: len(scheduled)])
-        sampled: dict[str, int] = {}
-        if logits is not None:
-            seqs = [item.seq for item in scheduled if item.samples]
-            for seq, token in zip(seqs, self.sampler.sample(logits, seqs)):
-                sampled[seq.seq_id] = token
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()  # the copies above have landed
-        return StepResult(
-            sampled=sampled, routed_tokens=routed, prob_mass=mass, seq_prob_sum=seq_mass, num_tokens=num_tokens
-        )
 
 
 def _touch_groups(modules: list[PagedExperts], num_layers: int) -> list[tuple[WeightStore, torch.Tensor, int]]:

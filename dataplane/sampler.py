@@ -47,7 +47,8 @@ class Sampler:
         tokens: list[int | None] = [None] * len(seqs)
         greedy = [i for i, seq in enumerate(seqs) if seq.sampling.greedy]
         if greedy:
-            picks = logits[greedy].argmax(dim=-1).tolist()
+            rows = logits if len(greedy) == len(seqs) else logits[greedy]  # no index upload when all are greedy
+            picks = rows.argmax(dim=-1).tolist()
             for i, token in zip(greedy, picks):
                 tokens[i] = token
         for i, seq in enumerate(seqs):

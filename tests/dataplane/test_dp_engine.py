@@ -102,9 +102,29 @@ def test_routing_window_and_running_demand(make_engine):
     sink = QueueSink()
     engine.add_request("long", list(range(10, 20)), SamplingParams(max_tokens=2000, ignore_eos=True), sink)
     sink.queue.get(timeout=TIMEOUT_S)  # running now
+    # The engine folds a step into the demand while the next step runs
+    # (Engine._flush_bookkeeping), so it shows up at most a step later.
+    wait_for(lambda: engine.running_demand().sum() > 0, "demand of the running sequence")
     demand = engine.running_demand()
     # One running sequence: its mean routing distribution sums to 1 per layer.
     torch.testing.assert_close(demand.sum(dim=1), torch.ones(info.num_layers), atol=1e-4, rtol=0)
+    engine.abort("long")
+    wait_for(lambda: engine.running_demand().sum() == 0, "demand to clear after abort")
+
+
+def test_a_finished_sequence_leaves_the_demand_while_others_run(make_engine):
+    # The engine folds each step into the demand one step late; a sequence
+    # that finished in that step must not come back with it.
+    engine = make_engine()
+    info = engine.model_info
+    long_sink = QueueSink()
+    engine.add_request("long", list(range(10, 20)), SamplingParams(max_tokens=2000, ignore_eos=True), long_sink)
+    long_sink.queue.get(timeout=TIMEOUT_S)
+    run(engine, {"short": list(range(30, 45))}, SamplingParams(max_tokens=2, ignore_eos=True))
+    for _ in range(3):  # a few more steps of "long" alone
+        long_sink.queue.get(timeout=TIMEOUT_S)
+    # Only "long" is tracked: its mean routing distribution sums to 1 per layer.
+    torch.testing.assert_close(engine.running_demand().sum(dim=1), torch.ones(info.num_layers), atol=1e-4, rtol=0)
     engine.abort("long")
     wait_for(lambda: engine.running_demand().sum() == 0, "demand to clear after abort")
 
