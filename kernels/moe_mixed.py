@@ -224,8 +224,14 @@ def _moe_down_kernel(
     # Program (rows tile, j): j < splits picks an active expert and a chunk of
     # its K groups (_down_split); an expert's chunks add into out atomically.
     pid_n = tl.program_id(0)
-    slot, chunk, chunks = _down_split(tl.program_id(1), splits, tl.load(num_active_ptr), active_ptr, bf_ptr,
-                                      block0, E_PAD)
+    j = tl.program_id(1)
+    num_active = tl.load(num_active_ptr)
+    if splits <= num_active:  # no K to share (B >= 4 on Mixtral): program j is slot j, all of K
+        slot = j
+        chunk = 0
+        chunks = 1
+    else:
+        slot, chunk, chunks = _down_split(j, splits, num_active, active_ptr, bf_ptr, block0, E_PAD)
     per_chunk = tl.cdiv(F // 128, tl.maximum(chunks, 1))
     g0 = chunk * per_chunk
     g1 = tl.minimum(g0 + per_chunk, F // 128)
@@ -392,6 +398,8 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
     splits = slots * max(1, tiles.split_k)  # K chunks shared by the active experts by their bits
+    # E_PAD covers the active slots (at most ``slots``), not all experts: the
+    # split's per-program prologue is O(E_PAD^2).
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
     _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), splits)](
@@ -399,7 +407,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         splits, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
-        HS_SUB=GROUP // tiles.block_n_up, E_PAD=triton.next_power_of_2(num_experts), USE_ASM=tiles.use_asm,
+        HS_SUB=GROUP // tiles.block_n_up, E_PAD=triton.next_power_of_2(slots), USE_ASM=tiles.use_asm,
         **tiles.launch_options(),
     )
 

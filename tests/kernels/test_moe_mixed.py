@@ -50,6 +50,20 @@ def test_mixed_bits_in_one_launch(device, bn_up, split):
     assert rel_err(out, ref) < 3e-3
 
 
+def test_every_slot_active_takes_all_of_k(device):
+    # 2 tokens x top-2 on 4 distinct experts: as many K chunks as active
+    # experts, so the down launch skips the bit-weighted split (one chunk each).
+    weights = random_moe(1, E, H, F, mixed_fields, PAGE, device, seed=11)
+    torch.manual_seed(12)
+    x = torch.randn(2, H)
+    ids = torch.tensor([[0, 1], [2, 3]])
+    tw = torch.rand(2, 2)
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=1)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
+    assert rel_err(out, ref) < 3e-3
+
+
 def test_few_experts_host_only_and_token_loop(device):
     # 20 tokens on two experts (more than one 16-token tile each), one slot
     # routed to a host-only expert, one slot ignored (-1).
