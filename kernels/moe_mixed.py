@@ -154,58 +154,7 @@ def _moe_gate_up_kernel(
                     tl.atomic_xchg(counter, 0)
 
 
-# Relative time per weight of a block at 2 / 3 / 4 / 6 / 8 bits (1..5 fields),
-# from the measured B=1 speeds of uniform views on the H200
-# (benchmarks/results/moe_h200_s4.json, Mixtral): 1.0 / 1.2 / 1.45 / 1.78 /
-# 2.28 times the 2-bit time, x10. Only the ratios matter: they share the down
-# launch's K chunks among experts (_down_split).
-VIEW_COST = (10, 12, 15, 18, 23)
-_COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in VIEW_COST)
-
-
-@triton.jit
-def _view_cost(nf):
-    """VIEW_COST of a block with ``nf`` resident fields (host-only counts as the cheapest)."""
-    return tl.where(nf <= 1, _COST1, tl.where(nf == 2, _COST2, tl.where(nf == 3, _COST3,
-                                                                        tl.where(nf == 4, _COST4, _COST5))))
-
-
-@triton.jit
-def _down_split(j, splits, num_active, active_ptr, bf_ptr, block0, E_PAD: tl.constexpr):
-    """(slot, k chunk, chunks of that slot) of program j of the down launch; slot -1 when idle.
-
-    ``splits`` K chunks in all are shared among the ``num_active`` experts
-    (each gets >= 1), in proportion to the time its down block needs at its
-    bits, by largest remainder (the sum is exactly ``splits``). With equal
-    bits every expert gets splits / num_active chunks; with a 6-bit and a
-    2-bit expert the 6-bit one gets more, so the programs of one wave end
-    together instead of waiting for the slow expert's.
-    """
-    e = tl.arange(0, E_PAD)
-    act = e < num_active
-    expert = tl.load(active_ptr + e, mask=act, other=0)
-    nf = tl.load(bf_ptr + block0 + expert * 3 + 2, mask=act, other=0)
-    w = tl.where(act, _view_cost(nf), 0)  # [E_PAD]
-    total = tl.maximum(tl.sum(w, axis=0), 1)
-    spare = tl.maximum(splits - num_active, 0)
-    q = spare * w // total
-    r = spare * w % total
-    left = spare - tl.sum(q, axis=0)
-    # Rank of each remainder (larger first, ties to the lower slot): the
-    # ``left`` best get one more chunk.
-    ahead = (r[None, :] > r[:, None]) | ((r[None, :] == r[:, None]) & (e[None, :] < e[:, None]))
-    rank = tl.sum((ahead & act[None, :]).to(tl.int32), axis=1)
-    chunks = tl.where(act, 1 + q + (rank < left).to(tl.int32), 0)  # [E_PAD]
-    ends = tl.cumsum(chunks, axis=0)
-    slot = tl.sum(((ends <= j) & act).to(tl.int32), axis=0)
-    mine = e == slot
-    first = tl.sum(tl.where(mine, ends - chunks, 0), axis=0)
-    count = tl.sum(tl.where(mine, chunks, 0), axis=0)
-    slot = tl.where(slot < num_active, slot, -1)
-    return slot, j - first, count
-
-
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "splits"])
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
 def _moe_down_kernel(
     h_ptr,  # [T * top_k, F] fp16, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
@@ -218,24 +167,15 @@ def _moe_down_kernel(
     pt_ptr,  # [num_blocks, 5, max_pages] int32
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, splits, top_k,
-    BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, E_PAD: tl.constexpr, USE_ASM: tl.constexpr,
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
+    BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    # Program (rows tile, j): j < splits picks an active expert and a chunk of
-    # its K groups (_down_split); an expert's chunks add into out atomically.
     pid_n = tl.program_id(0)
-    j = tl.program_id(1)
-    num_active = tl.load(num_active_ptr)
-    if splits <= num_active:  # no K to share (B >= 4 on Mixtral): program j is slot j, all of K
-        slot = j
-        chunk = 0
-        chunks = 1
-    else:
-        slot, chunk, chunks = _down_split(j, splits, num_active, active_ptr, bf_ptr, block0, E_PAD)
-    per_chunk = tl.cdiv(F // 128, tl.maximum(chunks, 1))
-    g0 = chunk * per_chunk
-    g1 = tl.minimum(g0 + per_chunk, F // 128)
-    if (slot >= 0) & (g0 < g1):
+    pid_k = tl.program_id(1)
+    slot = tl.program_id(2)
+    g0 = pid_k * groups_per_split
+    g1 = tl.minimum(g0 + groups_per_split, F // 128)
+    if (slot < tl.load(num_active_ptr)) & (g0 < g1):
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
         nf_g = tl.load(bf_ptr + blk)
@@ -397,35 +337,21 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up)."""
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
-    splits = slots * max(1, tiles.split_k)  # K chunks shared by the active experts by their bits
-    # E_PAD covers the active slots (at most ``slots``), not all experts: the
-    # split's per-program prologue is O(E_PAD^2).
+    n_groups = ffn // GROUP
+    per_split = triton.cdiv(n_groups, max(1, tiles.split_k))
+    split = triton.cdiv(n_groups, per_split)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
-    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), splits)](
+    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
-        splits, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
-        HS_SUB=GROUP // tiles.block_n_up, E_PAD=triton.next_power_of_2(slots), USE_ASM=tiles.use_asm,
-        **tiles.launch_options(),
+        per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
 # -- plain-torch reference ----------------------------------------------------
-def down_split_reference(down_fields: list[int], splits: int) -> list[int]:
-    """K chunks per active expert that _down_split gives (its down blocks' field counts, in slot order)."""
-    costs = [VIEW_COST[max(nf, 1) - 1] for nf in down_fields]
-    total = max(sum(costs), 1)
-    spare = max(splits - len(costs), 0)
-    q = [spare * c // total for c in costs]
-    r = [spare * c % total for c in costs]
-    left = spare - sum(q)
-    order = sorted(range(len(costs)), key=lambda i: (-r[i], i))  # larger remainder first, ties to the lower slot
-    bonus = set(order[:left])
-    return [1 + q[i] + (i in bonus) for i in range(len(costs))]
-
-
 def read_block(weights: PagedWeights, block: int, n: int, k: int) -> list[torch.Tensor]:
     """The resident fields' byte strings of one block, gathered from pages."""
     nf = int(weights.block_fields[block])
