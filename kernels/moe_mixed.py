@@ -154,69 +154,7 @@ def _moe_gate_up_kernel(
                     tl.atomic_xchg(counter, 0)
 
 
-# Relative time per weight of a block at 2 / 3 / 4 / 6 / 8 bits (1..5 fields),
-# from the measured B=1 speeds of uniform views on the H200
-# (benchmarks/results/moe_h200_s4.json, Mixtral): 1.0 / 1.2 / 1.45 / 1.78 /
-# 2.28 times the 2-bit time, x10. Only the ratios matter: they share the down
-# launch's K chunks among experts (_down_chunk).
-VIEW_COST = (10, 12, 15, 18, 23)
-_COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in VIEW_COST)
-
-
-@triton.jit
-def _down_cost(active_ptr, bf_ptr, block0, slot):
-    """VIEW_COST of the down block of the expert in ``slot`` (host-only counts as the cheapest)."""
-    nf = tl.load(bf_ptr + block0 + tl.load(active_ptr + slot) * 3 + 2)
-    return tl.where(nf <= 1, _COST1, tl.where(nf == 2, _COST2, tl.where(nf == 3, _COST3,
-                                                                        tl.where(nf == 4, _COST4, _COST5))))
-
-
-@triton.jit
-def _down_chunk(j, splits, num_active, active_ptr, bf_ptr, block0):
-    """(slot, chunk, chunks of that slot) of program j of the down launch; slot -1 when idle.
-
-    The ``splits`` K chunks are shared among the ``num_active`` experts: each
-    gets one, the spare ones go in proportion to the time its down block
-    needs at its bits (floor), and what the floors leave goes one each to the
-    costliest experts (ties in slot order). With equal bits that is an even
-    split; with a 6-bit and a 2-bit expert the 6-bit one gets more chunks, so
-    the programs of one wave end together. Scalar loops over the few active
-    experts (this runs only when splits > num_active: small batches).
-    """
-    total = 0
-    top = 0
-    for s in range(0, num_active):
-        w = _down_cost(active_ptr, bf_ptr, block0, s)
-        total += w
-        top = tl.maximum(top, w)
-    spare = splits - num_active
-    given = 0
-    n_top = 0
-    for s in range(0, num_active):
-        w = _down_cost(active_ptr, bf_ptr, block0, s)
-        given += spare * w // total
-        n_top += (w == top).to(tl.int32)
-    left = spare - given
-    slot = -1
-    first = 0
-    count = 0
-    end = 0
-    rank = 0  # among the costliest, in slot order
-    for s in range(0, num_active):
-        w = _down_cost(active_ptr, bf_ptr, block0, s)
-        is_top = w == top
-        extra = tl.where(is_top, left // n_top + (rank < left % n_top).to(tl.int32), 0)
-        rank += is_top.to(tl.int32)
-        c = 1 + spare * w // total + extra
-        hit = (j >= end) & (j < end + c)
-        slot = tl.where(hit, s, slot)
-        first = tl.where(hit, end, first)
-        count = tl.where(hit, c, count)
-        end += c
-    return slot, j - first, count
-
-
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "splits"])
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
 def _moe_down_kernel(
     h_ptr,  # [T * top_k, F] fp16, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
@@ -229,23 +167,15 @@ def _moe_down_kernel(
     pt_ptr,  # [num_blocks, 5, max_pages] int32
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, splits, top_k,
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
     BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    # Program (rows tile, j): j < splits picks an active expert and a chunk of
-    # its K groups (_down_chunk); an expert's chunks add into out atomically.
     pid_n = tl.program_id(0)
-    j = tl.program_id(1)
-    num_active = tl.load(num_active_ptr)
-    slot = j
-    chunk = 0
-    chunks = 1
-    if splits > num_active:  # K to share (small batches); else program j is slot j, all of K
-        slot, chunk, chunks = _down_chunk(j, splits, num_active, active_ptr, bf_ptr, block0)
-    per_chunk = tl.cdiv(F // 128, chunks)
-    g0 = chunk * per_chunk
-    g1 = tl.minimum(g0 + per_chunk, F // 128)
-    if (slot >= 0) & (slot < num_active) & (g0 < g1):
+    pid_k = tl.program_id(1)
+    slot = tl.program_id(2)
+    g0 = pid_k * groups_per_split
+    g1 = tl.minimum(g0 + groups_per_split, F // 128)
+    if (slot < tl.load(num_active_ptr)) & (g0 < g1):
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
         nf_g = tl.load(bf_ptr + blk)
@@ -407,32 +337,21 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up)."""
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
-    splits = slots * max(1, tiles.split_k)  # K chunks, shared by the active experts by their bits
+    n_groups = ffn // GROUP
+    per_split = triton.cdiv(n_groups, max(1, tiles.split_k))
+    split = triton.cdiv(n_groups, per_split)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
-    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), splits)](
+    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
-        splits, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
+        per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
 # -- plain-torch reference ----------------------------------------------------
-def down_chunks_reference(down_fields: list[int], splits: int) -> list[int]:
-    """K chunks per active expert that _down_chunk gives (down blocks' field counts in slot order)."""
-    costs = [VIEW_COST[max(nf, 1) - 1] for nf in down_fields]
-    if splits <= len(costs):
-        return [1] * len(costs)
-    total, top = sum(costs), max(costs)
-    spare = splits - len(costs)
-    left = spare - sum(spare * c // total for c in costs)
-    tops = [i for i, c in enumerate(costs) if c == top]
-    extra = {i: left // len(tops) + (r < left % len(tops)) for r, i in enumerate(tops)}
-    return [1 + spare * c // total + extra.get(i, 0) for i, c in enumerate(costs)]
-
-
 def read_block(weights: PagedWeights, block: int, n: int, k: int) -> list[torch.Tensor]:
     """The resident fields' byte strings of one block, gathered from pages."""
     nf = int(weights.block_fields[block])
