@@ -1,4 +1,5 @@
-"""The engine loop: receive -> schedule -> execute -> update -> emit.
+"""The engine loop: receive -> schedule -> launch -> (previous step's
+bookkeeping, while the device works) -> collect -> update -> emit.
 
 One thread owns the scheduler, the KV manager, the arena and the model. Other
 threads talk to it only through ``add_request`` / ``abort`` (a command

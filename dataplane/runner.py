@@ -71,7 +71,7 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    """Owns the model on its device; one ``execute`` per engine step.
+    """Owns the model on its device; one ``launch`` + ``collect`` per engine step.
 
     ``decode_kernels``: decode-only steps attend through the Triton kernels
     over the whole KV arena (CUDA; block size and head dim powers of two).
@@ -163,15 +163,6 @@ class ModelRunner:
             rows.slots.append(self.kv.slot(seq_id, pos))
             rows.tables.append(self.kv.block_table(seq_id))
         return rows
-
-    @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
-        """Runs one step and waits for it: ``collect(launch(scheduled))``.
-
-        Does not touch the routed blocks for the LRU (the engine does that with
-        ``touch_routed`` while the next step runs).
-        """
-        return self.collect(self.launch(scheduled))
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledSeq]) -> LaunchedStep:
