@@ -1,0 +1,151 @@
+"""Would an activation-weighted (scale, offset) fit lower the KL of the low
+views? (CPU, ~3 min; an experiment on the codec, not the served path.)
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/codec_weighted_fit.py
+
+The codec (dataplane/weights/codec.py) fits each view's (scale, offset) per
+(row, group of 128) by plain least squares to the weights, with the codes
+fixed (the b-bit code is the top b bits of the 8-bit code: the nesting that
+lets a block drop bits in place). Here the same fit is weighted by the
+block's input second moments per column, diag(S) of the profiler
+(dataplane/profiling/sensitivity.py: E[g^2 x x^T] for gate/up, E[g^2 h h^T]
+for down, from TRAIN windows), i.e. it minimises the error of the block's
+output instead of its weights. Codes, layout and bytes stay the same.
+
+Every expert of the model is put at one view (2, 3 or 4 bits) with the plain
+and with the weighted fit, and the mean KL to the 8-bit view is measured on
+TEST windows of every domain. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.provenance import cpu_header  # noqa: E402
+from dataplane.profiling.corpus import corpus_domains, split_windows  # noqa: E402
+from dataplane.profiling.sensitivity import collect_moments, expert_stats, load_model  # noqa: E402
+from dataplane.profiling.window_forward import WindowForward  # noqa: E402
+from dataplane.weights.codec import decode, encode  # noqa: E402
+from dataplane.weights.layout import CODE_BITS, GROUP  # noqa: E402
+from models.train.lm_eval import IGNORE  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def codes_8bit(w: torch.Tensor) -> torch.Tensor:
+    """The codec's 8-bit codes of W [N, K] (min-max per group), [N, G, GROUP]."""
+    n, k = w.shape
+    wg = w.float().reshape(n, k // GROUP, GROUP)
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    s = torch.where(hi > lo, (hi - lo) / ((1 << CODE_BITS) - 1), torch.ones_like(lo))
+    return torch.clamp(torch.round((wg - lo) / s), 0, (1 << CODE_BITS) - 1).to(torch.int64)
+
+
+def weighted_view(w: torch.Tensor, bits: int, col_weight: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+    """W at ``bits`` with (scale, offset) per (row, group) fitted by least
+    squares weighted by col_weight [K]; plain [N, K] (the codec's view) where
+    a group's fit is degenerate. Scale rounded to fp16, then the offset refit."""
+    n, k = w.shape
+    wg = w.double().reshape(n, k // GROUP, GROUP)
+    t = (codes_8bit(w) >> (CODE_BITS - bits)).double()  # [N, G, GROUP]
+    s = col_weight.double().clamp_min(0).reshape(1, k // GROUP, GROUP)
+    s = s + 1e-12 * s.mean()  # every weight counts a little (columns no token reached)
+    sw, st = (s * wg).sum(-1), (s * t).sum(-1)
+    ss, stt, stw = s.sum(-1), (s * t * t).sum(-1), (s * t * wg).sum(-1)
+    den = ss * stt - st * st
+    ok = den > 1e-12 * ss * stt.clamp_min(1e-30)
+    scale = torch.where(ok, (ss * stw - st * sw) / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den))
+    scale = scale.to(torch.float16).double()
+    offset = (sw - scale * st) / ss
+    out = (offset[..., None] + scale[..., None] * t).reshape(n, k)
+    keep = ok[..., None].expand(n, k // GROUP, GROUP).reshape(n, k)
+    return torch.where(keep, out.to(torch.float16).float(), plain.float())
+
+
+def mean_kl(runner: WindowForward, windows: dict, refs: dict, batch: int) -> dict[str, float]:
+    out = {}
+    for d, win in windows.items():
+        kl_sum, count = 0.0, 0
+        for i, s in enumerate(range(0, win.inputs.shape[0], batch)):
+            lp = runner.log_probs(win.inputs[s:s + batch])
+            keep = win.targets[s:s + batch] != IGNORE
+            r, q = refs[d][i][keep], lp[keep]
+            kl_sum += float((r.exp() * (r - q)).sum(-1).double().sum())
+            count += int(keep.sum())
+        out[d] = kl_sum / count
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=Path("models/pw-moe-tiny"))
+    parser.add_argument("--tokens-dir", type=Path, default=Path("data/tokens"))
+    parser.add_argument("--tokens", type=int, default=65536, help="calibration tokens (train split)")
+    parser.add_argument("--test-windows", type=int, default=16, help="test windows per domain")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--views", default="2,3,4")
+    parser.add_argument("--out", type=Path, default=RESULTS / "codec_weighted_fit_cpu.json")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    batch = 8
+    model, ckpt = load_model(args.model)
+    domains = corpus_domains(args.tokens_dir)
+    per_domain = max(1, args.tokens // (len(domains) * args.seq_len))
+    calib = torch.cat([split_windows(args.tokens_dir, d, "train", args.seq_len, per_domain).inputs for d in domains])
+    runner = WindowForward(model, ckpt.spec, batch, args.seq_len)
+    recorders = collect_moments(model, runner, calib, batch, progress=False)
+    for r in recorders:
+        r.enabled = False
+    originals = [(r.inner.w1.detach().clone(), r.inner.w3.detach().clone(), r.inner.w2.detach().clone())
+                 for r in recorders]
+    encoded = [[(encode(w1[e]), encode(w3[e]), encode(w2[e])) for e in range(w1.shape[0])]
+               for w1, w3, w2 in originals]
+
+    def set_view(bits: int, weighted: bool) -> None:
+        with torch.no_grad():
+            for r, (w1, w3, w2), blocks in zip(recorders, originals, encoded):
+                for e, (b1, b3, b2) in enumerate(blocks):
+                    stats = expert_stats(r.moments, e)
+                    for dst, w, blk, cols in ((r.inner.w1, w1, b1, stats.x_g2), (r.inner.w3, w3, b3, stats.x_g2),
+                                              (r.inner.w2, w2, b2, stats.h_g2)):
+                        view = decode(blk, bits)
+                        if weighted:
+                            view = weighted_view(w[e], bits, torch.diagonal(cols), view)
+                        dst[e].copy_(view.to(dst.dtype))
+
+    test = {d: split_windows(args.tokens_dir, d, "test", args.seq_len, args.test_windows) for d in domains}
+    set_view(8, False)
+    refs = {d: [runner.log_probs(w.inputs[s:s + batch]) for s in range(0, w.inputs.shape[0], batch)]
+            for d, w in test.items()}
+    result = {"benchmark": "activation-weighted (scale, offset) fit of the low views",
+              **cpu_header("benchmarks/codec_weighted_fit.py", argv), "model": str(args.model),
+              "calibration": {"split": "train", "tokens": int(calib.numel())},
+              "eval": {"split": "test", "windows_per_domain": args.test_windows,
+                       "kl": "mean KL(p_8bit || p) per counted position, nats, every expert at the view"},
+              "views": []}
+    for bits in (int(b) for b in args.views.split(",")):
+        row = {"bits": bits}
+        for name, weighted in (("plain_lsq", False), ("weighted_lsq", True)):
+            set_view(bits, weighted)
+            per_domain_kl = mean_kl(runner, test, refs, batch)
+            row[name] = {"per_domain": per_domain_kl, "mean": float(np.mean(list(per_domain_kl.values())))}
+        row["reduction"] = 1.0 - row["weighted_lsq"]["mean"] / row["plain_lsq"]["mean"]
+        result["views"].append(row)
+        print(f"{bits}-bit: KL plain {row['plain_lsq']['mean']:.5f} weighted {row['weighted_lsq']['mean']:.5f} "
+              f"({row['reduction']:+.1%} lower) "
+              + " ".join(f"{d} {row['plain_lsq']['per_domain'][d]:.4f}->{row['weighted_lsq']['per_domain'][d]:.4f}"
+                         for d in domains), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
