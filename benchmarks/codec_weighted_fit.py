@@ -37,15 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.allocation_bound import HALF_LIFE_S  # noqa: E402
 from benchmarks.policy_bits import planner_bits, uniform_bits, uniform_bytes, workload_activity  # noqa: E402
 from benchmarks.provenance import cpu_header  # noqa: E402
-from benchmarks.quality_eval import PagedModel, load_domain_windows, routing_over  # noqa: E402
+from benchmarks.quality_eval import PagedModel, _kl_and_nll, load_domain_windows, routing_over  # noqa: E402
 from controlplane.config import PlannerConfig  # noqa: E402
 from controlplane.sensitivity import SENSITIVITY_FILE, load  # noqa: E402
 from dataplane.profiling.corpus import corpus_domains, split_windows  # noqa: E402
 from dataplane.profiling.sensitivity import collect_moments, expert_stats, load_model  # noqa: E402
 from dataplane.profiling.window_forward import WindowForward  # noqa: E402
-from dataplane.weights.codec import decode, encode  # noqa: E402
+from dataplane.weights.codec import _group_min_max, decode, encode  # noqa: E402
 from dataplane.weights.layout import CODE_BITS, GROUP  # noqa: E402
-from models.train.lm_eval import IGNORE  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FITS = ("plain_lsq", "weighted_lsq", "full_weighted_lsq")  # today's codec, diag(S)-weighted, full-S joint per row
@@ -54,10 +53,7 @@ FITS = ("plain_lsq", "weighted_lsq", "full_weighted_lsq")  # today's codec, diag
 def codes_8bit(w: torch.Tensor) -> torch.Tensor:
     """The codec's 8-bit codes of W [N, K] (min-max per group), [N, G, GROUP]."""
     n, k = w.shape
-    wg = w.float().reshape(n, k // GROUP, GROUP)
-    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
-    s = torch.where(hi > lo, (hi - lo) / ((1 << CODE_BITS) - 1), torch.ones_like(lo))
-    return torch.clamp(torch.round((wg - lo) / s), 0, (1 << CODE_BITS) - 1).to(torch.int64)
+    return _group_min_max(w.float().reshape(n, k // GROUP, GROUP))[2]
 
 
 def weighted_view(w: torch.Tensor, bits: int, col_weight: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
@@ -113,16 +109,13 @@ def full_weighted_view(w: torch.Tensor, bits: int, sigma: torch.Tensor, plain: t
 
 
 def mean_kl(runner: WindowForward, windows: dict, refs: dict, batch: int) -> dict[str, float]:
+    """{domain: mean KL(ref || model) per counted position} of the runner's model on ``windows``."""
     out = {}
     for d, win in windows.items():
-        kl_sum, count = 0.0, 0
+        kl_sum = 0.0
         for i, s in enumerate(range(0, win.inputs.shape[0], batch)):
-            lp = runner.log_probs(win.inputs[s:s + batch])
-            keep = win.targets[s:s + batch] != IGNORE
-            r, q = refs[d][i][keep], lp[keep]
-            kl_sum += float((r.exp() * (r - q)).sum(-1).double().sum())
-            count += int(keep.sum())
-        out[d] = kl_sum / count
+            kl_sum += _kl_and_nll(refs[d][i], runner.log_probs(win.inputs[s:s + batch]), win.targets[s:s + batch])[0]
+        out[d] = kl_sum / win.counted
     return out
 
 

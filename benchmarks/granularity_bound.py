@@ -41,6 +41,7 @@ from dataplane.profiling.sensitivity import (  # noqa: E402
     collect_moments,
     expert_stats,
     load_model,
+    quadratic_cost_rows,
     view_deltas,
 )
 from dataplane.profiling.window_forward import WindowForward  # noqa: E402
@@ -67,11 +68,7 @@ def row_errors(model_path: Path, tokens_dir: Path, tokens: int, seq_len: int, ba
             for proj, w in ((PROJ_GATE, w1[e]), (PROJ_UP, w3[e]), (PROJ_DOWN, w2[e])):
                 sigma, rows = block_weighting(stats, proj, "output", w2[e])
                 deltas = view_deltas(w)
-                per_view = []
-                for b in VIEW_BITS:
-                    d = deltas[b].double()
-                    per_row = ((d @ sigma.double()) * d).sum(dim=1)  # [N]
-                    per_view.append((per_row if rows is None else rows.double() * per_row).numpy())
+                per_view = [quadratic_cost_rows(deltas[b], sigma, rows).numpy() for b in VIEW_BITS]
                 blocks.append(np.stack(per_view, axis=-1))  # [N, V]
             layer.append(blocks)
         out.append(layer)

@@ -139,11 +139,16 @@ def expert_stats(m: ExpertMoments, expert: int) -> BlockStats:
     )
 
 
-def quadratic_cost(delta: torch.Tensor, sigma: torch.Tensor, row_weight: torch.Tensor | None = None) -> float:
-    """trace(R dW S dW^T): delta [N, K], sigma [K, K], row_weight [N] (R = I when None)."""
+def quadratic_cost_rows(delta: torch.Tensor, sigma: torch.Tensor, row_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The diagonal of R dW S dW^T, float64 [N]: delta [N, K], sigma [K, K], row_weight [N] (R = I when None)."""
     d = delta.double()
     per_row = ((d @ sigma.double()) * d).sum(dim=1)  # [N]
-    return float(per_row.sum() if row_weight is None else (row_weight.double() * per_row).sum())
+    return per_row if row_weight is None else row_weight.double() * per_row
+
+
+def quadratic_cost(delta: torch.Tensor, sigma: torch.Tensor, row_weight: torch.Tensor | None = None) -> float:
+    """trace(R dW S dW^T): delta [N, K], sigma [K, K], row_weight [N] (R = I when None)."""
+    return float(quadratic_cost_rows(delta, sigma, row_weight).sum())
 
 
 def view_deltas(w: torch.Tensor) -> dict[int, torch.Tensor]:
