@@ -56,6 +56,27 @@ def dual_bound(cost: np.ndarray, nbytes: np.ndarray, budget: int) -> float:
     return best
 
 
+def view_bytes(shape) -> np.ndarray:
+    """float64 [3, V]: bytes of one block of each projection at each supported view."""
+    return np.array([[shape.bytes_at(p, v) for v in shape.view_bits] for p in range(3)], dtype=np.float64)
+
+
+def weighted_view_costs(shape, table, activity, budget: int, cfg: PlannerConfig) -> tuple[RungCost, np.ndarray]:
+    """(the planner's RungCost at ``budget``, [L, E, 3, V] importance-weighted
+    table cost of every block at every supported view)."""
+    cost = RungCost(PlanInputs(shape, table, activity, uniform_bits(shape, shape.ceiling_bits),
+                               Constraints(budget_bytes=budget)), cfg)
+    per_view = np.stack([cost.importance[:, :, None] * table.cost[..., BITS_AXIS.index(v)] for v in shape.view_bits],
+                        axis=-1)
+    return cost, per_view
+
+
+def frontier_workloads(tokens_dir: Path, single_domains: str) -> dict[str, list[str]]:
+    """{"mix": every domain, each single domain: [it]} as benchmarks/frontier.py."""
+    domains = corpus_domains(tokens_dir)
+    return {"mix": domains, **{d: [d] for d in filter(None, single_domains.split(","))}}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("models/pw-moe-tiny"))
@@ -69,9 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     paged = PagedModel(args.model, args.seq_len, 8)
     shape, table, cfg = paged.shape, load(args.model / SENSITIVITY_FILE), PlannerConfig()
     views = list(shape.view_bits)
-    nbytes = np.array([[shape.bytes_at(p, v) for v in views] for p in range(3)], dtype=np.float64)  # [3, V]
-    domains = corpus_domains(args.tokens_dir)
-    workloads = {"mix": domains, **{d: [d] for d in filter(None, args.single_domains.split(","))}}
+    nbytes = view_bytes(shape)  # [3, V]
+    workloads = frontier_workloads(args.tokens_dir, args.single_domains)
     result = {"benchmark": "allocation bound (table-predicted)", **cpu_header("benchmarks/allocation_bound.py", argv),
               "model": str(args.model), "activity": {"split": "validation", "windows_per_domain": args.activity_windows},
               "workloads": {}}
@@ -82,10 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for bits in views[1:-1]:
             budget = uniform_bytes(shape, bits)
-            cost = RungCost(PlanInputs(shape, table, activity, uniform_bits(shape, shape.ceiling_bits),
-                                       Constraints(budget_bytes=budget)), cfg)
-            per_view = np.stack([cost.importance[:, :, None] * table.cost[..., BITS_AXIS.index(v)] for v in views],
-                                axis=-1)  # [L, E, 3, V]
+            cost, per_view = weighted_view_costs(shape, table, activity, budget, cfg)  # per_view [L, E, 3, V]
             block_bytes = np.broadcast_to(nbytes, per_view.shape)  # [L, E, 3, V]
             bound = dual_bound(per_view.reshape(-1, len(views)), block_bytes.reshape(-1, len(views)), budget)
             uniform = cost.state_cost(uniform_bits(shape, bits))

@@ -28,13 +28,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.allocation_bound import HALF_LIFE_S, dual_bound  # noqa: E402
-from benchmarks.policy_bits import uniform_bits, uniform_bytes, workload_activity  # noqa: E402
+from benchmarks.allocation_bound import (  # noqa: E402
+    HALF_LIFE_S,
+    dual_bound,
+    frontier_workloads,
+    view_bytes,
+    weighted_view_costs,
+)
+from benchmarks.policy_bits import uniform_bytes, workload_activity  # noqa: E402
 from benchmarks.provenance import cpu_header  # noqa: E402
 from benchmarks.quality_eval import PagedModel, load_domain_windows, routing_over  # noqa: E402
 from controlplane.config import PlannerConfig  # noqa: E402
-from controlplane.rungs import Constraints, PlanInputs, RungCost  # noqa: E402
-from controlplane.sensitivity import BITS_AXIS, SENSITIVITY_FILE, load  # noqa: E402
+from controlplane.sensitivity import SENSITIVITY_FILE, load  # noqa: E402
 from dataplane.profiling.corpus import corpus_domains, split_windows  # noqa: E402
 from dataplane.profiling.sensitivity import (  # noqa: E402
     block_weighting,
@@ -111,19 +116,15 @@ def main(argv: list[str] | None = None) -> None:
     views = list(shape.view_bits)
     budget = uniform_bytes(shape, BASE_BITS)
     errors = row_errors(args.model, args.tokens_dir, args.tokens, args.seq_len, 8)
-    block_bytes = np.array([[shape.bytes_at(p, v) for v in views] for p in range(3)], dtype=np.float64)  # [3, V]
-    domains = corpus_domains(args.tokens_dir)
-    workloads = {"mix": domains, **{d: [d] for d in filter(None, args.single_domains.split(","))}}
+    block_bytes = view_bytes(shape)  # [3, V]
+    workloads = frontier_workloads(args.tokens_dir, args.single_domains)
     result = {"benchmark": "table-predicted allocation bound by block granularity (uniform 3-bit budget)",
               **cpu_header("benchmarks/granularity_bound.py", argv), "model": str(args.model),
               "budget_bytes": budget, "workloads": {}}
     for name, doms in workloads.items():
         windows = load_domain_windows(args.tokens_dir, doms, "validation", args.seq_len, args.activity_windows)
         activity = workload_activity(*routing_over(paged, windows), HALF_LIFE_S)
-        cost = RungCost(PlanInputs(shape, table, activity, uniform_bits(shape, shape.ceiling_bits),
-                                   Constraints(budget_bytes=budget)), cfg)
-        per_view = np.stack([cost.importance[:, :, None] * table.cost[..., BITS_AXIS.index(v)] for v in views],
-                            axis=-1)  # [L, E, 3, V]
+        per_view = weighted_view_costs(shape, table, activity, budget, cfg)[1]  # [L, E, 3, V]
         uniform = float(per_view[..., views.index(BASE_BITS)].sum())
         rows = []
         for rows_per_chunk in (int(c) for c in args.chunks.split(",")):

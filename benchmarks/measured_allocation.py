@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.allocation_bound import LAMBDAS  # noqa: E402
+from benchmarks.allocation_bound import LAMBDAS, view_bytes  # noqa: E402
 from benchmarks.policy_bits import uniform_bits, uniform_bytes  # noqa: E402
 from benchmarks.provenance import cpu_header  # noqa: E402
 from benchmarks.quality_eval import PagedModel, evaluate, load_domain_windows, mean_quality  # noqa: E402
@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     paged = PagedModel(args.model, args.seq_len, 8)
     shape = paged.shape
     views = list(shape.view_bits)
-    per_proj = np.array([[shape.bytes_at(p, v) for v in views] for p in range(3)], dtype=np.float64)  # [3, V]
-    nbytes = np.broadcast_to(per_proj, (shape.num_layers, shape.num_experts, 3, len(views)))
+    nbytes = np.broadcast_to(view_bytes(shape), (shape.num_layers, shape.num_experts, 3, len(views)))
     budget = uniform_bytes(shape, BASE_BITS)
     frontier = json.loads(args.frontier.read_text()) if args.frontier.exists() else None
     domains = corpus_domains(args.tokens_dir)
