@@ -63,8 +63,6 @@ def main() -> int:
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--no-fuse-qkv", action="store_true")
-    parser.add_argument("--skinny-max-tokens", type=int,
-                        default=DataplaneConfig.model_fields["skinny_linear_max_tokens"].default)
     parser.add_argument("--commit", default="unknown", help="git commit of the measured tree")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -74,7 +72,6 @@ def main() -> int:
         synthetic=args.preset, device="cuda", dtype="bfloat16", initial_expert_bits=args.bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=prompt_len + args.steps + 16, fuse_qkv=not args.no_fuse_qkv,
-        skinny_linear_max_tokens=args.skinny_max_tokens,
     )
     built = build(config)
     engine = built.engine
@@ -124,8 +121,7 @@ def main() -> int:
     result = {
         "command": " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": args.commit,
-        "preset": args.preset, "bits": args.bits, "fuse_qkv": not args.no_fuse_qkv,
-        "skinny_linear_max_tokens": args.skinny_max_tokens, "rows": rows,
+        "preset": args.preset, "bits": args.bits, "fuse_qkv": not args.no_fuse_qkv, "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

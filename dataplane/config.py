@@ -97,10 +97,6 @@ class DataplaneConfig(BaseSettings):
     # Stack each layer's q/k/v projections into one after loading (one GEMM
     # instead of three per decode step); False keeps them apart (A/B runs).
     fuse_qkv: bool = True
-    # Batches of up to this many tokens run the attention projections and the
-    # LM head through the one-pass decode kernel (kernels/skinny_linear.py) on
-    # CUDA instead of torch's GEMM (cuBLAS split-K at decode sizes); 0 = never.
-    skinny_linear_max_tokens: int = Field(default=64, ge=0)
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

@@ -135,22 +135,20 @@ def load_model(
     """
     if config.synthetic is not None:
         spec, model = build_synthetic(config.synthetic, device, dtype, seed=config.seed, dense_experts=dense_experts)
-        _transform(model, device, config)
+        _fuse_projections(model, device, config.fuse_qkv)
         return _model_info(config, spec, config.synthetic, "", None), model
     assert config.model_path is not None
     ckpt = Checkpoint(config.model_path)
     tokenizer = ckpt.tokenizer_info()
     model = build_model(ckpt.spec, device, dtype)
     model.load_weights(ckpt.iter_tensors(device=device))
-    _transform(model, device, config)
+    _fuse_projections(model, device, config.fuse_qkv)
     return _model_info(config, ckpt.spec, ckpt.name, str(ckpt.path.resolve()), tokenizer), model.eval()
 
 
-def _transform(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
-    """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv,
-    use_skinny_linear)."""
-    model.use_skinny_linear(config.skinny_linear_max_tokens)
-    if not config.fuse_qkv:
+def _fuse_projections(model: nn.Module, device: torch.device, fuse_qkv: bool) -> None:
+    """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv)."""
+    if not fuse_qkv:
         return
     model.fuse_qkv()
     if device.type == "cuda":

@@ -19,7 +19,7 @@ from torch import nn
 
 from dataplane.forward_context import ForwardContext
 from dataplane.layers.attention import kernel_decode_attention, paged_attention, write_kv
-from dataplane.layers.linear import Embedding, Linear, project
+from dataplane.layers.linear import Embedding, Linear
 from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
@@ -118,7 +118,6 @@ class MixtralAttention(nn.Module):
             return
         parts = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
         fused = Linear(self.q_proj.in_features, sum(w.shape[0] for w in parts), torch.device("meta"), parts[0].dtype)
-        fused.skinny_max_tokens = self.q_proj.skinny_max_tokens
         fused.weight = nn.Parameter(torch.cat([w.detach() for w in parts]), requires_grad=False)  # [q+k+v, H]
         self.qkv_proj = fused
         self.q_proj = self.k_proj = self.v_proj = None
@@ -214,7 +213,6 @@ class MixtralForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.spec = spec
-        self.skinny_max_tokens = 0  # see use_skinny_linear
         self.model = MixtralModel(spec, device, dtype, expert_device)
         if spec.tie_word_embeddings:
             self.lm_head = None
@@ -228,21 +226,7 @@ class MixtralForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] -> logits [N, vocab] in float32."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return project(hidden, weight, self.skinny_max_tokens, torch.float32)
-
-    def use_skinny_linear(self, max_tokens: int) -> None:
-        """Batches of up to max_tokens rows run the attention projections and
-        the LM head through the one-pass decode kernel on CUDA (0: torch's
-        GEMM everywhere). The router's 8-wide gate stays on torch: one
-        program would stream its weight alone."""
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        self.skinny_max_tokens = max_tokens
-        for module in self.modules():
-            if isinstance(module, MixtralAttention):
-                for proj in (module.q_proj, module.k_proj, module.v_proj, module.qkv_proj, module.o_proj):
-                    if proj is not None:
-                        proj.skinny_max_tokens = max_tokens
+        return torch.nn.functional.linear(hidden, weight).float()
 
     @torch.no_grad()
     def fuse_qkv(self) -> None:

@@ -190,19 +190,3 @@ def test_fuse_qkv_stacks_the_three_weights_and_frees_them(tmp_path):
     names = {n for n, _ in model.named_parameters()}
     assert "model.layers.1.self_attn.qkv_proj.weight" in names
     assert not any(n.endswith((".q_proj.weight", ".k_proj.weight", ".v_proj.weight")) for n in names)
-
-
-def test_use_skinny_linear_marks_projections_not_the_router(tmp_path):
-    _hf_checkpoint(tmp_path)
-    spec, model = _load(tmp_path)
-    model.use_skinny_linear(16)
-    model.fuse_qkv()  # the fused projection keeps the setting
-    attn = model.model.layers[0].self_attn
-    assert attn.qkv_proj.skinny_max_tokens == 16 and attn.o_proj.skinny_max_tokens == 16
-    assert model.skinny_max_tokens == 16
-    assert model.model.layers[0].block_sparse_moe.gate.skinny_max_tokens == 0
-    with pytest.raises(ValueError, match="max_tokens"):
-        model.use_skinny_linear(-1)
-    # On the CPU (and for float32 anywhere) the projections stay torch's GEMM.
-    x = torch.randn(3, spec.hidden_size)
-    torch.testing.assert_close(attn.o_proj(x), torch.nn.functional.linear(x, attn.o_proj.weight), rtol=0, atol=0)
