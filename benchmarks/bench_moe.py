@@ -124,10 +124,10 @@ def time_layer(shape, weights, layers, batch, bits, tune):
     return ms, ids, cfg, tiles, (x, tw, ws)
 
 
-def autotune(shape, weights, layers, deadline):
+def autotune(shape, weights, layers, deadline, candidates=None):
     """Full-kernel timings of each candidate launch shape; the least total wins."""
     rows, best = [], None
-    for tune in TUNE_CANDIDATES:
+    for tune in candidates or TUNE_CANDIDATES:
         if time.time() > deadline:
             break
         try:
@@ -144,13 +144,13 @@ def autotune(shape, weights, layers, deadline):
 
 
 def moe_rows(shape: MoeShape, batches, bits_list, hbm: float, tune: dict | None, deadline: float,
-             stages=False, tune_log=None, tune_only=False):
+             stages=False, tune_log=None, tune_only=False, candidates=None):
     smallest = block_bytes(shape, 0, 1) * 2 + block_bytes(shape, 2, 1)  # one expert at 2 bits
     layers = rotations(shape, smallest * min(shape.experts, shape.top_k), MAX_ROTATIONS)
     page_bytes = PAGE_BYTES[shape.name]
     weights = build_store(shape, layers, page_bytes, "cuda")
     if tune_log is not None:
-        tune, tune_log[:] = autotune(shape, weights, layers, deadline if tune_only else deadline - 120)
+        tune, tune_log[:] = autotune(shape, weights, layers, deadline if tune_only else deadline - 120, candidates)
         print(f"chosen launch shape: {tune}", flush=True)
         if tune_only:
             return [dict(model=shape.name, tune=tune)]
@@ -280,6 +280,8 @@ def main() -> None:
     ap.add_argument("--batches", help="comma list of batch sizes (default 1,4,16,64; --quick: 1,64)")
     ap.add_argument("--bits", help="comma list of views: 8,6,4,3,2,mixed (default all; --quick: 4,2,mixed)")
     ap.add_argument("--kernels-only", action="store_true", help="skip the bf16 torch and attention rows")
+    ap.add_argument("--candidates", help="JSON list of launch shapes (choose_tiles keywords) to autotune "
+                                         "instead of TUNE_CANDIDATES")
     ap.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     args = ap.parse_args()
     deadline = time.time() + args.budget
@@ -305,7 +307,8 @@ def main() -> None:
     shapes = [s for s in (MIXTRAL, QWEN) if s.name.split("-")[0].split("1")[0] in args.models]
     for shape in shapes:
         rows = moe_rows(shape, batches, bits, hbm, tune, deadline, stages=True, tune_log=tune_log,
-                        tune_only=args.tune_only)
+                        tune_only=args.tune_only,
+                        candidates=json.loads(args.candidates) if args.candidates else None)
         tune = rows[0]["tune"]
         result["moe"] += rows
         if tune_log:
