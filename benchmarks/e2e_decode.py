@@ -269,7 +269,6 @@ def main() -> int:
     parser.add_argument("--eager-too", action="store_true",
                         help="after the graph rows, the last bits again with eager steps")
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
-    parser.add_argument("--no-moe-pdl", action="store_true", help="DataplaneConfig.moe_pdl = False")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
     parser.add_argument("--profile-batches", default="",
                         help="after the timed rows: profile decode at these batch sizes (torch.profiler, "
@@ -286,7 +285,7 @@ def main() -> int:
         synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=first_bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
-        fuse_qkv=not args.no_fuse_qkv, moe_pdl=not args.no_moe_pdl,
+        fuse_qkv=not args.no_fuse_qkv,
     )
     built = build(config)
     build_s = time.perf_counter() - t0
@@ -332,7 +331,6 @@ def main() -> int:
         "commit": args.commit,
         "preset": args.preset,
         "fuse_qkv": not args.no_fuse_qkv,
-        "moe_pdl": not args.no_moe_pdl,
         "prompt_len": args.prompt_len,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "build_seconds": build_s,

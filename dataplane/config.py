@@ -97,10 +97,6 @@ class DataplaneConfig(BaseSettings):
     # Stack each layer's q/k/v projections into one after loading (one GEMM
     # instead of three per decode step); False keeps them apart (A/B runs).
     fuse_qkv: bool = True
-    # Launch the fused MoE kernel's down projection with programmatic
-    # dependent launch (CUDA sm_90+): its page lookups and first weight lines
-    # overlap the gate/up launch's last wave. Ignored off CUDA or below sm_90.
-    moe_pdl: bool = True
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

@@ -31,7 +31,6 @@ from dataplane.precision.controller import PrecisionController
 from dataplane.precision.ladder import WalkLimits
 from dataplane.scheduler import ReclaimPages, Scheduler, SchedulerConfig
 from dataplane.weights.transform import quantize_experts
-from kernels.moe_mixed import PDL_MIN_MAJOR
 from kernels.paged_attention import MIN_DOT
 
 log = logging.getLogger(__name__)
@@ -220,10 +219,7 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
     before_step = None
     if paged:
         matrices = synthetic_expert_blocks(model.spec, device, config.seed) if lazy_experts else None
-        # PDL needs Hopper or newer; the flag is ignored elsewhere.
-        pdl = config.moe_pdl and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= PDL_MIN_MAJOR
-        store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits, matrices=matrices,
-                                 moe_pdl=pdl)
+        store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits, matrices=matrices)
         controller = PrecisionController(
             store,
             arena,

@@ -99,15 +99,6 @@ def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM:
 
 
 @triton.jit
-def _prefetch_l2(arena_ptr, words):
-    # Asks the L2 for the 128-byte lines of arena words `words` (int64 [..]);
-    # no registers are written, no fault on a valid arena address.
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                              [(arena_ptr + words).to(tl.uint64, bitcast=True)], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def row_pages(pt_ptr, start, row_bytes, CHUNK: tl.constexpr, log2p):
     """Per-row page bases of one field region.
 
@@ -170,8 +161,7 @@ def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                  xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
-                 BM: tl.constexpr, USE_ASM: tl.constexpr, PDL_WAIT: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = 0):
+                 BM: tl.constexpr, USE_ASM: tl.constexpr):
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
 
     arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
@@ -182,12 +172,6 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     partial sums per group, xs_group_stride apart per group.
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
-
-    PDL_WAIT: the activations come from the kernel launched just before this
-    one with programmatic dependent launch; everything that reads only the
-    weights and the tables (page lookups, and PREFETCH 128-byte lines of each
-    resident field per row into the L2) runs before the grid-dependency wait,
-    in the previous kernel's tail.
     """
     n_groups = K // 128
     r64 = rows.to(tl.int64)
@@ -223,26 +207,6 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
         inv_step = 1.0 / 4.0
     else:
         inv_step = 1.0
-    if PREFETCH > 0:
-        for line in tl.static_range(PREFETCH):
-            # 128 bytes = 4 groups of a 2-bit field, 8 of a 1-bit field.
-            _prefetch_l2(arena_ptr, _seg_base(a0, b0, k0, g0, 8).to(tl.int64)
-                         + tl.minimum(g0 + 4 * line, g1 - 1) * 8)
-            if NF >= 2:
-                _prefetch_l2(arena_ptr, _seg_base(a1, b1, k1, g0, 4).to(tl.int64)
-                             + tl.minimum(g0 + 8 * line, g1 - 1) * 4)
-            if NF >= 3:
-                _prefetch_l2(arena_ptr, _seg_base(a2, b2, k2, g0, 4).to(tl.int64)
-                             + tl.minimum(g0 + 8 * line, g1 - 1) * 4)
-            if NF >= 4:
-                _prefetch_l2(arena_ptr, _seg_base(a3, b3, k3, g0, 8).to(tl.int64)
-                             + tl.minimum(g0 + 4 * line, g1 - 1) * 8)
-            if NF >= 5:
-                _prefetch_l2(arena_ptr, _seg_base(a4, b4, k4, g0, 8).to(tl.int64)
-                             + tl.minimum(g0 + 4 * line, g1 - 1) * 8)
-        _prefetch_l2(arena_ptr, tl.where(g0 < sk, sa, sb).to(tl.int64) + g0)
-    if PDL_WAIT:
-        tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BN, BM), tl.float32)
     # Latency of the two small per-group loads (ncu stall sampling on the H200:
     # their global-load waits and the layout conversions they caused were the
@@ -309,26 +273,21 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
 def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                      xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                     USE_ASM: tl.constexpr, PDL_WAIT: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                     USE_ASM: tl.constexpr):
     """block_matmul specialised on the block's run-time field count nf (1..5)."""
     if nf == 1:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 1, BN, BM, USE_ASM,
-                           PDL_WAIT, PREFETCH)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 1, BN, BM, USE_ASM)
     elif nf == 2:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 2, BN, BM, USE_ASM,
-                           PDL_WAIT, PREFETCH)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 2, BN, BM, USE_ASM)
     elif nf == 3:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 3, BN, BM, USE_ASM,
-                           PDL_WAIT, PREFETCH)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 3, BN, BM, USE_ASM)
     elif nf == 4:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 4, BN, BM, USE_ASM,
-                           PDL_WAIT, PREFETCH)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 4, BN, BM, USE_ASM)
     else:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 5, BN, BM, USE_ASM,
-                           PDL_WAIT, PREFETCH)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 5, BN, BM, USE_ASM)
     return acc

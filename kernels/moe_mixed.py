@@ -44,11 +44,6 @@ DEFAULT_SMS = 132
 # Resident programs per multiprocessor: both weight kernels use 255 registers
 # per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
-# Programmatic dependent launch (griddepcontrol) exists from sm_90 (Hopper).
-PDL_MIN_MAJOR = 9
-# 128-byte L2 lines per row and field a down program prefetches before its
-# wait under PDL (2: the first 8 groups of a 2-bit field, 16 of a 1-bit one).
-DEFAULT_PREFETCH_LINES = 2
 
 
 @dataclass(frozen=True)
@@ -68,10 +63,6 @@ class MoeTiles:
     only; the interpreter cannot run inline assembly).
     maxnreg: cap on registers per thread (more programs per multiprocessor,
     at the risk of spills); None leaves it to the compiler.
-    pdl: launch the down kernel with programmatic dependent launch (sm_90+,
-    GPU only): gate/up lets it start once all its programs are running, and
-    the down programs look up their pages (and prefetch prefetch_lines
-    128-byte lines per row and field into the L2) before they wait for h.
     """
 
     block_n_up: int = 128
@@ -82,8 +73,6 @@ class MoeTiles:
     num_stages: int = 3
     use_asm: bool = False
     maxnreg: int | None = None
-    pdl: bool = False
-    prefetch_lines: int = 0
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -109,15 +98,11 @@ def _moe_gate_up_kernel(
     h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert. Whichever of
     # the pair finishes second combines SiLU(gate) * up.
-    if PDL:
-        # The down launch may start once every program here is running: its
-        # page lookups and prefetches overlap this kernel's last wave.
-        tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0) // 2
     which = tl.program_id(0) % 2
     slot = tl.program_id(1)
@@ -184,11 +169,7 @@ def _moe_down_kernel(
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
     BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # With PDL this grid may start while the gate/up grid still runs: what it
-    # reads before block_matmul's wait (routing from moe_prepare, which
-    # finished before gate/up started; the weight tables) is already final.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     slot = tl.program_id(2)
@@ -216,7 +197,7 @@ def _moe_down_kernel(
                 xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
                 acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
                                        log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB,
-                                       HS_SUB, BN, BM, USE_ASM, PDL, PREFETCH)
+                                       HS_SUB, BN, BM, USE_ASM)
                 flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
                 tok = (flat // top_k).to(tl.int64)
                 wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
@@ -248,8 +229,7 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 pdl: bool = False, prefetch_lines: int = 0) -> MoeTiles:
+                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -268,8 +248,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # slots), so round down.
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    pdl=pdl, prefetch_lines=prefetch_lines)
+                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg)
 
 
 @dataclass
@@ -296,8 +275,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
 
 def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     weights: PagedWeights, layer: int, num_experts: int, ffn: int,
-                    tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None,
-                    pdl: bool = False) -> torch.Tensor:
+                    tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None) -> torch.Tensor:
     """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
 
     x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
@@ -305,8 +283,6 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     weights: the arena and device tables; blocks ((layer * E + e) * 3 + proj).
     workspace: buffers from alloc_workspace (reused across calls and CUDA
     graphs); the result is workspace.prep.out. Three launches, no host sync.
-    pdl: when tiles is None, chain the down launch to gate/up with
-    programmatic dependent launch (MoeTiles.pdl); CUDA sm_90+ only.
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
@@ -324,16 +300,13 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     if tiles is None:
         sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
                if x.is_cuda else DEFAULT_SMS)
-        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=x.is_cuda,
-                             pdl=pdl, prefetch_lines=DEFAULT_PREFETCH_LINES if pdl else 0)
+        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=x.is_cuda)
     if GROUP % tiles.block_n_up or ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide 128 and ffn {ffn}")
     if workspace is None:
         workspace = alloc_workspace(t, top_k, hidden, ffn, num_experts, tiles, x.device)
     elif workspace.h.shape != (t * top_k, ffn) or workspace.hsum.shape[1] != ffn // tiles.block_n_up:
         raise ValueError("workspace does not match these sizes and tiles")
-    if tiles.pdl and not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= PDL_MIN_MAJOR):
-        raise ValueError("pdl needs a CUDA device of compute capability 9.0 or newer")
     if t == 0:
         return workspace.prep.out
     moe_prepare(x, topk_ids, num_experts, workspace.prep)
@@ -355,7 +328,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
-        USE_ASM=tiles.use_asm, PDL=tiles.pdl, **tiles.launch_options(),
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
@@ -374,9 +347,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, PDL=tiles.pdl,
-        PREFETCH=tiles.prefetch_lines if tiles.pdl else 0, **tiles.launch_options(),
-        **({"launch_pdl": True} if tiles.pdl else {}),
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 

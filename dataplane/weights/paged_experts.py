@@ -37,7 +37,6 @@ class PagedExperts(nn.Module):
         *,
         cache_decoded: bool | None = None,
         fused_kernel: bool | None = None,
-        moe_pdl: bool = False,
     ) -> None:
         super().__init__()
         self.store = store
@@ -49,9 +48,6 @@ class PagedExperts(nn.Module):
         # only on the CPU (tests, reference runs) unless told otherwise.
         self.cache_decoded = store.device.type == "cpu" if cache_decoded is None else cache_decoded
         self.fused_kernel = store.device.type == "cuda" if fused_kernel is None else fused_kernel
-        # Programmatic dependent launch of the fused kernel's down projection
-        # (kernels/moe_mixed.MoeTiles.pdl); needs sm_90 or newer.
-        self.moe_pdl = moe_pdl
         want = {PROJ_GATE: (ffn, hidden), PROJ_UP: (ffn, hidden), PROJ_DOWN: (hidden, ffn)}
         for e in range(num_experts):
             for proj, shape in want.items():
@@ -128,6 +124,5 @@ class PagedExperts(nn.Module):
         storage = self.store.arena.storage
         assert storage is not None
         weights = PagedWeights(storage, self.store.page_table, self.store.block_fields)
-        out = fused_moe_mixed(x, topk_ids, topk_weights, weights, self.layer, self.num_experts, self.ffn_size,
-                              pdl=self.moe_pdl)
+        out = fused_moe_mixed(x, topk_ids, topk_weights, weights, self.layer, self.num_experts, self.ffn_size)
         return out.to(x.dtype)  # [T, H]

@@ -86,7 +86,6 @@ def quantize_experts(
     copy_engine: CopyEngine | None = None,
     cache_decoded: bool | None = None,
     progress: bool = True,
-    moe_pdl: bool = False,
 ) -> WeightStore:
     """Replaces every expert module of ``model`` in place with PagedExperts; returns their store.
 
@@ -94,8 +93,6 @@ def quantize_experts(
     when ``initial_bits`` do not fit. ``matrices``: the blocks' dense matrices
     in block-index order, used instead of the expert modules' weights (which
     may then live on ``meta``); their shapes are checked against the modules.
-    ``moe_pdl``: the fused kernel's down launch overlaps gate/up's tail
-    (PagedExperts).
     """
     layers = find_expert_layers(model)
     if not layers:
@@ -115,6 +112,5 @@ def quantize_experts(
     for i, layer in enumerate(layers):
         parent_name, _, attr = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, attr, PagedExperts(store, i, num_experts, hidden, ffn, cache_decoded=cache_decoded,
-                                                moe_pdl=moe_pdl))
+        setattr(parent, attr, PagedExperts(store, i, num_experts, hidden, ffn, cache_decoded=cache_decoded))
     return store
