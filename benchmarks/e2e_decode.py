@@ -46,8 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dataplane.config import DataplaneConfig  # noqa: E402
-from dataplane.engine import QueueSink  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
+from dataplane.engine_io import QueueSink  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402

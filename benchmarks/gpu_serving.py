@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.provenance import git_commit  # noqa: E402
 from dataplane.config import DataplaneConfig  # noqa: E402
-from dataplane.engine import QueueSink  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
+from dataplane.engine_io import QueueSink  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.codec import decode_view, field_from_bytes  # noqa: E402
 from dataplane.weights.layout import NUM_FIELDS, VIEW_BITS  # noqa: E402

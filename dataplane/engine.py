@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from dataplane.engine_io import EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput
 from dataplane.kv_cache import KVCacheManager, blocks_for_tokens
-from dataplane.memory.arena import Arena, ArenaSnapshot
+from dataplane.memory.arena import Arena
 from dataplane.model_info import ModelInfo
 from dataplane.routing_stats import DemandTracker, RoutingWindow
 from dataplane.runner import ModelRunner, StepResult
@@ -29,65 +30,6 @@ from dataplane.sequence import FinishReason, Sequence, SequenceStatus
 
 IDLE_WAIT_S = 0.05  # how long an idle loop sleeps waiting for commands
 STOP_JOIN_S = 30.0
-
-
-class InvalidRequest(ValueError):
-    """The request breaks the contract (empty prompt, bad ids or sampling...)."""
-
-
-class QueueFull(RuntimeError):
-    """The engine holds max_pending_requests unfinished requests already."""
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """Tokens of one request produced by one step (or its end)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None  # set on the request's last output
-    prompt_tokens: int
-    completion_tokens: int  # generated so far, including new_token_ids
-
-
-OutputSink = Callable[[RequestOutput], None]
-
-
-class QueueSink:
-    """A per-request output queue for in-process callers (tests, tools)."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[RequestOutput] = queue.Queue()
-
-    def __call__(self, output: RequestOutput) -> None:
-        self.queue.put(output)
-
-    def outputs(self, timeout: float | None = None) -> Iterator[RequestOutput]:
-        """Yields outputs until the final one (finish_reason set)."""
-        while True:
-            out = self.queue.get(timeout=timeout)
-            yield out
-            if out.finish_reason is not None:
-                return
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A consistent snapshot of the engine (see inference.proto EngineStats)."""
-
-    running_requests: int = 0
-    waiting_requests: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_free: int = 0
-    kv_block_size: int = 0
-    generated_tokens_total: int = 0
-    prompt_tokens_total: int = 0
-    preemptions_total: int = 0
-    finished_requests_total: int = 0
-    aborted_requests_total: int = 0
-    steps_total: int = 0
-    arena: ArenaSnapshot | None = None
-    fixed_resident_bytes: int = 0
 
 
 @dataclass

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 
 from pagedweight.v1 import inference_pb2
 
-from dataplane.engine import Engine, RequestOutput
+from dataplane.engine import Engine
+from dataplane.engine_io import RequestOutput
 from dataplane.proto_convert import model_info_to_proto, output_to_proto, sampling_from_proto, stats_to_proto
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagedweight.v1 import inference_pb2
 
-from dataplane.engine import EngineStats, RequestOutput
+from dataplane.engine_io import EngineStats, RequestOutput
 from dataplane.model_info import ModelInfo
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import FinishReason

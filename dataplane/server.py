@@ -18,7 +18,8 @@ from grpc_health.v1._async import HealthServicer
 
 from pagedweight.v1 import inference_pb2, inference_pb2_grpc
 
-from dataplane.engine import Engine, InvalidRequest, QueueFull
+from dataplane.engine import Engine
+from dataplane.engine_io import InvalidRequest, QueueFull
 from dataplane.inference_service import InferenceService
 
 log = logging.getLogger(__name__)

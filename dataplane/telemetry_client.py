@@ -30,7 +30,7 @@ import torch
 
 from pagedweight.v1 import common_pb2, telemetry_pb2, telemetry_pb2_grpc
 
-from dataplane.engine import EngineStats
+from dataplane.engine_io import EngineStats
 from dataplane.model_info import ModelInfo
 from dataplane.precision.sensitivity_message import load_hello_sensitivity
 from dataplane.precision_state import PrecisionReporter

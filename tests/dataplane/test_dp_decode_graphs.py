@@ -15,8 +15,8 @@ import torch
 
 from dataplane.config import DataplaneConfig
 from dataplane.cuda_graphs import DecodeGraphs, DecodeRows, batch_buckets
-from dataplane.engine import QueueSink
 from dataplane.engine_builder import build
+from dataplane.engine_io import QueueSink
 from dataplane.kv_cache import blocks_for_tokens
 from dataplane.routing_stats import RoutingStats
 from dataplane.sampling_params import SamplingParams

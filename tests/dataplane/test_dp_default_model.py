@@ -18,8 +18,8 @@ from dataplane.runner import ModelRunner
 from dataplane.sampler import Sampler
 from dataplane.scheduler import ScheduledSeq
 from dataplane.sequence import Sequence
-from dataplane.engine import QueueSink
 from dataplane.engine_builder import build_engine
+from dataplane.engine_io import QueueSink
 from dataplane.sampling_params import SamplingParams
 from launcher.processes import REPO_ROOT
 

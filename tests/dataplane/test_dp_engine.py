@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dataplane.config import DataplaneConfig
-from dataplane.engine import InvalidRequest, QueueFull, QueueSink, RequestOutput
 from dataplane.engine_builder import build_engine, plan_memory
+from dataplane.engine_io import InvalidRequest, QueueFull, QueueSink, RequestOutput
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import FinishReason
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dataplane.engine import QueueSink
+from dataplane.engine_io import QueueSink
 from dataplane.memory.arena import Arena
 from dataplane.precision.controller import PrecisionController
 from dataplane.precision.ladder import WalkLimits

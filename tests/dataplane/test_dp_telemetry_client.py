@@ -16,7 +16,7 @@ import pytest
 
 from dataplane.app import Dataplane
 from dataplane.config import DataplaneConfig
-from dataplane.engine import QueueSink
+from dataplane.engine_io import QueueSink
 from dataplane.sampling_params import SamplingParams
 from pagedweight.v1 import common_pb2, telemetry_pb2, telemetry_pb2_grpc
 
