@@ -269,6 +269,8 @@ def main() -> int:
     parser.add_argument("--eager-too", action="store_true",
                         help="after the graph rows, the last bits again with eager steps")
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
+    parser.add_argument("--max-arena-pages", type=int, default=None,
+                        help="DataplaneConfig.max_arena_pages (default: all free memory)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
     parser.add_argument("--profile-batches", default="",
                         help="after the timed rows: profile decode at these batch sizes (torch.profiler, "
@@ -285,7 +287,7 @@ def main() -> int:
         synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=first_bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
-        fuse_qkv=not args.no_fuse_qkv,
+        fuse_qkv=not args.no_fuse_qkv, max_arena_pages=args.max_arena_pages,
     )
     built = build(config)
     build_s = time.perf_counter() - t0
