@@ -89,14 +89,22 @@ class StepLog:
 
 
 def instrument(runner, log: StepLog) -> None:
-    """Records each step from the start of ``runner.launch`` to the end of its ``collect``."""
-    launch, collect = runner.launch, runner.collect
+    """Records each step from the start of ``runner.launch`` (or ``launch_ahead``)
+    to the end of its ``collect``."""
+    launch, launch_ahead, collect = runner.launch, runner.launch_ahead, runner.collect
     started: dict[int, float] = {}  # id(launched step) -> its launch start
 
     def timed_launch(scheduled):
         start = time.perf_counter()
         step = launch(scheduled)
         started[id(step)] = start
+        return step
+
+    def timed_launch_ahead(scheduled, previous):
+        start = time.perf_counter()
+        step = launch_ahead(scheduled, previous)
+        if step is not None:
+            started[id(step)] = start
         return step
 
     def timed_collect(step):
@@ -110,7 +118,7 @@ def instrument(runner, log: StepLog) -> None:
         log.context_tokens.append(sum(item.start + item.num_new_tokens for item in scheduled))
         return result
 
-    runner.launch, runner.collect = timed_launch, timed_collect
+    runner.launch, runner.launch_ahead, runner.collect = timed_launch, timed_launch_ahead, timed_collect
 
 
 def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) -> list[list[int]]:
@@ -269,6 +277,8 @@ def main() -> int:
     parser.add_argument("--eager-too", action="store_true",
                         help="after the graph rows, the last bits again with eager steps")
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--max-arena-pages", type=int, default=None,
                         help="DataplaneConfig.max_arena_pages (default: all free memory)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
@@ -288,6 +298,7 @@ def main() -> int:
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, max_arena_pages=args.max_arena_pages,
+        overlap_steps=not args.no_overlap,
     )
     built = build(config)
     build_s = time.perf_counter() - t0
@@ -333,6 +344,8 @@ def main() -> int:
         "commit": args.commit,
         "preset": args.preset,
         "fuse_qkv": not args.no_fuse_qkv,
+        "overlap_steps": not args.no_overlap,
+        "steps_launched_ahead": runner.steps_launched_ahead,
         "prompt_len": args.prompt_len,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "build_seconds": build_s,

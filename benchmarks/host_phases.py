@@ -72,6 +72,7 @@ def main() -> int:
         synthetic=args.preset, device="cuda", dtype="bfloat16", initial_expert_bits=args.bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=prompt_len + args.steps + 16, fuse_qkv=not args.no_fuse_qkv,
+        overlap_steps=False,  # the phases below are those of the one-step-at-a-time loop
     )
     built = build(config)
     engine = built.engine

@@ -97,6 +97,9 @@ class DataplaneConfig(BaseSettings):
     # Stack each layer's q/k/v projections into one after loading (one GEMM
     # instead of three per decode step); False keeps them apart (A/B runs).
     fuse_qkv: bool = True
+    # Queue the next greedy decode step before the current one's tokens reach
+    # the host (dataplane/engine.py); False: one step at a time (A/B runs).
+    overlap_steps: bool = True
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

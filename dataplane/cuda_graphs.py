@@ -65,35 +65,41 @@ class _Inputs:
     Rows of ``ids`` ([4, bucket] int64): token ids, positions, slots, token
     weights (1 = real row, 0 = padding). ``lens_tables`` ([bucket * (1 +
     max_blocks)] int32): context lengths, then the block tables row-major.
-    Both are views of one byte buffer (``device``) with a host twin
-    (``host``, pinned on CUDA), so a step's inputs go up in one asynchronous
-    copy; the runner waits for the device once per step (the sampled ids),
-    after which the host buffer may be rewritten.
+    Both are views of one byte buffer (``device``) with host twins (pinned on
+    CUDA), so a step's inputs go up in one asynchronous copy. Two host twins
+    are used in turn: a step may be filled while the previous one (launched
+    ahead, not collected) still waits for its upload, and the runner has
+    waited for the step before that, whose upload went first.
     """
 
-    host: torch.Tensor  # [nbytes] uint8
+    hosts: tuple[torch.Tensor, torch.Tensor]  # [nbytes] uint8 each
     device: torch.Tensor  # [nbytes] uint8
-    host_ids: torch.Tensor  # [4, bucket] int64, view of host
-    host_lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32, view of host
+    host_views: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (ids, lens_tables)
     ids: torch.Tensor  # [4, bucket] int64, view of device
     lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32, view of device
+    turn: int = 0  # the host twin the next fill writes
 
     @classmethod
     def allocate(cls, bucket: int, max_blocks: int, device: torch.device) -> "_Inputs":
         ids_bytes = 4 * bucket * 8  # int64 rows first: the int32 part starts 8-byte aligned
         nbytes = ids_bytes + 4 * bucket * (1 + max_blocks)
-        host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        hosts = tuple(torch.zeros(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda") for _ in range(2))
         dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
 
         def views(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return buf[:ids_bytes].view(torch.int64).view(4, bucket), buf[ids_bytes:].view(torch.int32)
 
-        host_ids, host_lens_tables = views(host)
         ids, lens_tables = views(dev)
-        return cls(host, dev, host_ids, host_lens_tables, ids, lens_tables)
+        return cls(hosts, dev, (views(hosts[0]), views(hosts[1])), ids, lens_tables)
+
+    def next_host(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [4, bucket] int64, lens_tables int32) of the host twin to fill now."""
+        return self.host_views[self.turn]
 
     def upload(self) -> None:
-        self.device.copy_(self.host, non_blocking=True)
+        """Sends the twin just filled; the next fill takes the other one."""
+        self.device.copy_(self.hosts[self.turn], non_blocking=True)
+        self.turn ^= 1
 
 
 @dataclass
@@ -167,11 +173,14 @@ class DecodeGraphs:
         return all(store.all_resident for store in self._stores)
 
     @torch.inference_mode()
-    def replay(self, rows: DecodeRows) -> tuple[torch.Tensor, RoutingStats]:
+    def replay(self, rows: DecodeRows, device_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingStats]:
         """Runs the step; returns (logits [B, vocab] float32, the step's routing).
 
         Both results are views of the graph's static outputs: read them before
-        the next replay of the same bucket.
+        the next replay of the same bucket. ``device_ids`` ([B] int64 on the
+        device) replaces ``rows.input_ids``: copied into the graph's input
+        after the host upload, in stream order, so it may be the output of a
+        step still queued.
         """
         bucket = self.bucket(len(rows))
         assert bucket is not None and self.can_replay(rows)
@@ -181,6 +190,10 @@ class DecodeGraphs:
         if g is None:
             g = self._capture(bucket, rows)
         self._fill(g, rows)
+        if device_ids is not None:
+            n = len(rows)
+            g.input_ids[:n].copy_(device_ids[:n])
+            g.input_ids[n:].copy_(device_ids[:1].expand(g.input_ids.shape[0] - n))  # padding repeats row 0
         if g.graph is None:
             assert g.step is not None
             g.logits = g.step()
@@ -195,13 +208,13 @@ class DecodeGraphs:
         # numpy views of the host buffers: a few array ops per step whatever
         # the batch (a torch op per row cost ~1 ms of host time at B = 64).
         n, bucket = len(rows), g.input_ids.shape[0]
-        host = g.inputs
-        ids = host.host_ids.numpy()  # [4, bucket]
+        host_ids, host_lens_tables = g.inputs.next_host()
+        ids = host_ids.numpy()  # [4, bucket]
         ids[:3, :n] = (rows.input_ids, rows.positions, rows.slots)
         ids[3, :n] = 1
         ids[3, n:] = 0
         ids[:3, n:] = ids[:3, :1]  # padding rows repeat the first sequence
-        lens_tables = host.host_lens_tables.numpy()
+        lens_tables = host_lens_tables.numpy()
         lengths = lens_tables[:bucket]
         lengths[:n] = ids[1, :n] + 1  # cached tokens after this step
         lengths[n:] = lengths[0]
@@ -211,7 +224,7 @@ class DecodeGraphs:
         tables[:n] = 0
         tables[:n][filled] = np.fromiter(chain.from_iterable(rows.tables), dtype=np.int32, count=int(counts.sum()))
         tables[n:] = tables[0]
-        host.upload()
+        g.inputs.upload()
 
     def _capture(self, bucket: int, rows: DecodeRows) -> _Graph:
         dev = self.device

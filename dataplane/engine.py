@@ -1,6 +1,14 @@
 """The engine loop: receive -> schedule -> launch -> (previous step's
 bookkeeping, while the device works) -> collect -> update -> emit.
 
+With ``overlap_steps`` a greedy decode batch keeps one step queued ahead:
+before collecting step N the engine launches N+1 (Scheduler.schedule_ahead,
+ModelRunner.launch_ahead: its token ids come from N's device-side picks),
+so the device never waits for the host between decode steps. Step N+1's
+tokens of sequences that N finished are dropped. Anything else (a request
+arriving or aborted, prefill, sampling, a full arena) collects the queued
+step first and schedules from scratch.
+
 One thread owns the scheduler, the KV manager, the arena and the model. Other
 threads talk to it only through ``add_request`` / ``abort`` (a command
 queue) and read published snapshots (``stats``, routing sums). Outputs go to
@@ -23,7 +31,7 @@ from dataplane.kv_cache import KVCacheManager, blocks_for_tokens
 from dataplane.memory.arena import Arena
 from dataplane.model_info import ModelInfo
 from dataplane.routing_stats import DemandTracker, RoutingWindow
-from dataplane.runner import ModelRunner, StepResult
+from dataplane.runner import LaunchedStep, ModelRunner, StepResult
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from dataplane.sequence import FinishReason, Sequence, SequenceStatus
@@ -79,10 +87,14 @@ class Engine:
         max_pending_requests: int,
         demand_decay: float,
         before_step: Callable[[], None] | None = None,
+        overlap_steps: bool = False,
     ) -> None:
         """``before_step`` runs on the engine thread once per loop iteration (also
         when idle), before scheduling: the precision controller keeps the arena
-        between its watermarks there."""
+        between its watermarks there. Its changes to the weight tables and the
+        arena are stream-ordered, so they may happen while a step is queued.
+        ``overlap_steps``: queue the next decode step before collecting the
+        current one (module docstring)."""
         self.model_info = model_info
         self.scheduler = scheduler
         self.runner = runner
@@ -101,6 +113,8 @@ class Engine:
         self._counters = _Counters()
         self._stats = EngineStats()
         self._bookkeeping: _Bookkeeping | None = None  # engine thread only
+        self.overlap_steps = overlap_steps
+        self._ahead: LaunchedStep | None = None  # launched, not collected (engine thread only)
         self._thread: threading.Thread | None = None
         self._closed = False  # set by stop() or a crash; no new requests then
         self._error: BaseException | None = None
@@ -189,10 +203,13 @@ class Engine:
         try:
             while True:
                 outbox: list[tuple[OutputSink, RequestOutput]] = []
-                keep_going = self._receive(block=not self.scheduler.has_work(), outbox=outbox)
+                busy = self.scheduler.has_work() or self._ahead is not None
+                keep_going = self._receive(block=not busy, outbox=outbox)
                 if keep_going and self.before_step is not None:
                     self.before_step()
-                if keep_going and self.scheduler.has_work():
+                # A step launched ahead is collected even when its sequences
+                # have all been aborted meanwhile.
+                if keep_going and (self.scheduler.has_work() or self._ahead is not None):
                     self._step(outbox)
                 else:
                     self._flush_bookkeeping()
@@ -231,21 +248,35 @@ class Engine:
                 return True
 
     def _step(self, outbox: list[tuple[OutputSink, RequestOutput]]) -> None:
-        out: SchedulerOutput = self.scheduler.schedule()
-        for seq in out.preempted:
-            self.demand.remove(seq.seq_id)
-        for seq in out.rejected:
-            self._end(seq, [], outbox)
-        if not out.scheduled:
-            self._flush_bookkeeping()
-            return
-        launched = self.runner.launch(out.scheduled)
+        launched, self._ahead = self._ahead, None
+        if launched is None:
+            out: SchedulerOutput = self.scheduler.schedule()
+            for seq in out.preempted:
+                self.demand.remove(seq.seq_id)
+            for seq in out.rejected:
+                self._end(seq, [], outbox)
+            if not out.scheduled:
+                self._flush_bookkeeping()
+                return
+            launched = self.runner.launch(out.scheduled)
+        if self.overlap_steps:
+            ahead = self.scheduler.schedule_ahead(launched.scheduled)
+            if ahead is not None:
+                self._ahead = self.runner.launch_ahead(ahead, launched)
         self._flush_bookkeeping()  # the previous step's, while this one runs on the device
         result = self.runner.collect(launched)
-        self._count(out.scheduled, result)
-        self._bookkeeping = _Bookkeeping(out.scheduled, result)
-        finished = {s.seq_id for s in self.scheduler.update(out.scheduled, result.sampled, self._eos)}
-        for item in out.scheduled:
+        scheduled = launched.scheduled
+        # A step launched ahead computed rows for sequences that finished or
+        # were aborted since: their tokens do not exist.
+        result.sampled = {
+            item.seq.seq_id: result.sampled[item.seq.seq_id]
+            for item in scheduled
+            if item.seq.seq_id in result.sampled and item.seq.status == SequenceStatus.RUNNING
+        }
+        self._count(scheduled, result)
+        self._bookkeeping = _Bookkeeping(scheduled, result)
+        finished = {s.seq_id for s in self.scheduler.update(scheduled, result.sampled, self._eos)}
+        for item in scheduled:
             seq = item.seq
             token = result.sampled.get(seq.seq_id)
             if seq.seq_id in finished:
@@ -254,6 +285,7 @@ class Engine:
                 outbox.append((self._sinks[seq.seq_id], self._output(seq, [token], None)))
         if not self.scheduler.has_work():
             self._flush_bookkeeping()  # no next step to hide it behind
+
 
     def _count(self, scheduled: list[ScheduledSeq], result: StepResult) -> None:
         """The step's counters (published with its outputs)."""
@@ -325,6 +357,9 @@ class Engine:
             if cmd.kind == "add" and cmd.seq is not None and cmd.sink is not None:
                 self._sinks[cmd.seq.seq_id] = cmd.sink
                 self.scheduler.add(cmd.seq)
+        if self._ahead is not None:  # its device work must end before the arena is released
+            self.runner.collect(self._ahead)
+            self._ahead = None
         self._flush_bookkeeping()
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.abort(seq.seq_id)

@@ -303,4 +303,5 @@ def assemble_engine(
         max_pending_requests=config.max_pending_requests,
         demand_decay=config.demand_decay,
         before_step=before_step,
+        overlap_steps=config.overlap_steps,
     )

@@ -6,7 +6,10 @@ statistics. The batch is flattened (see dataplane/layers/attention.py).
 
 A step is launched, then collected: between the two the device works and the
 caller's thread is free (the engine does the previous step's bookkeeping
-there, so that host time hides behind the device's).
+there, so that host time hides behind the device's). A greedy decode step
+replayed from a graph takes its argmax on the device at launch; the next
+decode step can then be queued behind it (``launch_ahead``) with its token
+ids copied on the device, before the host has seen them.
 """
 
 from __future__ import annotations
@@ -61,6 +64,15 @@ class _HostStats:
 
 
 @dataclass(frozen=True)
+class _DevicePicks:
+    """Greedy next tokens of a graph step, taken on the device at launch."""
+
+    ids: torch.Tensor  # [B] int64 on the device, scheduled order (input of a step launched ahead)
+    host: torch.Tensor  # [B] int64 host copy (pinned on CUDA), valid after ``done``
+    done: torch.cuda.Event | None  # recorded after the step's host copies; None off CUDA
+
+
+@dataclass(frozen=True)
 class LaunchedStep:
     """A step whose device work is queued (``ModelRunner.launch``); ``collect`` finishes it."""
 
@@ -68,6 +80,7 @@ class LaunchedStep:
     logits: torch.Tensor | None  # [S, vocab] float32, rows of the sampling sequences (scheduled order)
     stats: _HostStats
     num_tokens: int
+    picks: _DevicePicks | None = None  # set when every row was sampled greedily at launch
 
 
 class ModelRunner:
@@ -104,6 +117,7 @@ class ModelRunner:
         self.decode_kernels = decode_kernels or graphs is not None
         self.graphs = graphs
         self.paged_experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
+        self.steps_launched_ahead = 0  # launch_ahead calls that queued a step
         self._touch_groups = _touch_groups(self.paged_experts, num_layers)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
@@ -177,6 +191,8 @@ class ModelRunner:
             rows = self.decode_rows(scheduled)
             if rows is not None and self.graphs.can_replay(rows):
                 logits, routing = self.graphs.replay(rows)  # [B, vocab]
+                if all(item.samples and item.seq.sampling.greedy for item in scheduled):
+                    return self._greedy_step(scheduled, logits, routing)
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
                 if len(sampling) < len(scheduled):
                     logits = logits[sampling] if sampling else None
@@ -197,6 +213,51 @@ class ModelRunner:
         return LaunchedStep(scheduled, logits, _HostStats.start(ctx.routing, len(scheduled)), int(input_ids.shape[0]))
 
     @torch.inference_mode()
+    def launch_ahead(self, scheduled: list[ScheduledSeq], previous: LaunchedStep) -> LaunchedStep | None:
+        """Queues the decode step that follows ``previous`` before ``previous`` is collected.
+
+        ``scheduled``: Scheduler.schedule_ahead(previous.scheduled), the same
+        sequences in the same order, one position further. Their input tokens
+        are ``previous``'s greedy picks, copied on the device. Returns None
+        (nothing queued) when ``previous`` has no device picks, a sequence
+        samples otherwise than greedily, or the batch cannot replay a graph.
+        The caller must drop this step's tokens for sequences that
+        ``previous``'s tokens finished.
+        """
+        picks = previous.picks
+        if self.graphs is None or picks is None or len(scheduled) != len(previous.scheduled):
+            return None
+        if not all(item.seq.sampling.greedy for item in scheduled):
+            return None
+        rows = DecodeRows([], [], [], [])
+        for item in scheduled:
+            seq_id, pos = item.seq.seq_id, item.start
+            rows.input_ids.append(0)  # replaced on the device by the previous step's pick
+            rows.positions.append(pos)
+            rows.slots.append(self.kv.slot(seq_id, pos))
+            rows.tables.append(self.kv.block_table(seq_id))
+        if not self.graphs.can_replay(rows):
+            return None
+        logits, routing = self.graphs.replay(rows, device_ids=picks.ids)
+        self.steps_launched_ahead += 1
+        return self._greedy_step(scheduled, logits, routing)
+
+    def _greedy_step(self, scheduled: list[ScheduledSeq], logits: torch.Tensor, routing: RoutingStats) -> LaunchedStep:
+        """A replayed step whose rows all sample greedily: argmax and host copies queued now.
+
+        The argmax must be taken before another replay of the same graph
+        overwrites ``logits``; the copies are queued before the picks' event.
+        """
+        ids = logits.argmax(dim=-1)  # [B] int64
+        stats = _HostStats.start(routing, len(scheduled))
+        host = _start_host_copy(ids)
+        done = None
+        if ids.is_cuda:
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(ids.device))
+        return LaunchedStep(scheduled, None, stats, len(scheduled), _DevicePicks(ids, host, done))
+
+    @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> StepResult:
         """Samples the launched step's sampling sequences and waits for its statistics.
 
@@ -204,12 +265,18 @@ class ModelRunner:
         copies were queued before them.
         """
         sampled: dict[str, int] = {}
-        if step.logits is not None:
-            seqs = [item.seq for item in step.scheduled if item.samples]
-            for seq, token in zip(seqs, self.sampler.sample(step.logits, seqs)):
-                sampled[seq.seq_id] = token
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()  # the statistics' copies have landed
+        if step.picks is not None:
+            if step.picks.done is not None:
+                step.picks.done.synchronize()  # this step only: a step launched ahead may still run
+            for item, token in zip(step.scheduled, step.picks.host.tolist()):
+                sampled[item.seq.seq_id] = token
+        else:
+            if step.logits is not None:
+                seqs = [item.seq for item in step.scheduled if item.samples]
+                for seq, token in zip(seqs, self.sampler.sample(step.logits, seqs)):
+                    sampled[seq.seq_id] = token
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()  # the statistics' copies have landed
         stats = step.stats
         return StepResult(
             sampled=sampled,

@@ -183,6 +183,38 @@ class Scheduler:
         self._finish(seq, FinishReason.LENGTH if seq.output_token_ids else FinishReason.ABORT)
         out.rejected.append(seq)
 
+    def schedule_ahead(self, step: list[ScheduledSeq]) -> list[ScheduledSeq] | None:
+        """The decode step that follows ``step`` if all its sequences go on, or None.
+
+        Called while ``step`` still runs (before ``update`` sees its tokens),
+        so that the next step can be queued behind it. Only a plain decode
+        batch qualifies: nobody waiting for admission, every sequence running
+        and sampling one token this step, and none that this step's token
+        finishes by length (a stop token is only known later: its row of the
+        next step is then computed and dropped). Each sequence gets the KV
+        slot of position ``num_tokens`` (the token ``step`` samples) from free
+        blocks, never by reclaiming or preempting. The returned items read
+        ``samples`` true once ``update`` has appended ``step``'s tokens.
+        """
+        if self.waiting or not step or len(step) != len(self.running):
+            return None
+        params_ok = all(
+            item.seq.status == SequenceStatus.RUNNING
+            and item.num_new_tokens == 1
+            and item.samples
+            and len(item.seq.output_token_ids) + 1 < item.seq.sampling.max_tokens
+            and item.seq.num_tokens + 1 < self.config.max_model_len
+            for item in step
+        )
+        if not params_ok:
+            return None
+        needed = sum(self.kv.blocks_needed(item.seq.seq_id, item.seq.num_tokens + 1) for item in step)
+        if needed > self.kv.free_blocks:
+            return None
+        for item in step:
+            self.kv.allocate(item.seq.seq_id, item.seq.num_tokens + 1)
+        return [ScheduledSeq(item.seq, item.seq.num_tokens, 1) for item in step]
+
     # -- after the step ------------------------------------------------------
     def update(self, scheduled: list[ScheduledSeq], sampled: dict[str, int], eos_ids: frozenset[int]) -> list[Sequence]:
         """Applies a step's results; returns the sequences that finished.

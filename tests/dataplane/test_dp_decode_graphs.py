@@ -156,3 +156,53 @@ def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
     assert outs[0][0] == outs[1][0]
     assert outs[0][1] == outs[1][1]
     assert outs[0][0] != outs[0][1]  # the demotion changed the model
+
+
+def _run(engine, requests: list[tuple[list[int], SamplingParams]], tag: str):
+    """(tokens, finish reason) per request."""
+    sinks = []
+    for i, (prompt, params) in enumerate(requests):
+        sinks.append(QueueSink())
+        engine.add_request(f"{tag}-{i}", prompt, params, sinks[-1])
+    results = []
+    for sink in sinks:
+        outs = list(sink.outputs(timeout=300))
+        results.append(([t for out in outs for t in out.new_token_ids], outs[-1].finish_reason))
+    return results
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="runs Triton kernels on CPU tensors: needs the interpreter (the GPU test covers the GPU)")
+def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
+    """Overlapped decode (each step queued before the previous one is collected)
+    against one step at a time: same tokens and finish reasons when sequences
+    stop on a token (its row of the step queued behind is dropped) or on
+    max_tokens, mid-batch."""
+    plain = build(_config(device="cpu", dtype="float32", overlap_steps=False))
+    plain.engine.start()
+    try:
+        free_run = _run(plain.engine, [(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in PROMPTS], "f")
+    finally:
+        plain.engine.stop()
+    stop = free_run[1][0][2]  # request 1 stops on its third token
+    requests = [
+        (PROMPTS[0], SamplingParams(max_tokens=5, ignore_eos=True)),
+        (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[stop])),
+        (PROMPTS[2], SamplingParams(max_tokens=7, ignore_eos=True)),
+    ]
+    results = []
+    for overlap in (False, True):
+        built = build(_config(device="cpu", dtype="float32", overlap_steps=overlap))
+        _with_static_decode(built)
+        built.engine.start()
+        try:
+            results.append(_run(built.engine, requests, f"o{overlap}"))
+        finally:
+            built.engine.stop()
+        if overlap:
+            assert built.engine.runner.steps_launched_ahead >= 3
+            assert built.engine.stats().generated_tokens_total == sum(len(t) for t, _ in results[-1])
+    assert results[0] == results[1]
+    tokens, reason = results[1][1]
+    assert tokens[-1] == stop and reason.name == "STOP"
+    assert [len(t) for t, _ in results[1]] == [5, 3, 7]

@@ -215,3 +215,42 @@ def test_kv_pages_carry_the_kv_tag():
     step(sched)
     pages = sched.kv.block_table("s0")
     assert len(pages) == 2 and all(sched.kv.arena.tag_of(p) == KV_TAG for p in pages)
+
+
+def test_schedule_ahead_is_the_next_decode_step_when_everyone_goes_on():
+    sched = make(num_pages=4)
+    a, b = seq(0, 3), seq(1, 2, max_tokens=3)
+    sched.add(a)
+    sched.add(b)
+    step(sched)  # prefills: a holds 4 tokens, b 3
+    out = sched.schedule()  # decode of positions 3 and 2
+    ahead = sched.schedule_ahead(out.scheduled)
+    assert ahead is not None
+    assert [(i.seq.seq_id, i.start, i.num_new_tokens) for i in ahead] == [("s0", 4, 1), ("s1", 3, 1)]
+    assert sched.kv.num_blocks("s0") == 2  # position 4 needed a second block, taken now
+    assert not any(i.samples for i in ahead)  # until update appends this step's tokens
+    sched.update(out.scheduled, {"s0": TOKEN, "s1": TOKEN}, EOS)
+    assert all(i.samples for i in ahead)
+    # The step after: b's next token is its last (max_tokens 3): no step ahead.
+    assert sched.schedule_ahead(ahead) is None
+    sched.update(ahead, {"s0": TOKEN, "s1": TOKEN}, EOS)
+    assert b.finish_reason == FinishReason.LENGTH
+
+
+def test_schedule_ahead_refuses_prefill_a_full_arena_and_waiting_requests():
+    sched = make(num_pages=2)
+    a = seq(0, 7)
+    sched.add(a)
+    out = sched.schedule()
+    assert sched.schedule_ahead(out.scheduled) is None  # a prefill step
+    sched.update(out.scheduled, {"s0": TOKEN}, EOS)
+    out = sched.schedule()  # decode of position 7: a holds both blocks
+    assert sched.kv.free_blocks == 0
+    assert sched.schedule_ahead(out.scheduled) is None  # position 8 would need a third block
+    sched2 = make(num_pages=2)
+    b = seq(1, 3)
+    sched2.add(b)
+    step(sched2)  # b holds 1 block (4 tokens)
+    out = sched2.schedule()
+    sched2.add(seq(2, 1))
+    assert sched2.schedule_ahead(out.scheduled) is None  # someone is waiting for admission
