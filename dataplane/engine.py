@@ -259,7 +259,7 @@ class Engine:
                 self._flush_bookkeeping()
                 return
             launched = self.runner.launch(out.scheduled)
-        if self.overlap_steps:
+        if self.overlap_steps and launched.picks is not None:  # only a greedy graph step has device picks
             ahead = self.scheduler.schedule_ahead(launched.scheduled)
             if ahead is not None:
                 self._ahead = self.runner.launch_ahead(ahead, launched)
