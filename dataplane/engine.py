@@ -1,12 +1,13 @@
 """The engine loop: receive -> schedule -> launch -> (previous step's
 bookkeeping, while the device works) -> collect -> update -> emit.
 
-With ``overlap_steps`` a greedy decode batch keeps one step queued ahead:
-before collecting step N the engine launches N+1 (Scheduler.schedule_ahead,
-ModelRunner.launch_ahead: its token ids come from N's device-side picks),
-so the device never waits for the host between decode steps. Step N+1's
+With ``overlap_steps`` a decode batch replayed from a graph keeps one step
+queued ahead: before collecting step N the engine launches N+1
+(Scheduler.schedule_ahead, ModelRunner.launch_ahead: its token ids are N's
+picks, sampled on the device), so the device never waits for the host
+between decode steps. Step N+1's
 tokens of sequences that N finished are dropped. Anything else (a request
-arriving or aborted, prefill, sampling, a full arena) collects the queued
+arriving or aborted, prefill, an eager step, a full arena) collects the queued
 step first and schedules from scratch.
 
 One thread owns the scheduler, the KV manager, the arena and the model. Other
@@ -259,7 +260,7 @@ class Engine:
                 self._flush_bookkeeping()
                 return
             launched = self.runner.launch(out.scheduled)
-        if self.overlap_steps and launched.picks is not None:  # only a greedy graph step has device picks
+        if self.overlap_steps and launched.picks is not None:  # graph steps have device picks
             ahead = self.scheduler.schedule_ahead(launched.scheduled)
             if ahead is not None:
                 self._ahead = self.runner.launch_ahead(ahead, launched)

@@ -6,10 +6,10 @@ statistics. The batch is flattened (see dataplane/layers/attention.py).
 
 A step is launched, then collected: between the two the device works and the
 caller's thread is free (the engine does the previous step's bookkeeping
-there, so that host time hides behind the device's). A greedy decode step
-replayed from a graph takes its argmax on the device at launch; the next
-decode step can then be queued behind it (``launch_ahead``) with its token
-ids copied on the device, before the host has seen them.
+there, so that host time hides behind the device's). A decode step replayed
+from a graph samples its tokens on the device at launch (``Sampler.pick``);
+the next decode step can then be queued behind it (``launch_ahead``) with its
+token ids copied on the device, before the host has seen them.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class _HostStats:
 
 @dataclass(frozen=True)
 class _DevicePicks:
-    """Greedy next tokens of a graph step, taken on the device at launch."""
+    """Next tokens of a graph step, sampled on the device at launch."""
 
     ids: torch.Tensor  # [B] int64 on the device, scheduled order (input of a step launched ahead)
     host: torch.Tensor  # [B] int64 host copy (pinned on CUDA), valid after ``done``
@@ -80,7 +80,7 @@ class LaunchedStep:
     logits: torch.Tensor | None  # [S, vocab] float32, rows of the sampling sequences (scheduled order)
     stats: _HostStats
     num_tokens: int
-    picks: _DevicePicks | None = None  # set when every row was sampled greedily at launch
+    picks: _DevicePicks | None = None  # set when every row was sampled at launch (graph steps)
 
 
 class ModelRunner:
@@ -191,8 +191,8 @@ class ModelRunner:
             rows = self.decode_rows(scheduled)
             if rows is not None and self.graphs.can_replay(rows):
                 logits, routing = self.graphs.replay(rows)  # [B, vocab]
-                if all(item.samples and item.seq.sampling.greedy for item in scheduled):
-                    return self._greedy_step(scheduled, logits, routing)
+                if all(item.samples for item in scheduled):
+                    return self._picked_step(scheduled, logits, routing)
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
                 if len(sampling) < len(scheduled):
                     logits = logits[sampling] if sampling else None
@@ -218,16 +218,14 @@ class ModelRunner:
 
         ``scheduled``: Scheduler.schedule_ahead(previous.scheduled), the same
         sequences in the same order, one position further. Their input tokens
-        are ``previous``'s greedy picks, copied on the device. Returns None
-        (nothing queued) when ``previous`` has no device picks, a sequence
-        samples otherwise than greedily, or the batch cannot replay a graph.
+        are ``previous``'s picks, copied on the device. Returns None (nothing
+        queued) when ``previous`` has no device picks or the batch cannot
+        replay a graph.
         The caller must drop this step's tokens for sequences that
         ``previous``'s tokens finished.
         """
         picks = previous.picks
         if self.graphs is None or picks is None or len(scheduled) != len(previous.scheduled):
-            return None
-        if not all(item.seq.sampling.greedy for item in scheduled):
             return None
         rows = DecodeRows([], [], [], [])
         for item in scheduled:
@@ -240,15 +238,15 @@ class ModelRunner:
             return None
         logits, routing = self.graphs.replay(rows, device_ids=picks.ids)
         self.steps_launched_ahead += 1
-        return self._greedy_step(scheduled, logits, routing)
+        return self._picked_step(scheduled, logits, routing)
 
-    def _greedy_step(self, scheduled: list[ScheduledSeq], logits: torch.Tensor, routing: RoutingStats) -> LaunchedStep:
-        """A replayed step whose rows all sample greedily: argmax and host copies queued now.
+    def _picked_step(self, scheduled: list[ScheduledSeq], logits: torch.Tensor, routing: RoutingStats) -> LaunchedStep:
+        """A replayed step whose rows all sample: picks and host copies queued now.
 
-        The argmax must be taken before another replay of the same graph
+        The picks must be queued before another replay of the same graph
         overwrites ``logits``; the copies are queued before the picks' event.
         """
-        ids = logits.argmax(dim=-1)  # [B] int64
+        ids = self.sampler.pick(logits, [item.seq for item in scheduled])  # [B] int64
         stats = _HostStats.start(routing, len(scheduled))
         host = _start_host_copy(ids)
         done = None

@@ -1,9 +1,11 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
 
 Greedy rows are taken with one argmax. Every other row draws from its own
-``torch.Generator`` (kept on the Sequence), seeded with the request's seed or,
-when it has none, from the sampler's own generator, so a seeded request
-gives the same tokens whatever else shares its batches.
+``torch.Generator`` (kept on the Sequence, on the logits' device), seeded with
+the request's seed or, when it has none, from the sampler's own generator, so
+a seeded request gives the same tokens whatever else shares its batches.
+``pick`` leaves the tokens on the device without waiting for them (a step
+queued behind can read them); ``sample`` is ``pick`` brought to the host.
 """
 
 from __future__ import annotations
@@ -44,19 +46,22 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """logits: [B, V] float32, row i for seqs[i]. Returns B token ids."""
-        tokens: list[int | None] = [None] * len(seqs)
-        greedy = [i for i, seq in enumerate(seqs) if seq.sampling.greedy]
-        if greedy:
-            rows = logits if len(greedy) == len(seqs) else logits[greedy]  # no index upload when all are greedy
-            picks = rows.argmax(dim=-1).tolist()
-            for i, token in zip(greedy, picks):
-                tokens[i] = token
-        for i, seq in enumerate(seqs):
-            if tokens[i] is None:
-                tokens[i] = self._draw(logits[i], seq)
-        return [int(t) for t in tokens]  # type: ignore[arg-type]
+        return self.pick(logits, seqs).tolist()
 
-    def _draw(self, row: torch.Tensor, seq: Sequence) -> int:
+    def pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """[B] int64 token ids on the logits' device, queued without a host wait.
+
+        logits: [B, V] float32, row i for seqs[i]. One draw from each
+        non-greedy sequence's generator per call, as ``sample``.
+        """
+        best = logits.argmax(dim=-1)  # [B]
+        if all(seq.sampling.greedy for seq in seqs):
+            return best
+        return torch.stack([best[i] if seq.sampling.greedy else self._draw(logits[i], seq)
+                            for i, seq in enumerate(seqs)])
+
+    def _draw(self, row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+        """A 0-d int64 token drawn from ``row`` with the sequence's generator."""
         params = seq.sampling
         if seq.generator is None:
             seed = params.seed
@@ -64,4 +69,4 @@ class Sampler:
                 seed = int(torch.randint(0, MAX_SEED, (), generator=self._seeder))
             seq.generator = torch.Generator(device=row.device).manual_seed(seed)
         probs = filter_logits(row, params.temperature, params.top_k, params.top_p).softmax(dim=-1)
-        return int(torch.multinomial(probs, 1, generator=seq.generator))
+        return torch.multinomial(probs, 1, generator=seq.generator)[0]

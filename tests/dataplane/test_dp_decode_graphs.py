@@ -175,9 +175,9 @@ def _run(engine, requests: list[tuple[list[int], SamplingParams]], tag: str):
                     reason="runs Triton kernels on CPU tensors: needs the interpreter (the GPU test covers the GPU)")
 def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
     """Overlapped decode (each step queued before the previous one is collected)
-    against one step at a time: same tokens and finish reasons when sequences
-    stop on a token (its row of the step queued behind is dropped) or on
-    max_tokens, mid-batch."""
+    against one step at a time and the eager path: same tokens and finish
+    reasons when sequences stop on a token (its row of the step queued behind
+    is dropped) or on max_tokens mid-batch, greedy or drawn."""
     plain = build(_config(device="cpu", dtype="float32", overlap_steps=False))
     plain.engine.start()
     try:
@@ -188,8 +188,15 @@ def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
     requests = [
         (PROMPTS[0], SamplingParams(max_tokens=5, ignore_eos=True)),
         (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[stop])),
-        (PROMPTS[2], SamplingParams(max_tokens=7, ignore_eos=True)),
+        # Drawn tokens: one draw from the request's generator per step, queued or not.
+        (PROMPTS[2], SamplingParams(max_tokens=7, ignore_eos=True, temperature=0.9, top_p=0.9, seed=5)),
     ]
+    eager = build(_config(device="cpu", dtype="float32", overlap_steps=False))
+    eager.engine.start()
+    try:
+        want = _run(eager.engine, requests, "e")
+    finally:
+        eager.engine.stop()
     results = []
     for overlap in (False, True):
         built = build(_config(device="cpu", dtype="float32", overlap_steps=overlap))
@@ -202,7 +209,7 @@ def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
         if overlap:
             assert built.engine.runner.steps_launched_ahead >= 3
             assert built.engine.stats().generated_tokens_total == sum(len(t) for t, _ in results[-1])
-    assert results[0] == results[1]
+    assert results[0] == want and results[1] == want
     tokens, reason = results[1][1]
     assert tokens[-1] == stop and reason.name == "STOP"
     assert [len(t) for t, _ in results[1]] == [5, 3, 7]

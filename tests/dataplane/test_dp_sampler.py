@@ -92,3 +92,19 @@ def test_invalid_sampling_values_are_named():
             continue
         raise AssertionError(f"accepted {params}")
     SamplingParams(temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=(3,)).validate(VOCAB)
+
+
+def test_pick_keeps_tokens_on_the_device_and_agrees_with_sample():
+    rows = logits(seed=3, rows=3)
+    mixed = [
+        Sequence("g", [1], SamplingParams(), arrival=0),
+        Sequence("t", [1], SamplingParams(temperature=0.9, top_p=0.8, seed=11), arrival=1),
+        Sequence("k", [1], SamplingParams(temperature=1.3, top_k=5, seed=12), arrival=2),
+    ]
+    twins = [Sequence(s.seq_id, [1], s.sampling, arrival=s.arrival) for s in mixed]
+    a, b = Sampler(seed=1), Sampler(seed=1)
+    for _ in range(20):  # each call draws once from each generator, on both paths
+        picked = a.pick(rows, mixed)
+        assert isinstance(picked, torch.Tensor) and picked.shape == (3,) and picked.dtype == torch.int64
+        assert picked.tolist() == b.sample(rows, twins)
+    assert picked[0].item() == rows[0].argmax().item()
