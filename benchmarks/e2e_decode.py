@@ -345,6 +345,8 @@ def main() -> int:
         "preset": args.preset,
         "fuse_qkv": not args.no_fuse_qkv,
         "overlap_steps": not args.no_overlap,
+        "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
+                         "between (about two steps); engine_step_ms and tok_per_s are the rates",
         "steps_launched_ahead": runner.steps_launched_ahead,
         "prompt_len": args.prompt_len,
         "copy_bandwidth_bytes_per_s": bandwidth,
