@@ -38,9 +38,9 @@ from dataplane.engine_builder import build  # noqa: E402
 PHASES = {  # attribute path from the engine -> methods timed
     "": ["_receive", "_flush_bookkeeping", "_publish_stats", "_deliver", "_step"],
     "scheduler": ["schedule", "update"],
-    "runner": ["decode_rows", "launch", "collect", "touch_routed"],
+    "runner": ["decode_rows", "launch", "launch_ahead", "collect", "touch_routed"],
     "runner.graphs": ["_fill", "can_replay"],
-    "runner.sampler": ["sample"],
+    "runner.sampler": ["sample", "pick"],
 }
 
 
@@ -63,6 +63,9 @@ def main() -> int:
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--no-fuse-qkv", action="store_true")
+    parser.add_argument("--overlap", action="store_true",
+                        help="DataplaneConfig.overlap_steps (off: the phases of the one-step-at-a-time loop; "
+                             "on, runner_step_ms spans about two steps)")
     parser.add_argument("--commit", default="unknown", help="git commit of the measured tree")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -72,7 +75,7 @@ def main() -> int:
         synthetic=args.preset, device="cuda", dtype="bfloat16", initial_expert_bits=args.bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=prompt_len + args.steps + 16, fuse_qkv=not args.no_fuse_qkv,
-        overlap_steps=False,  # the phases below are those of the one-step-at-a-time loop
+        overlap_steps=args.overlap,
     )
     built = build(config)
     engine = built.engine
@@ -89,10 +92,10 @@ def main() -> int:
     events: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []
     replay = graphs.replay
 
-    def timed_replay(rows):
+    def timed_replay(rows, **kwargs):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        out = replay(rows)
+        out = replay(rows, **kwargs)
         end.record()
         events.append((begin, end, len(rows)))
         return out
@@ -122,7 +125,8 @@ def main() -> int:
     result = {
         "command": " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": args.commit,
-        "preset": args.preset, "bits": args.bits, "fuse_qkv": not args.no_fuse_qkv, "rows": rows,
+        "preset": args.preset, "bits": args.bits, "fuse_qkv": not args.no_fuse_qkv,
+        "overlap_steps": args.overlap, "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
