@@ -165,14 +165,18 @@ class ModelRunner:
         ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=routing, kv_arena=kv_arena)
         return dev(input_ids, torch.int64), dev(positions, torch.int64), ctx
 
-    def decode_rows(self, scheduled: list[ScheduledSeq]) -> DecodeRows | None:
-        """The batch as one row per sequence, None unless every sequence computes one token."""
+    def decode_rows(self, scheduled: list[ScheduledSeq], known_tokens: bool = True) -> DecodeRows | None:
+        """The batch as one row per sequence, None unless every sequence computes one token.
+
+        known_tokens=False: the input tokens are not on the host yet (a step
+        launched ahead); their ids are 0 here and come from the device.
+        """
         if any(item.num_new_tokens != 1 for item in scheduled):
             return None
         rows = DecodeRows([], [], [], [])
         for item in scheduled:
             seq_id, pos = item.seq.seq_id, item.start
-            rows.input_ids.append(item.seq.tokens(pos, pos + 1)[0])
+            rows.input_ids.append(item.seq.tokens(pos, pos + 1)[0] if known_tokens else 0)
             rows.positions.append(pos)
             rows.slots.append(self.kv.slot(seq_id, pos))
             rows.tables.append(self.kv.block_table(seq_id))
@@ -227,14 +231,8 @@ class ModelRunner:
         picks = previous.picks
         if self.graphs is None or picks is None or len(scheduled) != len(previous.scheduled):
             return None
-        rows = DecodeRows([], [], [], [])
-        for item in scheduled:
-            seq_id, pos = item.seq.seq_id, item.start
-            rows.input_ids.append(0)  # replaced on the device by the previous step's pick
-            rows.positions.append(pos)
-            rows.slots.append(self.kv.slot(seq_id, pos))
-            rows.tables.append(self.kv.block_table(seq_id))
-        if not self.graphs.can_replay(rows):
+        rows = self.decode_rows(scheduled, known_tokens=False)
+        if rows is None or not self.graphs.can_replay(rows):
             return None
         logits, routing = self.graphs.replay(rows, device_ids=picks.ids)
         self.steps_launched_ahead += 1
