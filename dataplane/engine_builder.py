@@ -30,6 +30,7 @@ from dataplane.sampler import Sampler
 from dataplane.precision.controller import PrecisionController
 from dataplane.precision.ladder import WalkLimits
 from dataplane.scheduler import ReclaimPages, Scheduler, SchedulerConfig
+from dataplane.weights.layout import expert_tile_bytes
 from dataplane.weights.transform import quantize_experts
 from kernels.paged_attention import MIN_DOT
 
@@ -96,9 +97,12 @@ def plan_memory(
     ``exclude``: see ``resident_bytes``.
     """
     block = kv_block_bytes(config.kv_block_size, spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype)
+    # The widest 64-row tile of an expert field must fit a page (it may then
+    # straddle at most one boundary, which the MoE kernels handle).
+    tile = expert_tile_bytes(spec.hidden_size, spec.intermediate_size)
     # A power of two: weight pages are addressed with shifts (docs/WEIGHT_LAYOUT.md);
     # a KV block smaller than its page just leaves the page's tail unused.
-    page_bytes = max(PAGE_ALIGN, 1 << (block - 1).bit_length())
+    page_bytes = max(PAGE_ALIGN, 1 << (max(block, tile) - 1).bit_length())
     params = resident_bytes(model, exclude)
     workspace = (
         config.workspace_bytes

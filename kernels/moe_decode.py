@@ -1,5 +1,12 @@
 """Triton device functions: read one block's fields through the page table and
-turn them into fp16 tensor-core operands (docs/WEIGHT_LAYOUT.md, v1).
+turn them into fp16 tensor-core operands (docs/WEIGHT_LAYOUT.md, v2).
+
+How the reads stay whole: a field's byte string holds its rows in tiles of
+64 (v2), so the words of one (tile, group) are one contiguous run (2 KiB for a
+2-bit field); a program's step over 64 or 128 rows reads one or two runs
+instead of one 32-byte chunk from each of 128 rows 1 KiB apart (v1). Measured
+without any decode (benchmarks/bench_access.py): 48-56 % of the copy
+bandwidth in v1's order, 71-94 % tile-major.
 
 How the decode stays cheap (instructions per weight, not per element):
 * codes are rebuilt on whole 32-bit words holding four 8-bit lanes: each
@@ -24,6 +31,7 @@ import triton
 import triton.language as tl
 
 GROUP = 128
+TILE_ROWS = tl.constexpr(64)  # kernels/weight_layout.TILE_ROWS
 # fp16 exponent bits of 1024.0 in both halves of a word.
 _FP16_1024_PAIR = 0x64006400
 _LANES_EVEN = 0x00FF00FF
@@ -121,6 +129,22 @@ def row_pages(pt_ptr, start, row_bytes, CHUNK: tl.constexpr, log2p):
 
 
 @triton.jit
+def tile_pages(pt_ptr, r64, first_byte, n_groups, CB: tl.constexpr, log2p):
+    """row_pages for tile-major fields (v2): per-row word bases for group 0.
+
+    r64: int64 [BN] rows; first_byte: byte offset of the region (codes 0,
+    scales after the codes); CB: bytes per (row, group). A tile's groups are
+    runs of 64 * CB bytes, so chunks are runs and a row's word for group g is
+    base + g * 64 * CB / 4.
+    """
+    tile_bytes = TILE_ROWS * n_groups * CB
+    a, b, brk = row_pages(pt_ptr, first_byte + (r64 // TILE_ROWS) * tile_bytes, tile_bytes, TILE_ROWS * CB,
+                          log2p)
+    inside = (r64 % TILE_ROWS) * (CB // 4)
+    return a + inside, b + inside, brk
+
+
+@triton.jit
 def _seg_base(base_a, base_b, brk, gs, ALIGN: tl.constexpr):
     # Row bases valid for the whole segment starting at chunk gs.
     return tl.multiple_of(tl.where(gs < brk, base_a, base_b), ALIGN)
@@ -136,7 +160,7 @@ def _next_brk(brk, gs, ge):
 def _load_two_bit(arena_ptr, base, g):
     # -> uint32 [BN, 4, 2]: group g, quarter c (8 bytes), word. Loaded as the
     # row's 8 contiguous words so that the copies are 16 bytes wide.
-    off = base[:, None] + (g * 8 + tl.arange(0, 8)[None, :])
+    off = base[:, None] + (g * (TILE_ROWS * 8) + tl.arange(0, 8)[None, :])
     words = tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
     return tl.reshape(words, (words.shape[0], 4, 2))
 
@@ -144,7 +168,7 @@ def _load_two_bit(arena_ptr, base, g):
 @triton.jit
 def _load_one_bit(arena_ptr, base, g, c4):
     # -> uint32 [BN, 4]: group g, quarter c (4 bytes).
-    off = base[:, None] + (g * 4 + c4[None, :])
+    off = base[:, None] + (g * (TILE_ROWS * 4) + c4[None, :])
     return tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
 
 
@@ -176,26 +200,27 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     n_groups = K // 128
     r64 = rows.to(tl.int64)
     c4 = tl.arange(0, 4)
-    a0, b0, k0 = row_pages(pt_blk_ptr, r64 * (n_groups * 32), n_groups * 32, 32, log2p)
+    a0, b0, k0 = tile_pages(pt_blk_ptr, r64, 0, n_groups, 32, log2p)
     a1, b1, k1 = a0, b0, k0
     a2, b2, k2 = a0, b0, k0
     a3, b3, k3 = a0, b0, k0
     a4, b4, k4 = a0, b0, k0
     if NF >= 2:
-        a1, b1, k1 = row_pages(pt_blk_ptr + pt_field_stride, r64 * (n_groups * 16), n_groups * 16, 16, log2p)
+        a1, b1, k1 = tile_pages(pt_blk_ptr + pt_field_stride, r64, 0, n_groups, 16, log2p)
     if NF >= 3:
-        a2, b2, k2 = row_pages(pt_blk_ptr + 2 * pt_field_stride, r64 * (n_groups * 16), n_groups * 16, 16, log2p)
+        a2, b2, k2 = tile_pages(pt_blk_ptr + 2 * pt_field_stride, r64, 0, n_groups, 16, log2p)
     if NF >= 4:
-        a3, b3, k3 = row_pages(pt_blk_ptr + 3 * pt_field_stride, r64 * (n_groups * 32), n_groups * 32, 32, log2p)
+        a3, b3, k3 = tile_pages(pt_blk_ptr + 3 * pt_field_stride, r64, 0, n_groups, 32, log2p)
     if NF >= 5:
-        a4, b4, k4 = row_pages(pt_blk_ptr + 4 * pt_field_stride, r64 * (n_groups * 32), n_groups * 32, 32, log2p)
-    # Scales of the NF-field view sit after the codes of field NF - 1.
+        a4, b4, k4 = tile_pages(pt_blk_ptr + 4 * pt_field_stride, r64, 0, n_groups, 32, log2p)
+    # Scales of the NF-field view sit after the codes of field NF - 1 (whole
+    # tiles: the last one is padded).
+    padded = (n_rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
     if NF == 1 or NF >= 4:
-        code_bytes = n_rows.to(tl.int64) * (n_groups * 32)
+        code_bytes = padded.to(tl.int64) * (n_groups * 32)
     else:
-        code_bytes = n_rows.to(tl.int64) * (n_groups * 16)
-    sa, sb, sk = row_pages(pt_blk_ptr + (NF - 1) * pt_field_stride,
-                           code_bytes + r64 * (n_groups * 4), n_groups * 4, 4, log2p)
+        code_bytes = padded.to(tl.int64) * (n_groups * 16)
+    sa, sb, sk = tile_pages(pt_blk_ptr + (NF - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
     # t_b << (8 - b) is what the decode yields: fold 2^-(8-b) into the scale.
     if NF == 1:
         inv_step = 1.0 / 64.0
@@ -240,7 +265,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             p4 = _seg_base(a4, b4, k4, gs, 8)
         ps = tl.where(gs < sk, sa, sb)
         for g in range(gs, ge):
-            sw = tl.load(arena_ptr + ps + g)  # [BN] (scale, offset) fp16 pair
+            sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
             xs = xs_next  # [BM] activation sums of group g
             g_next = tl.minimum(g + 1, g1 - 1)
             xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB)

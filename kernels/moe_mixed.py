@@ -32,6 +32,7 @@ from kernels.weight_layout import (
     FIELD_WIDTHS,
     GROUP,
     NUM_FIELDS,
+    TILE_ROWS,
     dequantize_view,
     field_bytes,
     pages_for,
@@ -213,9 +214,11 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
     page_bytes = storage.shape[1]
     if page_bytes & (page_bytes - 1):
         raise ValueError(f"page_bytes must be a power of two, got {page_bytes}")
-    widest_row = max(hidden, ffn) * max(FIELD_WIDTHS) // 8
-    if page_bytes < widest_row:
-        raise ValueError(f"page_bytes {page_bytes} < widest packed row {widest_row}: rows would span >2 pages")
+    widest_tile = TILE_ROWS * max(hidden, ffn) * max(FIELD_WIDTHS) // 8
+    if page_bytes < widest_tile:
+        raise ValueError(f"page_bytes {page_bytes} < widest packed tile {widest_tile} (64 rows): "
+                         "tiles would span >2 pages")
+
     if pt.dtype != torch.int32 or pt.dim() != 3 or pt.shape[1] != NUM_FIELDS or pt.stride(2) != 1:
         raise ValueError("page_table must be int32 [num_blocks, 5, max_pages] with unit last stride")
     if bf.dtype != torch.int32 or bf.dim() != 1 or bf.shape[0] != pt.shape[0]:

@@ -1,6 +1,6 @@
 """Quantize and pack one block W [N, K] into the five fields of WEIGHT_LAYOUT.md.
 
-One program per (rows tile, group of 128): min/max of each row's group, the
+One program per (16 rows, group of 128): min/max of each row's group, the
 8-bit code q, every field's packed int32 words and every view's (scale,
 offset) fp16 pair. The output is the five fields' byte strings, contiguous,
 ready to be copied into arena pages (loading) or staged for promotions.
@@ -15,9 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.weight_layout import FIELD_WIDTHS, GROUP, NUM_FIELDS, field_bytes, pack_block
+from kernels.weight_layout import GROUP, NUM_FIELDS, TILE_ROWS, field_bytes, field_code_bytes, pack_block
 
 ROWS_PER_PROGRAM = 16
+_TILE_ROWS = tl.constexpr(TILE_ROWS)
 _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + M - M rounds half to even
 
 
@@ -34,13 +35,14 @@ def _pack_field(q, SHIFT: tl.constexpr, WIDTH: tl.constexpr, BR: tl.constexpr):
 @triton.jit
 def _store_view(out_ptr, code_off, scale_off, words, lo, s, r, gi, G, rmask,
                 WORDS: tl.constexpr, STEP: tl.constexpr):
-    # words: int32 [BR, WORDS] of this field; lo, s: fp32 [BR]
+    # words: int32 [BR, WORDS] of this field; lo, s: fp32 [BR]. Item (row r,
+    # group gi) sits at tile-major index ((r // 64) * G + gi) * 64 + r % 64.
     j = tl.arange(0, WORDS)
-    tl.store(out_ptr + code_off + r[:, None] * (G * WORDS) + gi * WORDS + j[None, :], words,
-             mask=rmask[:, None])
+    item = ((r // _TILE_ROWS) * G + gi) * _TILE_ROWS + r % _TILE_ROWS
+    tl.store(out_ptr + code_off + item[:, None] * WORDS + j[None, :], words, mask=rmask[:, None])
     scale = (s * STEP).to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
     offset = (lo + s * (STEP - 1.0) / 2.0).to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
-    tl.store(out_ptr + scale_off + r * G + gi, scale | (offset << 16), mask=rmask)
+    tl.store(out_ptr + scale_off + item, scale | (offset << 16), mask=rmask)
 
 
 @triton.jit
@@ -85,10 +87,11 @@ def quant_pack(w: torch.Tensor) -> list[torch.Tensor]:
     if w.stride(1) != 1:
         raise ValueError("W must be contiguous along K")
     sizes = [field_bytes(f, n, k) // 4 for f in range(NUM_FIELDS)]
-    out = torch.empty(sum(sizes), dtype=torch.int32, device=w.device)
+    # Zeroed: the rows that pad the last tile are never written.
+    out = torch.zeros(sum(sizes), dtype=torch.int32, device=w.device)
     offs, start = [], 0
     for f, size in enumerate(sizes):
-        code_words = n * k * FIELD_WIDTHS[f] // 32
+        code_words = field_code_bytes(f, n, k) // 4
         offs += [start, start + code_words]
         start += size
     grid = (triton.cdiv(n, ROWS_PER_PROGRAM), k // GROUP)

@@ -1,4 +1,4 @@
-"""Plain-torch reference of the multi-precision weight layout (docs/WEIGHT_LAYOUT.md, v1).
+"""Plain-torch reference of the multi-precision weight layout (docs/WEIGHT_LAYOUT.md, v2).
 
 The kernels' own reference: quantize one block W [N, K] to 8-bit codes, cut the
 codes into the five fields, pack each field into int32 words along K, append
@@ -6,7 +6,7 @@ the per-view (scale, offset) pairs, and place the fields' bytes in arena pages
 through a page table. Also the inverse (the b-bit view a kernel must compute)
 and the in-group K order the MoE kernels use for activations.
 
-Contract (v1): see docs/WEIGHT_LAYOUT.md. Rounding is round-half-to-even, the
+Contract (v2): see docs/WEIGHT_LAYOUT.md. Rounding is round-half-to-even, the
 per-view scales are the default midpoint of the truncated interval (no refit).
 """
 
@@ -22,6 +22,9 @@ NUM_FIELDS = len(FIELD_WIDTHS)
 FIELD_SHIFTS = tuple(8 - sum(FIELD_WIDTHS[: f + 1]) for f in range(NUM_FIELDS))
 CODE_MAX = 255
 SCALE_BYTES_PER_GROUP = 4  # float16 scale + float16 offset
+# Rows per tile of a field's byte string (v2): the bytes of one (tile, group)
+# are one contiguous run, so a kernel step over 64 rows reads whole runs.
+TILE_ROWS = 64
 
 
 def view_bits(num_fields: int) -> int:
@@ -39,13 +42,13 @@ def fields_for_bits(bits: int) -> int:
 
 
 def field_code_bytes(field: int, n: int, k: int) -> int:
-    """Bytes of the packed codes of one field of an [n, k] block."""
-    return n * k * FIELD_WIDTHS[field] // 8
+    """Bytes of the packed codes of one field of an [n, k] block (whole tiles)."""
+    return padded_rows(n) * k * FIELD_WIDTHS[field] // 8
 
 
 def field_bytes(field: int, n: int, k: int) -> int:
     """Bytes of one field's byte string: packed codes then the view's scales."""
-    return field_code_bytes(field, n, k) + n * (k // GROUP) * SCALE_BYTES_PER_GROUP
+    return field_code_bytes(field, n, k) + padded_rows(n) * (k // GROUP) * SCALE_BYTES_PER_GROUP
 
 
 def _check_block(w: torch.Tensor) -> None:
@@ -53,6 +56,27 @@ def _check_block(w: torch.Tensor) -> None:
         raise ValueError(f"a block is 2-D [N, K], got shape {tuple(w.shape)}")
     if w.shape[1] % GROUP:
         raise ValueError(f"K must be a multiple of {GROUP}, got {w.shape[1]}")
+
+
+def padded_rows(n: int) -> int:
+    """Rows a field's byte string holds: n rounded up to whole 64-row tiles."""
+    return -(-n // TILE_ROWS) * TILE_ROWS
+
+
+def rows_to_tiles(x: torch.Tensor) -> torch.Tensor:
+    """[N, G, B] per-(row, group) items -> [N' / 64, G, 64, B]: the v2 byte order
+    (N' = padded_rows(N), padding rows zero)."""
+    n, g, b = x.shape
+    rows = padded_rows(n)
+    if rows != n:
+        x = torch.cat([x, x.new_zeros(rows - n, g, b)])
+    return x.reshape(rows // TILE_ROWS, TILE_ROWS, g, b).transpose(1, 2).contiguous()
+
+
+def tiles_to_rows(x: torch.Tensor, n: int, g: int) -> torch.Tensor:
+    """Inverse of rows_to_tiles: flat items in v2 order -> [N, G, B]."""
+    rows = padded_rows(n)
+    return x.reshape(rows // TILE_ROWS, g, TILE_ROWS, -1).transpose(1, 2).reshape(rows, g, -1)[:n]
 
 
 def quantize_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,7 +101,8 @@ def view_scales(lo: torch.Tensor, s: torch.Tensor, bits: int) -> tuple[torch.Ten
 
 
 def pack_field(q: torch.Tensor, field: int) -> torch.Tensor:
-    """Field ``field`` of codes q [N, K] as row-major int32 words [N, K * w / 32]."""
+    """Field ``field`` of codes q [N, K] as int32 words [N, K * w / 32] (rows in
+    order; the byte string stores them tile-major, see pack_block)."""
     width = FIELD_WIDTHS[field]
     per_word = 32 // width
     n, k = q.shape
@@ -95,8 +120,9 @@ def pack_block(w: torch.Tensor) -> list[torch.Tensor]:
     out = []
     for f in range(NUM_FIELDS):
         scale, offset = view_scales(lo, s, VIEW_BITS[f])
-        codes = pack_field(q, f).reshape(-1).view(torch.uint8)
-        pairs = torch.stack([scale, offset], dim=-1).reshape(-1).view(torch.uint8)  # [N, G, 2]
+        n, g = lo.shape
+        codes = rows_to_tiles(pack_field(q, f).reshape(n, g, -1)).reshape(-1).view(torch.uint8)
+        pairs = rows_to_tiles(torch.stack([scale, offset], dim=-1)).reshape(-1).view(torch.uint8)
         out.append(torch.cat([codes, pairs]))
     return out
 
@@ -106,7 +132,7 @@ def unpack_field(data: torch.Tensor, field: int, n: int, k: int) -> torch.Tensor
     width = FIELD_WIDTHS[field]
     per_word = 32 // width
     nbytes = field_code_bytes(field, n, k)
-    words = data[:nbytes].view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    words = tiles_to_rows(data[:nbytes].view(torch.int32), n, k // GROUP).to(torch.int64) & 0xFFFFFFFF
     words = words.reshape(n, k // per_word, 1)
     shifts = torch.arange(per_word, dtype=torch.int64, device=data.device) * width
     return ((words >> shifts) & ((1 << width) - 1)).reshape(n, k)
@@ -115,7 +141,8 @@ def unpack_field(data: torch.Tensor, field: int, n: int, k: int) -> torch.Tensor
 def unpack_scales(data: torch.Tensor, field: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, offset) float16 [N, G] stored in one field's byte string."""
     start = field_code_bytes(field, n, k)
-    pairs = data[start:].view(torch.float16).reshape(n, k // GROUP, 2)
+    end = start + padded_rows(n) * (k // GROUP) * SCALE_BYTES_PER_GROUP
+    pairs = tiles_to_rows(data[start:end].view(torch.float16), n, k // GROUP)
     return pairs[..., 0], pairs[..., 1]
 
 

@@ -25,12 +25,14 @@ from dataplane.weights.layout import (
     GROUP,
     NUM_FIELDS,
     SCALE_PAIR,
+    TILE_ROWS,
     VIEW_BITS,
     WORD_BITS,
     check_block_shape,
     field_shift,
     field_size,
     fields_for_bits,
+    padded_rows,
 )
 
 _CODE_MAX = (1 << CODE_BITS) - 1
@@ -92,11 +94,33 @@ def unpack_field(words: torch.Tensor, width: int) -> torch.Tensor:
     return codes.reshape(n, j * per_word)
 
 
+def _rows_to_tiles(x: torch.Tensor) -> torch.Tensor:
+    """[N, G, B] per-(row, group) items -> [N' / TILE_ROWS, G, TILE_ROWS, B], the byte
+    order; N' = padded_rows(N), the padding rows zero."""
+    n, g, b = x.shape
+    rows = padded_rows(n)
+    if rows != n:
+        x = torch.cat([x, x.new_zeros(rows - n, g, b)])
+    return x.reshape(rows // TILE_ROWS, TILE_ROWS, g, b).transpose(1, 2).contiguous()
+
+
+def _tiles_to_rows(x: torch.Tensor, n: int, g: int) -> torch.Tensor:
+    """Inverse of _rows_to_tiles on the flat items -> [N, G, B]."""
+    rows = padded_rows(n)
+    return x.reshape(rows // TILE_ROWS, g, TILE_ROWS, -1).transpose(1, 2).reshape(rows, g, -1)[:n]
+
+
 def field_to_bytes(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Codes [N, J] int32 and scales [N, G, 2] fp16 -> one uint8 byte string."""
-    return torch.cat(
-        [words.contiguous().view(torch.uint8).reshape(-1), scales.contiguous().view(torch.uint8).reshape(-1)]
-    )
+    """Codes [N, J] int32 and scales [N, G, 2] fp16 -> one uint8 byte string.
+
+    Both parts are stored tile-major (layout v2): for each tile of TILE_ROWS
+    rows, for each group, the tile's rows.
+    """
+    n, g = scales.shape[0], scales.shape[1]
+    return torch.cat([
+        _rows_to_tiles(words.reshape(n, g, -1)).view(torch.uint8).reshape(-1),
+        _rows_to_tiles(scales).view(torch.uint8).reshape(-1),
+    ])
 
 
 def field_from_bytes(buf: torch.Tensor, n: int, k: int, f: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,9 +134,10 @@ def field_from_bytes(buf: torch.Tensor, n: int, k: int, f: int) -> tuple[torch.T
             f"field {f} of [{n}, {k}] needs >= {size.total} uint8 bytes, got {tuple(buf.shape)} {buf.dtype}"
         )
     buf = buf[: size.total].contiguous()
-    words = buf[: size.code_bytes].view(torch.int32).reshape(n, k * FIELD_WIDTHS[f] // WORD_BITS)
-    scales = buf[size.code_bytes :].view(torch.float16).reshape(n, k // GROUP, SCALE_PAIR)
-    return words, scales
+    g = k // GROUP
+    words = _tiles_to_rows(buf[: size.code_bytes].view(torch.int32), n, g)
+    scales = _tiles_to_rows(buf[size.code_bytes :].view(torch.float16), n, g)
+    return words.reshape(n, k * FIELD_WIDTHS[f] // WORD_BITS), scales
 
 
 # -- quantization ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Constants and byte sizes of the multi-precision weight layout (v1).
+"""Constants and byte sizes of the multi-precision weight layout (v2).
 
 The contract is docs/WEIGHT_LAYOUT.md; this module is its executable form and
 the only place the numbers live. Kernels import from here.
@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 GROUP = 128  # weights per quantization group, along the input dimension K
+# v2: a field's byte string holds its rows in tiles of TILE_ROWS (the last one
+# zero-padded); the bytes of one (tile, group) are contiguous (docs/WEIGHT_LAYOUT.md).
+TILE_ROWS = 64
 CODE_BITS = 8  # bits of the full code q
 # Field widths, most significant first; the first j fields form the view of
 # VIEW_BITS[j - 1] bits.
@@ -75,11 +78,22 @@ class FieldSize:
         return self.code_bytes + self.scale_bytes
 
 
+def padded_rows(n: int) -> int:
+    """Rows a field's byte string holds: n rounded up to whole tiles."""
+    return -(-n // TILE_ROWS) * TILE_ROWS
+
+
+def expert_tile_bytes(hidden: int, ffn: int) -> int:
+    """Bytes of the widest field tile (64 rows, widest field) of an expert's blocks."""
+    return TILE_ROWS * max(hidden, ffn) * max(FIELD_WIDTHS) // 8
+
+
 def field_size(n: int, k: int, f: int) -> FieldSize:
     check_block_shape(n, k)
+    rows = padded_rows(n)
     return FieldSize(
-        code_bytes=n * k * FIELD_WIDTHS[f] // 8,
-        scale_bytes=n * (k // GROUP) * SCALE_PAIR * SCALE_BYTES,
+        code_bytes=rows * k * FIELD_WIDTHS[f] // 8,
+        scale_bytes=rows * (k // GROUP) * SCALE_PAIR * SCALE_BYTES,
     )
 
 

@@ -17,7 +17,7 @@ from kernels.moe_mixed import (
 from tests.kernels.paged_store import random_moe
 
 H, F, E = 256, 384, 5
-PAGE = 128  # rows of 96 bytes straddle pages
+PAGE = 8192  # 64-row tiles of the down blocks (6 KiB) straddle pages
 FIELDS = [5, 1, 3, 2, 4, 3, 1, 5, 2, 4, 4, 2, 3, 5, 1]
 
 

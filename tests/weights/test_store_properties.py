@@ -27,7 +27,7 @@ from dataplane.weights.store import WeightStore
 from .support import HeldCopyEngine, arena_for, expected_view, random_block_matrix
 
 PAGE = 256
-NUM_PAGES = 64  # < the 8-bit footprint of all blocks (78 pages): real pressure
+NUM_PAGES = 200  # < the 8-bit footprint of all blocks (259 pages, rows padded to 64): real pressure
 SHAPES = [(16, 128), (8, 256), (24, 128), (16, 128), (8, 128), (32, 128)]
 BITS_OR_HOST = (0, *VIEW_BITS)
 KV_SCRIBBLE = 0x3C
