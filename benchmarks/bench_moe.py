@@ -124,19 +124,20 @@ def time_layer(shape, weights, layers, batch, bits, tune):
     return ms, ids, cfg, tiles, (x, tw, ws)
 
 
-def autotune(shape, weights, layers, deadline, candidates=None):
+def autotune(shape, weights, layers, deadline, candidates=None, cases=None):
     """Full-kernel timings of each candidate launch shape; the least total wins."""
     rows, best = [], None
+    cases = cases or TUNE_CASES
     for tune in candidates or TUNE_CANDIDATES:
         if time.time() > deadline:
             break
         try:
-            times = [time_layer(shape, weights, layers, b, bits, tune)[0] * 1e3 for b, bits in TUNE_CASES]
+            times = [time_layer(shape, weights, layers, b, bits, tune)[0] * 1e3 for b, bits in cases]
         except Exception as exc:  # a shape that fails to build is recorded, not fatal
             rows.append(dict(tune, error=repr(exc)[:300]))
             print(f"tune {tune} failed: {exc!r}"[:300], flush=True)
             continue
-        rows.append(dict(tune, cases=TUNE_CASES, us=times))
+        rows.append(dict(tune, cases=cases, us=times))
         print(f"tune {tune}: " + " ".join(f"{t:.1f}" for t in times) + " us", flush=True)
         if best is None or sum(times) < best[0]:
             best = (sum(times), tune)
@@ -144,13 +145,14 @@ def autotune(shape, weights, layers, deadline, candidates=None):
 
 
 def moe_rows(shape: MoeShape, batches, bits_list, hbm: float, tune: dict | None, deadline: float,
-             stages=False, tune_log=None, tune_only=False, candidates=None):
+             stages=False, tune_log=None, tune_only=False, candidates=None, tune_cases=None):
     smallest = block_bytes(shape, 0, 1) * 2 + block_bytes(shape, 2, 1)  # one expert at 2 bits
     layers = rotations(shape, smallest * min(shape.experts, shape.top_k), MAX_ROTATIONS)
     page_bytes = PAGE_BYTES[shape.name]
     weights = build_store(shape, layers, page_bytes, "cuda")
     if tune_log is not None:
-        tune, tune_log[:] = autotune(shape, weights, layers, deadline if tune_only else deadline - 120, candidates)
+        tune, tune_log[:] = autotune(shape, weights, layers, deadline if tune_only else deadline - 120, candidates,
+                                     tune_cases)
         print(f"chosen launch shape: {tune}", flush=True)
         if tune_only:
             return [dict(model=shape.name, tune=tune)]
@@ -282,8 +284,13 @@ def main() -> None:
     ap.add_argument("--kernels-only", action="store_true", help="skip the bf16 torch and attention rows")
     ap.add_argument("--candidates", help="JSON list of launch shapes (choose_tiles keywords) to autotune "
                                          "instead of TUNE_CANDIDATES")
+    ap.add_argument("--tune-cases", help="comma list of B:bits cases to autotune on (default "
+                                         "1:4,16:4,64:4,1:2)")
     ap.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     args = ap.parse_args()
+    tune_cases = None
+    if args.tune_cases:
+        tune_cases = [(int(c.split(":")[0]), c.split(":")[1]) for c in args.tune_cases.split(",")]
     deadline = time.time() + args.budget
     torch.manual_seed(0)
     tune = tune_from_sweep(args.sweep)
@@ -308,7 +315,8 @@ def main() -> None:
     for shape in shapes:
         rows = moe_rows(shape, batches, bits, hbm, tune, deadline, stages=True, tune_log=tune_log,
                         tune_only=args.tune_only,
-                        candidates=json.loads(args.candidates) if args.candidates else None)
+                        candidates=json.loads(args.candidates) if args.candidates else None,
+                        tune_cases=tune_cases)
         tune = rows[0]["tune"]
         result["moe"] += rows
         if tune_log:

@@ -36,7 +36,7 @@ import statistics
 import threading
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -121,14 +121,22 @@ def instrument(runner, log: StepLog) -> None:
     runner.launch, runner.launch_ahead, runner.collect = timed_launch, timed_launch_ahead, timed_collect
 
 
-def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str) -> list[list[int]]:
-    """Runs ``batch`` requests together; returns each one's generated tokens."""
+def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str,
+              sampling: SamplingParams | None = None) -> list[list[int]]:
+    """Runs ``batch`` requests together; returns each one's generated tokens.
+
+    sampling: temperature / top-p of every request (request i seeded with i);
+    None = greedy.
+    """
     vocab = engine.model_info.vocab_size
     sinks = []
     for i in range(batch):
         sink = QueueSink()
         prompt = [(97 * i + 31 * j) % (vocab - 10) + 10 for j in range(prompt_len)]
-        engine.add_request(f"{tag}-{i}", prompt, SamplingParams(max_tokens=new_tokens, ignore_eos=True), sink)
+        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+        if sampling is not None:
+            params = replace(params, temperature=sampling.temperature, top_p=sampling.top_p, seed=i)
+        engine.add_request(f"{tag}-{i}", prompt, params, sink)
         sinks.append(sink)
     return [[t for out in sink.outputs(timeout=900) for t in out.new_token_ids] for sink in sinks]
 
@@ -152,9 +160,9 @@ def precision_label(store) -> str:
 
 
 def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store, dense_bytes: int,
-            kv_token_bytes: int, bandwidth: float) -> dict:
+            kv_token_bytes: int, bandwidth: float, sampling: SamplingParams | None = None) -> dict:
     log.clear()
-    tokens = run_batch(engine, batch, prompt_len, steps + 2, f"t{time.monotonic_ns()}-{batch}")
+    tokens = run_batch(engine, batch, prompt_len, steps + 2, f"t{time.monotonic_ns()}-{batch}", sampling)
     idx = [i for i, rows in enumerate(log.decode_rows) if rows == batch]
     if len(idx) < 3:
         raise RuntimeError(f"only {len(idx)} full decode steps at B={batch}: {log.decode_rows}")
@@ -279,6 +287,9 @@ def main() -> int:
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample the timed requests (seeded); 0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-arena-pages", type=int, default=None,
                         help="DataplaneConfig.max_arena_pages (default: all free memory)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
@@ -290,6 +301,8 @@ def main() -> int:
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     states = args.bits.split(",")
+    sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)
+                if args.temperature > 0 else None)
     first_bits = 8 if states[0] == MIXED else int(states[0])
     bandwidth = copy_bandwidth(args.device)
     t0 = time.perf_counter()
@@ -320,8 +333,9 @@ def main() -> int:
             on_engine.run(lambda: set_precision(store, state))
             for b in batches:
                 rows.append(measure(engine, log, b, args.prompt_len, args.steps, store, dense_bytes,
-                                    kv_token_bytes, bandwidth))
+                                    kv_token_bytes, bandwidth, sampling))
                 rows[-1]["mode"] = "graphs" if runner.graphs is not None else "eager"
+                rows[-1]["sampling"] = "greedy" if sampling is None else f"T={args.temperature} top_p={args.top_p}"
                 print(json.dumps(rows[-1]), flush=True)
         if args.eager_too and runner.graphs is not None:
             graphs, runner.graphs = runner.graphs, None  # engine thread reads it per step
