@@ -37,7 +37,7 @@ def _probe_kernel(
     pt_ptr,  # [blocks, 5, max_pages] int32
     out_ptr,  # [N, BM] fp32, accumulated
     block, N, K, pt_block_stride, pt_field_stride, log2p, per_split, n_tokens,
-    NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
+    NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     g0 = tl.program_id(1) * per_split
@@ -48,7 +48,7 @@ def _probe_kernel(
     tok = m.to(tl.int64)
     acc = block_matmul(arena_ptr, pt_ptr + block.to(tl.int64) * pt_block_stride, pt_field_stride, N, K, n,
                        g0, g1, log2p, xp_ptr + tok[None, :] * K + kv[:, None], valid[None, :],
-                       xsum_ptr + tok * (K // 128), valid, 1, 1, NF, BN, BM, USE_ASM, STAGES)
+                       xsum_ptr + tok * (K // 128), valid, 1, 1, NF, BN, BM, USE_ASM)
     tl.atomic_add(out_ptr + n[:, None] * BM + m[None, :], acc, mask=valid[None, :], sem="relaxed")
 
 
@@ -90,7 +90,7 @@ def main() -> None:
             _probe_kernel[(n // v["bn"], SPLIT)](
                 xp, xsum, arena, pt, out, blk, n, k, pt.stride(0), pt.stride(1),
                 PAGE_BYTES.bit_length() - 1, per_split, 1, NF=v["nf"], BN=v["bn"], BM=16,
-                USE_ASM=v["asm"], STAGES=v["stages"], num_warps=v["warps"], num_stages=v["stages"])
+                USE_ASM=v["asm"], num_warps=v["warps"], num_stages=v["stages"])
         try:
             t0 = time.time()
             launch()

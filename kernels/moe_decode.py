@@ -185,7 +185,7 @@ def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                  xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
-                 BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
+                 BM: tl.constexpr, USE_ASM: tl.constexpr):
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
 
     arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
@@ -264,7 +264,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             ge = _next_brk(k4, gs, ge)
             p4 = _seg_base(a4, b4, k4, gs, 8)
         ps = tl.where(gs < sk, sa, sb)
-        for g in tl.range(gs, ge, num_stages=STAGES):
+        for g in range(gs, ge):
             sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
             xs = xs_next  # [BM] activation sums of group g
             g_next = tl.minimum(g + 1, g1 - 1)
@@ -298,30 +298,21 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
 def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                      xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                     USE_ASM: tl.constexpr, STAGES: tl.constexpr, STAGES_NARROW: tl.constexpr):
-    """block_matmul specialised on the block's run-time field count nf (1..5).
-
-    STAGES_NARROW: pipeline depth of the 2- and 3-bit loops, which move the
-    fewest bytes per step (more steps in flight keep the same bytes in flight).
-    """
+                     USE_ASM: tl.constexpr):
+    """block_matmul specialised on the block's run-time field count nf (1..5)."""
     if nf == 1:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 1, BN, BM, USE_ASM,
-                           STAGES_NARROW)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 1, BN, BM, USE_ASM)
     elif nf == 2:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 2, BN, BM, USE_ASM,
-                           STAGES_NARROW)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 2, BN, BM, USE_ASM)
     elif nf == 3:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 3, BN, BM, USE_ASM,
-                           STAGES)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 3, BN, BM, USE_ASM)
     elif nf == 4:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 4, BN, BM, USE_ASM,
-                           STAGES)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 4, BN, BM, USE_ASM)
     else:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 5, BN, BM, USE_ASM,
-                           STAGES)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 5, BN, BM, USE_ASM)
     return acc

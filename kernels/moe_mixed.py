@@ -64,7 +64,6 @@ class MoeTiles:
     only; the interpreter cannot run inline assembly).
     maxnreg: cap on registers per thread (more programs per multiprocessor,
     at the risk of spills); None leaves it to the compiler.
-    num_stages_narrow: pipeline depth of the 2- and 3-bit loops (None: num_stages).
     """
 
     block_n_up: int = 128
@@ -75,11 +74,6 @@ class MoeTiles:
     num_stages: int = 3
     use_asm: bool = False
     maxnreg: int | None = None
-    num_stages_narrow: int | None = None
-
-    def loop_stages(self) -> dict:
-        """Pipeline depths of the weight loops (kernel constexprs)."""
-        return {"STAGES": self.num_stages, "STAGES_NARROW": self.num_stages_narrow or self.num_stages}
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -105,8 +99,7 @@ def _moe_gate_up_kernel(
     h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
-    STAGES_NARROW: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert. Whichever of
@@ -142,7 +135,7 @@ def _moe_gate_up_kernel(
                 xs_ptrs = xsum_ptr + tok * (H // 128)
                 acc = block_matmul_any(nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
                                        H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1,
-                                       1, BN, BM, USE_ASM, STAGES, STAGES_NARROW)
+                                       1, BN, BM, USE_ASM)
                 keep = (n < F)[:, None] & valid[None, :]
                 pos64 = pos.to(tl.int64)
                 mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
@@ -177,7 +170,6 @@ def _moe_down_kernel(
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
     BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
-    STAGES: tl.constexpr, STAGES_NARROW: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -206,7 +198,7 @@ def _moe_down_kernel(
                 xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
                 acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
                                        log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB,
-                                       HS_SUB, BN, BM, USE_ASM, STAGES, STAGES_NARROW)
+                                       HS_SUB, BN, BM, USE_ASM)
                 flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
                 tok = (flat // top_k).to(tl.int64)
                 wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
@@ -240,8 +232,7 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 num_stages_narrow: int | None = None) -> MoeTiles:
+                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -260,8 +251,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # slots), so round down.
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    num_stages_narrow=num_stages_narrow)
+                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg)
 
 
 @dataclass
@@ -341,7 +331,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
-        USE_ASM=tiles.use_asm, **tiles.loop_stages(), **tiles.launch_options(),
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
@@ -360,8 +350,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.loop_stages(),
-        **tiles.launch_options(),
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
