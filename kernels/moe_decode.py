@@ -11,7 +11,8 @@ bandwidth in v1's order, 71-94 % tile-major.
 How the decode stays cheap (instructions per weight, not per element):
 * codes are rebuilt on whole 32-bit words holding four 8-bit lanes: each
   field is shifted to its fixed bit position inside the 8-bit code and OR-ed
-  in, one shift and one and-or per field serve four weights;
+  in, one shift and one and-or per field serve four weights (v3 stores a
+  1-bit field's four lane weights one byte apart for this);
 * the code keeps its fixed 8-bit position whatever the view (t_b << (8 - b)),
   the view's power of two goes into the scale;
 * lanes become fp16 pairs by OR-ing the exponent 0x6400: the pair reads as
@@ -38,13 +39,6 @@ _LANES_EVEN = 0x00FF00FF
 
 
 @triton.jit
-def _spread_nibbles(x):
-    # x: uint32 whose low 16 bits hold nibbles n0..n3 -> byte l holds nibble l.
-    y = (x | (x << 8)) & 0x00FF00FF
-    return (y | (y << 4)) & 0x0F0F0F0F
-
-
-@triton.jit
 def _two_bit_lanes(words, s, POS: tl.constexpr):
     # words: uint32 [BN, 4, 2] of a 2-bit field; s: int32 [1, 1, 1, 4] step.
     # Lane l of result [BN, 4, 2, 4] holds weight 4l + s at bits POS, POS + 1.
@@ -57,10 +51,14 @@ def _two_bit_lanes(words, s, POS: tl.constexpr):
 
 @triton.jit
 def _one_bit_lanes(words, s, POS: tl.constexpr):
-    # words: uint32 [BN, 4] of a 1-bit field (32 weights each); result
-    # [BN, 4, 2, 4]: lane l of (half, s) holds weight 16 half + 4l + s at bit POS.
-    spread = tl.join(_spread_nibbles(words & 0xFFFF), _spread_nibbles(words >> 16))
-    return (spread[:, :, :, None] << (POS - s)) & (0x01010101 << POS)
+    # words: uint32 [BN, 4] of a 1-bit field, weight 16h + 4l + s of the
+    # quarter at bit 8l + 4h + s; result [BN, 4, 2, 4]: lane l of (half h, s)
+    # holds that weight at bit POS.
+    j = tl.arange(0, 2)[None, None, :, None] * 4 + s
+    x = words[:, :, None, None]
+    left = x << tl.maximum(POS - j, 0)
+    right = x >> tl.maximum(j - POS, 0)
+    return tl.where(j <= POS, left, right) & (0x01010101 << POS)
 
 
 @triton.jit

@@ -25,11 +25,16 @@ _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + M - M rounds half to
 @triton.jit
 def _pack_field(q, SHIFT: tl.constexpr, WIDTH: tl.constexpr, BR: tl.constexpr):
     # q: int32 [BR, 128] codes -> int32 [BR, 128 * WIDTH / 32] words of one field.
+    # Weight i of a word at bit 2i (2-bit) or 8 ((i % 16) // 4) + 4 (i // 16) + i % 4 (1-bit).
     per_word: tl.constexpr = 32 // WIDTH
     vals = (q >> SHIFT) & ((1 << WIDTH) - 1)
     vals = tl.reshape(vals, (BR, 128 // per_word, per_word))
-    lane = tl.arange(0, per_word)[None, None, :]
-    return tl.sum(vals << (lane * WIDTH), axis=2)  # disjoint bits: sum == OR
+    i = tl.arange(0, per_word)[None, None, :]
+    if WIDTH == 1:
+        bit = 8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4
+    else:
+        bit = i * WIDTH
+    return tl.sum(vals << bit, axis=2)  # disjoint bits: sum == OR
 
 
 @triton.jit

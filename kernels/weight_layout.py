@@ -1,4 +1,4 @@
-"""Plain-torch reference of the multi-precision weight layout (docs/WEIGHT_LAYOUT.md, v2).
+"""Plain-torch reference of the multi-precision weight layout (docs/WEIGHT_LAYOUT.md, v3).
 
 The kernels' own reference: quantize one block W [N, K] to 8-bit codes, cut the
 codes into the five fields, pack each field into int32 words along K, append
@@ -6,7 +6,7 @@ the per-view (scale, offset) pairs, and place the fields' bytes in arena pages
 through a page table. Also the inverse (the b-bit view a kernel must compute)
 and the in-group K order the MoE kernels use for activations.
 
-Contract (v2): see docs/WEIGHT_LAYOUT.md. Rounding is round-half-to-even, the
+Contract (v3): see docs/WEIGHT_LAYOUT.md. Rounding is round-half-to-even, the
 per-view scales are the default midpoint of the truncated interval (no refit).
 """
 
@@ -100,6 +100,16 @@ def view_scales(lo: torch.Tensor, s: torch.Tensor, bits: int) -> tuple[torch.Ten
     return scale.to(torch.float16), offset.to(torch.float16)
 
 
+def word_bit_positions(width: int) -> torch.Tensor:
+    """int64 [32 / width]: bit of weight i of a word. 2-bit: 2i; 1-bit:
+    8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4 (v3: a byte lane's weights one
+    byte apart)."""
+    i = torch.arange(32 // width, dtype=torch.int64)
+    if width == 1:
+        return 8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4
+    return i * width
+
+
 def pack_field(q: torch.Tensor, field: int) -> torch.Tensor:
     """Field ``field`` of codes q [N, K] as int32 words [N, K * w / 32] (rows in
     order; the byte string stores them tile-major, see pack_block)."""
@@ -108,7 +118,7 @@ def pack_field(q: torch.Tensor, field: int) -> torch.Tensor:
     n, k = q.shape
     vals = (q.to(torch.int64) >> FIELD_SHIFTS[field]) & ((1 << width) - 1)
     vals = vals.reshape(n, k // per_word, per_word)  # [N, words, per_word]
-    shifts = torch.arange(per_word, dtype=torch.int64, device=q.device) * width
+    shifts = word_bit_positions(width).to(q.device)
     words = (vals << shifts).sum(dim=-1)  # disjoint bits: sum == OR
     words = torch.where(words >= 2**31, words - 2**32, words)
     return words.to(torch.int32)
@@ -134,7 +144,7 @@ def unpack_field(data: torch.Tensor, field: int, n: int, k: int) -> torch.Tensor
     nbytes = field_code_bytes(field, n, k)
     words = tiles_to_rows(data[:nbytes].view(torch.int32), n, k // GROUP).to(torch.int64) & 0xFFFFFFFF
     words = words.reshape(n, k // per_word, 1)
-    shifts = torch.arange(per_word, dtype=torch.int64, device=data.device) * width
+    shifts = word_bit_positions(width).to(data.device)
     return ((words >> shifts) & ((1 << width) - 1)).reshape(n, k)
 
 

@@ -70,14 +70,28 @@ class EncodedBlock:
 
 
 # -- packing ------------------------------------------------------------------
+def word_bit_positions(width: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """int64 [32 / width]: bit position of weight i of a word (layout v3).
+
+    2-bit: i * 2 (little end first). 1-bit: 8 * ((i % 16) // 4) + 4 * (i // 16)
+    + i % 4, so that the four weights a kernel puts in the four byte lanes of
+    one 32-bit word (i = 16h + 4l + s, lane l) sit one byte apart and move
+    there with one shift.
+    """
+    i = torch.arange(WORD_BITS // width, device=device, dtype=torch.int64)
+    if width == 1:
+        return 8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4
+    return i * width
+
+
 def pack_field(values: torch.Tensor, width: int) -> torch.Tensor:
     """[N, K] integer codes < 2**width -> int32 [N, K * width / 32] words.
 
-    Weight i of a word sits at bit position i * width (little end first).
+    Weight i of a word sits at bit word_bit_positions(width)[i].
     """
     n, k = values.shape
     per_word = WORD_BITS // width
-    shifts = torch.arange(per_word, device=values.device, dtype=torch.int64) * width  # [per_word]
+    shifts = word_bit_positions(width, values.device)  # [per_word]
     grouped = values.to(torch.int64).reshape(n, k // per_word, per_word)  # [N, words, per_word]
     words = (grouped << shifts).sum(dim=-1)  # [N, words], in [0, 2**32): fields are disjoint bits
     words = torch.where(words >= _INT32_SIGN, words - (1 << WORD_BITS), words)
@@ -88,7 +102,7 @@ def unpack_field(words: torch.Tensor, width: int) -> torch.Tensor:
     """int32 [N, J] words -> int64 [N, J * 32 / width] codes (inverse of pack_field)."""
     n, j = words.shape
     per_word = WORD_BITS // width
-    shifts = torch.arange(per_word, device=words.device, dtype=torch.int64) * width  # [per_word]
+    shifts = word_bit_positions(width, words.device)  # [per_word]
     unsigned = words.to(torch.int64) & _WORD_MASK  # [N, J]
     codes = (unsigned.unsqueeze(-1) >> shifts) & ((1 << width) - 1)  # [N, J, per_word]
     return codes.reshape(n, j * per_word)

@@ -1,4 +1,4 @@
-"""Constants and byte sizes of the multi-precision weight layout (v2).
+"""Constants and byte sizes of the multi-precision weight layout (v3).
 
 The contract is docs/WEIGHT_LAYOUT.md; this module is its executable form and
 the only place the numbers live. Kernels import from here.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 GROUP = 128  # weights per quantization group, along the input dimension K
 # v2: a field's byte string holds its rows in tiles of TILE_ROWS (the last one
 # zero-padded); the bytes of one (tile, group) are contiguous (docs/WEIGHT_LAYOUT.md).

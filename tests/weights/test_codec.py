@@ -134,6 +134,11 @@ def test_pack_round_trip_and_bit_order() -> None:
     top = torch.zeros(1, 128, dtype=torch.int64)
     top[0, 31] = 1  # the sign bit of an int32 word
     assert pack_field(top, 1)[0, 0].item() == -(1 << 31)
+    # 1-bit: weights 16h + 4l + s sit at bit 8l + 4h + s (a lane's four weights one byte apart)
+    for i, bit in ((1, 1), (4, 8), (12, 24), (16, 4), (21, 13)):
+        one_bit = torch.zeros(1, 32, dtype=torch.int64)
+        one_bit[0, i] = 1
+        assert pack_field(one_bit, 1)[0, 0].item() & 0xFFFFFFFF == 1 << bit
 
 
 def test_field_bytes_round_trip_with_padding() -> None:
