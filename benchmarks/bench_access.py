@@ -17,6 +17,9 @@ bytes:
 If "rows" already reads far below the copy bandwidth, the access pattern
 (not the decode) caps the kernels; if "tiles" is much faster, a layout
 version with tile-major fields is worth its contract change.
+
+(The run in results/access_h200.json, 91de6f9, timed with its own graph loop
+at 20 warm-up / 200 timed replays; the script now shares bench_moe's timing.)
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_moe import bench_graph, copy_bandwidth  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 
 N, K, GROUP = 14336, 4096, 128
@@ -82,6 +85,7 @@ def _read_kernel(f0, f1, f2, f3, f4, x_ptr, out_ptr, N, G, copy,
 
 def run(bits: int, tiles: bool, copies: int, fields: list[torch.Tensor], x: torch.Tensor, bn: int,
         stages: int) -> float:
+    """ms of one launch over a different weight copy each time (graph replays)."""
     nf = VIEW_FIELDS[bits]
     grid = (BLOCKS * (N // bn),)
     out = torch.empty(grid[0], device="cuda")
@@ -91,22 +95,7 @@ def run(bits: int, tiles: bool, copies: int, fields: list[torch.Tensor], x: torc
         _read_kernel[grid](*fields, x, out, N, g, i % copies, NF=nf, BN=bn, BM=16, TILES=tiles,
                            num_warps=4, num_stages=stages)
 
-    launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            launch(i)
-    ms = triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median")
-    return ms / copies
-
-
-def copy_bandwidth() -> float:
-    n = 2**30
-    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * n / ms / 1e6
+    return bench_graph(launch, copies)
 
 
 def main() -> None:
