@@ -198,6 +198,19 @@ def test_memory_plan_subtracts_fixed_residents(random_ckpt):
     assert default.num_pages == base.cpu_arena_bytes // 16384
 
 
+def test_memory_plan_pages_hold_the_widest_expert_tile(random_ckpt):
+    # A KV block smaller than one 64-row tile of the widest expert field
+    # (docs/WEIGHT_LAYOUT.md) still gets pages that hold the tile.
+    from dataplane.engine_builder import load_model
+    from dataplane.weights.layout import expert_tile_bytes
+
+    base = DataplaneConfig(model_path=str(random_ckpt), workspace_bytes=1 << 20, kv_block_size=1)
+    info, model = load_model(base, torch.device("cpu"), torch.float32)
+    plan = plan_memory(base, model.spec, model, torch.device("cpu"), torch.float32)
+    tile = expert_tile_bytes(model.spec.hidden_size, model.spec.intermediate_size)
+    assert plan.page_bytes >= tile and plan.page_bytes & (plan.page_bytes - 1) == 0
+
+
 def test_stop_aborts_unfinished_requests_and_refuses_new_ones(make_engine):
     engine = make_engine()
     sink = QueueSink()

@@ -151,6 +151,26 @@ def test_field_bytes_round_trip_with_padding() -> None:
         assert torch.equal(words, block.fields[f]) and torch.equal(scales, block.scales[f])
 
 
+def test_field_bytes_are_tile_major_with_zero_padded_rows() -> None:
+    # Item (row n, group g) at ((n // 64) * G + g) * 64 + n % 64; N = 130 pads to 192 rows.
+    n, k = 130, 384
+    groups = k // GROUP
+    block = encode(_gaussian(n, k, 8))
+    for f, width in enumerate(FIELD_WIDTHS):
+        size = field_size(n, k, f)
+        assert size.code_bytes == 192 * k * width // 8 and size.scale_bytes == 192 * groups * 4
+        raw = block.field_bytes(f)
+        words_per_item = GROUP * width // 32
+        codes = raw[: size.code_bytes].view(torch.int32).reshape(-1, words_per_item)
+        scales = raw[size.code_bytes :].view(torch.float16).reshape(-1, 2)
+        for row, g in ((0, 0), (63, 2), (64, 1), (129, 2)):
+            item = ((row // 64) * groups + g) * 64 + row % 64
+            assert torch.equal(codes[item], block.fields[f][row, g * words_per_item : (g + 1) * words_per_item])
+            assert torch.equal(scales[item], block.scales[f][row, g])
+        pad = [((2 * groups + g) * 64 + r) for g in range(groups) for r in range(2, 64)]
+        assert not codes[pad].any() and not scales[pad].view(torch.int16).any()
+
+
 def test_rejects_k_not_multiple_of_group() -> None:
     with pytest.raises(ValueError, match="multiple of the group size 128"):
         encode(torch.randn(16, 200))
