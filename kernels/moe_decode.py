@@ -1,9 +1,9 @@
 """Triton device functions: read one block's fields through the page table and
-turn them into fp16 tensor-core operands (docs/WEIGHT_LAYOUT.md, v2).
+turn them into fp16 tensor-core operands (docs/WEIGHT_LAYOUT.md, v3).
 
 How the reads stay whole: a field's byte string holds its rows in tiles of
-64 (v2), so the words of one (tile, group) are one contiguous run (2 KiB for a
-2-bit field); a program's step over 64 or 128 rows reads one or two runs
+64 (since v2), so the words of one (tile, group) are one contiguous run
+(2 KiB for a 2-bit field); a program's step over 64 or 128 rows reads one or two runs
 instead of one 32-byte chunk from each of 128 rows 1 KiB apart (v1). Measured
 without any decode (benchmarks/bench_access.py): 48-56 % of the copy
 bandwidth in v1's order, 71-94 % tile-major.

@@ -64,8 +64,8 @@ def padded_rows(n: int) -> int:
 
 
 def rows_to_tiles(x: torch.Tensor) -> torch.Tensor:
-    """[N, G, B] per-(row, group) items -> [N' / 64, G, 64, B]: the v2 byte order
-    (N' = padded_rows(N), padding rows zero)."""
+    """[N, G, B] per-(row, group) items -> [N' / 64, G, 64, B]: the byte order
+    (tile-major since v2; N' = padded_rows(N), padding rows zero)."""
     n, g, b = x.shape
     rows = padded_rows(n)
     if rows != n:
@@ -74,7 +74,7 @@ def rows_to_tiles(x: torch.Tensor) -> torch.Tensor:
 
 
 def tiles_to_rows(x: torch.Tensor, n: int, g: int) -> torch.Tensor:
-    """Inverse of rows_to_tiles: flat items in v2 order -> [N, G, B]."""
+    """Inverse of rows_to_tiles: flat items in tile-major order -> [N, G, B]."""
     rows = padded_rows(n)
     return x.reshape(rows // TILE_ROWS, g, TILE_ROWS, -1).transpose(1, 2).reshape(rows, g, -1)[:n]
 
