@@ -232,15 +232,12 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 down_waves: int = 1) -> MoeTiles:
+                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
-    leave multiprocessors idle. down_waves: how many rounds of programs the
-    down launch's K split may fill (more, shorter programs balance blocks of
-    different bits).
+    leave multiprocessors idle.
     """
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
@@ -252,7 +249,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # One wave: a split that overfills the multiprocessors by a few programs
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
-    split = max(1, min(ffn // GROUP, down_waves * PROGRAMS_PER_SM * num_sms // tiles_down))
+    split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg)
 
