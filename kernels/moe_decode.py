@@ -31,8 +31,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels import weight_layout
+
 GROUP = 128
-TILE_ROWS = tl.constexpr(64)  # kernels/weight_layout.TILE_ROWS
+TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
 # fp16 exponent bits of 1024.0 in both halves of a word.
 _FP16_1024_PAIR = 0x64006400
 _LANES_EVEN = 0x00FF00FF
