@@ -36,6 +36,7 @@ from benchmarks.moe_setup import (  # noqa: E402
     block_bytes,
     build_store,
     fields_config,
+    mixed_views,
     routing,
     touched_bytes,
 )
@@ -270,6 +271,32 @@ def tune_from_sweep(path: str | None) -> dict | None:
     return dict(block_n=bn, num_stages=stages, use_asm=True)
 
 
+def mixed_summaries(timed: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Mixed rows against uniform 4-bit (2-6 only: the same bytes) and against
+    the mean of their two views' uniform times (what per-view speed alone
+    predicts: half the blocks at each view)."""
+    def uniform(row, bits):
+        return next((r for r in timed if r["model"] == row["model"] and r["batch"] == row["batch"]
+                     and r["bits"] == bits), None)
+
+    mixed, vs_views = [], []
+    for row in timed:
+        views = mixed_views(row["bits"])
+        if views is None:
+            continue
+        uni = uniform(row, "4")
+        if views == (2, 6) and uni is not None:
+            mixed.append(dict(model=row["model"], batch=row["batch"], mixed_us=row["time_us"],
+                              uniform4_us=uni["time_us"], slowdown_pct=100 * (row["time_us"] / uni["time_us"] - 1),
+                              same_bytes=row["weight_bytes"] == uni["weight_bytes"]))
+        lo, hi = uniform(row, str(views[0])), uniform(row, str(views[1]))
+        if lo is not None and hi is not None:
+            predicted = (lo["time_us"] + hi["time_us"]) / 2
+            vs_views.append(dict(model=row["model"], batch=row["batch"], bits=row["bits"], mixed_us=row["time_us"],
+                                 views_mean_us=predicted, excess_pct=100 * (row["time_us"] / predicted - 1)))
+    return mixed, vs_views
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -280,7 +307,8 @@ def main() -> None:
     ap.add_argument("--tune-only", action="store_true", help="only the autotune table (implies --autotune)")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; later rows are skipped")
     ap.add_argument("--batches", help="comma list of batch sizes (default 1,4,16,64; --quick: 1,64)")
-    ap.add_argument("--bits", help="comma list of views: 8,6,4,3,2,mixed (default all; --quick: 4,2,mixed)")
+    ap.add_argument("--bits", help="comma list of views: 8,6,4,3,2,mixed (= mixed2-6) or mixedA-B "
+                                   "(default all of BITS; --quick: 4,2,mixed)")
     ap.add_argument("--kernels-only", action="store_true", help="skip the bf16 torch and attention rows")
     ap.add_argument("--candidates", help="JSON list of launch shapes (choose_tiles keywords) to autotune "
                                          "instead of TUNE_CANDIDATES")
@@ -301,9 +329,14 @@ def main() -> None:
         batches = [int(b) for b in args.batches.split(",")]
     if args.bits:
         bits = args.bits.split(",")
-        unknown = set(bits) - set(BITS)
+        unknown = {b for b in set(bits) - set(BITS) if not b.startswith("mixed")}
         if unknown:
-            ap.error(f"unknown views {sorted(unknown)}; choose from {BITS}")
+            ap.error(f"unknown views {sorted(unknown)}; choose from {BITS} or mixedA-B")
+        for b in bits:
+            try:
+                mixed_views(b)
+            except ValueError as exc:
+                ap.error(str(exc))
     hbm = copy_bandwidth()
     print(f"device-to-device copy: {hbm:.0f} GB/s", flush=True)
     result = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -327,18 +360,10 @@ def main() -> None:
             result["bf16"] += bf16_rows(shape, batches, hbm)
     if time.time() < deadline and not (args.tune_only or args.kernels_only):
         result["attention"] = attention_rows(hbm)
-    mixed = []
     timed = [r for r in result["moe"] if "time_us" in r]
-    for row in timed:
-        if row["bits"] == "mixed":
-            uni = next((r for r in timed if r["model"] == row["model"] and r["batch"] == row["batch"]
-                        and r["bits"] == "4"), None)
-            if uni is None:
-                continue
-            mixed.append(dict(model=row["model"], batch=row["batch"], mixed_us=row["time_us"],
-                              uniform4_us=uni["time_us"], slowdown_pct=100 * (row["time_us"] / uni["time_us"] - 1),
-                              same_bytes=row["weight_bytes"] == uni["weight_bytes"]))
+    mixed, vs_views = mixed_summaries(timed)
     result["mixed_vs_uniform4"] = mixed
+    result["mixed_vs_views_mean"] = vs_views
     Path(args.out).write_text(json.dumps(result, indent=1))
     print("\nmodel              B    bits   us      GB/s  %HBM")
     for r in timed:
@@ -346,6 +371,8 @@ def main() -> None:
               f"{r['pct_hbm']:5.1f}")
     for m in mixed:
         print(f"mixed vs 4-bit {m['model'][:12]} B={m['batch']}: {m['slowdown_pct']:+.1f}%")
+    for m in vs_views:
+        print(f"{m['bits']} vs mean of its views {m['model'][:12]} B={m['batch']}: {m['excess_pct']:+.1f}%")
 
 
 if __name__ == "__main__":

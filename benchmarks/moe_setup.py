@@ -72,17 +72,35 @@ def build_store(shape: MoeShape, layers: int, page_bytes: int, device: str,
     return PagedWeights(storage, table.to(device), bf)
 
 
-def fields_config(shape: MoeShape, layers: int, bits: str) -> torch.Tensor:
-    """block_fields for a configuration: '8', '4', ... uniform, or 'mixed'.
+def mixed_views(bits: str) -> tuple[int, int] | None:
+    """(low, high) bits of a mixed configuration name: 'mixed' = 'mixed2-6',
+    'mixedA-B' for two views A < B; None for a uniform name."""
+    if bits == "mixed":
+        return 2, 6
+    if not bits.startswith("mixed"):
+        return None
+    try:
+        lo, hi = (int(v) for v in bits[len("mixed"):].split("-"))
+    except ValueError:
+        raise ValueError(f"mixed configuration must be 'mixedA-B', got {bits!r}") from None
+    if lo not in wl.VIEW_BITS or hi not in wl.VIEW_BITS or lo >= hi:
+        raise ValueError(f"mixed views must be two of {wl.VIEW_BITS}, low first; got {bits!r}")
+    return lo, hi
 
-    mixed: even experts (gate, up, down) at (2, 6, 2) bits, odd at (6, 2, 6):
-    every pair of experts averages 4 bits per block, the same bytes as
-    uniform 4-bit, and gate and up of one expert differ.
+
+def fields_config(shape: MoeShape, layers: int, bits: str) -> torch.Tensor:
+    """block_fields for a configuration: '8', '4', ... uniform, or mixed.
+
+    mixedA-B ('mixed' = 'mixed2-6'): even experts (gate, up, down) at
+    (A, B, A) bits, odd at (B, A, B): every pair of experts averages (A + B) / 2
+    bits per block (for 2-6 the bytes of uniform 4-bit), and gate and up of one
+    expert differ.
     """
     n_blocks = layers * shape.experts * PROJS_PER_EXPERT
-    if bits != "mixed":
+    views = mixed_views(bits)
+    if views is None:
         return torch.full((n_blocks,), wl.fields_for_bits(int(bits)), dtype=torch.int32)
-    lo, hi = wl.fields_for_bits(2), wl.fields_for_bits(6)
+    lo, hi = (wl.fields_for_bits(v) for v in views)
     out = torch.empty(n_blocks, dtype=torch.int32)
     for b in range(n_blocks):
         expert = (b // PROJS_PER_EXPERT) % shape.experts
