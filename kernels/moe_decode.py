@@ -35,9 +35,6 @@ from kernels import weight_layout
 
 GROUP = 128
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
-# fp16 exponent bits of 1024.0 in both halves of a word.
-_FP16_1024_PAIR = 0x64006400
-_LANES_EVEN = 0x00FF00FF
 
 
 @triton.jit
