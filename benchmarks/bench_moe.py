@@ -32,6 +32,7 @@ from benchmarks.provenance import git_commit  # noqa: E402
 from benchmarks.moe_setup import (  # noqa: E402
     MIXTRAL,
     QWEN,
+    ROUTINGS,
     MoeShape,
     block_bytes,
     build_store,
@@ -112,8 +113,8 @@ TUNE_CANDIDATES = [dict(block_n=128, num_stages=3, num_warps=4, use_asm=True),
 TUNE_CASES = [(1, "4"), (16, "4"), (64, "4"), (1, "2")]
 
 
-def time_layer(shape, weights, layers, batch, bits, tune):
-    ids, tw = routing(shape, batch, "cuda")
+def time_layer(shape, weights, layers, batch, bits, tune, route="roundrobin"):
+    ids, tw = routing(shape, batch, "cuda", mode=route)
     x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles = choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, **tune)
@@ -125,7 +126,7 @@ def time_layer(shape, weights, layers, batch, bits, tune):
     return ms, ids, cfg, tiles, (x, tw, ws)
 
 
-def autotune(shape, weights, layers, deadline, candidates=None, cases=None):
+def autotune(shape, weights, layers, deadline, candidates=None, cases=None, route="roundrobin"):
     """Full-kernel timings of each candidate launch shape; the least total wins."""
     rows, best = [], None
     cases = cases or TUNE_CASES
@@ -133,7 +134,7 @@ def autotune(shape, weights, layers, deadline, candidates=None, cases=None):
         if time.time() > deadline:
             break
         try:
-            times = [time_layer(shape, weights, layers, b, bits, tune)[0] * 1e3 for b, bits in cases]
+            times = [time_layer(shape, weights, layers, b, bits, tune, route)[0] * 1e3 for b, bits in cases]
         except Exception as exc:  # a shape that fails to build is recorded, not fatal
             rows.append(dict(tune, error=repr(exc)[:300]))
             print(f"tune {tune} failed: {exc!r}"[:300], flush=True)
@@ -146,14 +147,15 @@ def autotune(shape, weights, layers, deadline, candidates=None, cases=None):
 
 
 def moe_rows(shape: MoeShape, batches, bits_list, hbm: float, tune: dict | None, deadline: float,
-             stages=False, tune_log=None, tune_only=False, candidates=None, tune_cases=None):
+             stages=False, tune_log=None, tune_only=False, candidates=None, tune_cases=None,
+             route="roundrobin", stage_bits=("4",)):
     smallest = block_bytes(shape, 0, 1) * 2 + block_bytes(shape, 2, 1)  # one expert at 2 bits
     layers = rotations(shape, smallest * min(shape.experts, shape.top_k), MAX_ROTATIONS)
     page_bytes = PAGE_BYTES[shape.name]
     weights = build_store(shape, layers, page_bytes, "cuda")
     if tune_log is not None:
         tune, tune_log[:] = autotune(shape, weights, layers, deadline if tune_only else deadline - 120, candidates,
-                                     tune_cases)
+                                     tune_cases, route)
         print(f"chosen launch shape: {tune}", flush=True)
         if tune_only:
             return [dict(model=shape.name, tune=tune)]
@@ -164,15 +166,17 @@ def moe_rows(shape: MoeShape, batches, bits_list, hbm: float, tune: dict | None,
                 rows.append(dict(model=shape.name, batch=batch, bits=bits, skipped="time budget"))
                 continue
             ms, ids, cfg, tiles, (x, tw, ws) = time_layer(shape, weights, layers, batch, bits,
-                                                          tune or DEFAULT_TUNE)
+                                                          tune or DEFAULT_TUNE, route)
             wbytes = touched_bytes(shape, ids, cfg, 0)
             abytes = batch * shape.hidden * (2 + 4)
             gbps = (wbytes + abytes) / ms / 1e6
             row = dict(model=shape.name, batch=batch, bits=bits, time_us=ms * 1e3,
                        weight_bytes=wbytes, act_bytes=abytes, GBps=gbps, pct_hbm=100 * gbps / hbm,
-                       experts_touched=len(set(ids.reshape(-1).tolist())), rotations=layers,
+                       experts_touched=len(set(ids.reshape(-1).tolist())),
+                       max_tokens_per_expert=int(torch.bincount(ids.reshape(-1).long()).max()),
+                       routing=route, rotations=layers,
                        page_bytes=page_bytes, tiles=tiles.__dict__)
-            if stages and bits == "4" and batch in (1, 64):
+            if stages and (bits in stage_bits or "all" in stage_bits) and batch in (1, 16, 64):
                 row["stage_us"] = stage_times(shape, x, ids, tw, weights, tiles, ws, layers, page_bytes)
             rows.append(row)
             print(f"{shape.name:18s} B={batch:3d} bits={bits:5s} {ms * 1e3:8.1f} us "
@@ -314,6 +318,10 @@ def main() -> None:
                                          "instead of TUNE_CANDIDATES")
     ap.add_argument("--tune-cases", help="comma list of B:bits cases to autotune on (default "
                                          "1:4,16:4,64:4,1:2)")
+    ap.add_argument("--routing", default="roundrobin", choices=ROUTINGS,
+                    help="token-to-expert routing of the timed layers (default roundrobin: equal loads)")
+    ap.add_argument("--stage-bits", default="4", help="comma list of views whose rows also time each "
+                                                      "launch alone at B in {1, 16, 64} ('all' for every view)")
     ap.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     args = ap.parse_args()
     tune_cases = None
@@ -349,7 +357,7 @@ def main() -> None:
         rows = moe_rows(shape, batches, bits, hbm, tune, deadline, stages=True, tune_log=tune_log,
                         tune_only=args.tune_only,
                         candidates=json.loads(args.candidates) if args.candidates else None,
-                        tune_cases=tune_cases)
+                        tune_cases=tune_cases, route=args.routing, stage_bits=args.stage_bits.split(","))
         tune = rows[0]["tune"]
         result["moe"] += rows
         if tune_log:

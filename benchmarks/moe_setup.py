@@ -110,11 +110,22 @@ def fields_config(shape: MoeShape, layers: int, bits: str) -> torch.Tensor:
     return out
 
 
-def routing(shape: MoeShape, batch: int, device: str, seed: int = 0):
-    """Round-robin top-k (distinct experts per token; touches min(E, B*k) experts)."""
+ROUTINGS = ("roundrobin", "random")
+
+
+def routing(shape: MoeShape, batch: int, device: str, seed: int = 0, mode: str = "roundrobin"):
+    """Top-k routing, distinct experts per token. roundrobin: token t takes
+    experts t*k .. t*k+k-1 mod E (touches min(E, B*k) experts, equal loads);
+    random: k experts drawn uniformly per token (seeded), so loads vary as
+    with a router (at B=64 on Mixtral some experts get more than 16 tokens)."""
+    if mode not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {mode!r}")
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    flat = torch.arange(batch * shape.top_k) % shape.experts
-    ids = flat.reshape(batch, shape.top_k).to(torch.int32)
+    if mode == "random":
+        ids = torch.rand(batch, shape.experts, generator=gen).topk(shape.top_k, dim=1).indices.to(torch.int32)
+    else:
+        flat = torch.arange(batch * shape.top_k) % shape.experts
+        ids = flat.reshape(batch, shape.top_k).to(torch.int32)
     w = torch.rand(batch, shape.top_k, generator=gen)
     w = w / w.sum(-1, keepdim=True)
     return ids.to(device), w.to(device)

@@ -45,6 +45,9 @@ DEFAULT_SMS = 132
 # Resident programs per multiprocessor: both weight kernels use 255 registers
 # per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
+# Buckets of the device-side order by resident fields (0..NUM_FIELDS, padded
+# to a power of two).
+KEY_BUCKETS = tl.constexpr(8)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,10 @@ class MoeTiles:
 
     use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
     only; the interpreter cannot run inline assembly).
+    order_by_bits: programs take their blocks in descending order of resident
+    fields (stable), read on the device from block_fields, so that the
+    heaviest blocks start first and the programs resident together mostly
+    run one view's loop; False keeps the slot order.
     maxnreg: cap on registers per thread (more programs per multiprocessor,
     at the risk of spills); None leaves it to the compiler.
     """
@@ -74,6 +81,7 @@ class MoeTiles:
     num_stages: int = 3
     use_asm: bool = False
     maxnreg: int | None = None
+    order_by_bits: bool = False
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -81,6 +89,23 @@ class MoeTiles:
         if self.maxnreg is not None:
             opts["maxnreg"] = self.maxnreg
         return opts
+
+
+@triton.jit
+def _item_at_rank(keys, p, N_PAD: tl.constexpr):
+    """Index of the item at position p when items are ordered by descending
+    key, ties in index order. keys: int32 [N_PAD] resident field counts
+    (0..NUM_FIELDS), -1 for no item; p must be < the number of items."""
+    j = tl.arange(0, N_PAD)
+    f = tl.arange(0, KEY_BUCKETS)
+    onehot = (keys[:, None] == f[None, :]).to(tl.int32)  # [N_PAD, KEY_BUCKETS]
+    counts = tl.sum(onehot, axis=0)  # [KEY_BUCKETS]
+    # First position of each key's run: the items with larger keys go before.
+    first = tl.sum(tl.where(f[None, :] > f[:, None], counts[None, :], 0), axis=1)  # [KEY_BUCKETS]
+    before = tl.cumsum(onehot, axis=0) - onehot  # [N_PAD, KEY_BUCKETS] same key, lower index
+    rank = tl.sum(onehot * (first[None, :] + before), axis=1)  # [N_PAD]
+    rank = tl.where(keys >= 0, rank, -1)
+    return tl.sum(tl.where(rank == p, j, 0), axis=0)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
@@ -99,15 +124,33 @@ def _moe_gate_up_kernel(
     h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, ORDER_BY_BITS: tl.constexpr,
+    ITEMS_PAD: tl.constexpr,
 ):
-    # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
-    # (which = 0) or up (which = 1) block of the slot's expert. Whichever of
-    # the pair finishes second combines SiLU(gate) * up.
-    tile = tl.program_id(0) // 2
-    which = tl.program_id(0) % 2
-    slot = tl.program_id(1)
-    if slot < tl.load(num_active_ptr):
+    # Each program takes rows [tile * BN, +BN) of the gate (which = 0) or up
+    # (which = 1) block of one slot's expert; whichever of the pair finishes
+    # second combines SiLU(gate) * up. Grid (2 * F / BN, slots). In slot order
+    # program (2 * tile + which, slot); ordered by bits, the launch-order
+    # index pid walks the (slot, which) items by descending resident fields,
+    # F / BN tiles each.
+    num_active = tl.load(num_active_ptr)
+    if ORDER_BY_BITS:
+        tiles = F // BN
+        pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        rank = pid // tiles
+        tile = pid % tiles
+        items = tl.arange(0, ITEMS_PAD)
+        listed = items < 2 * num_active
+        item_expert = tl.load(active_ptr + items // 2, mask=listed, other=0)
+        keys = tl.load(bf_ptr + block0 + item_expert * 3 + items % 2, mask=listed, other=-1)
+        item = _item_at_rank(keys, rank, ITEMS_PAD)
+        slot = tl.where(rank < 2 * num_active, item // 2, num_active)
+        which = item % 2
+    else:
+        tile = tl.program_id(0) // 2
+        which = tl.program_id(0) % 2
+        slot = tl.program_id(1)
+    if slot < num_active:
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
         nf_g = tl.load(bf_ptr + blk)
@@ -170,13 +213,23 @@ def _moe_down_kernel(
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
     BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
+    ORDER_BY_BITS: tl.constexpr, ITEMS_PAD: tl.constexpr,
 ):
+    # Program (row tile, K split, p): the slot at p, or ordered by bits the
+    # slot whose down block is p-th by descending resident fields.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    num_active = tl.load(num_active_ptr)
     slot = tl.program_id(2)
+    if ORDER_BY_BITS:
+        slots = tl.arange(0, ITEMS_PAD)
+        listed = slots < num_active
+        slot_expert = tl.load(active_ptr + slots, mask=listed, other=0)
+        keys = tl.load(bf_ptr + block0 + slot_expert * 3 + 2, mask=listed, other=-1)
+        slot = tl.where(slot < num_active, _item_at_rank(keys, slot, ITEMS_PAD), num_active)
     g0 = pid_k * groups_per_split
     g1 = tl.minimum(g0 + groups_per_split, F // 128)
-    if (slot < tl.load(num_active_ptr)) & (g0 < g1):
+    if (slot < num_active) & (g0 < g1):
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
         nf_g = tl.load(bf_ptr + blk)
@@ -232,17 +285,21 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None) -> MoeTiles:
+                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
+                 block_m: int | None = None, order_by_bits: bool = False) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
-    leave multiprocessors idle.
+    leave multiprocessors idle. block_m: tokens per tile (None: from the mean
+    tokens per expert); an expert with more tokens than one tile reads its
+    weights once per tile.
     """
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
-    block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
+    if block_m is None:
+        block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active
@@ -251,7 +308,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # slots), so round down.
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg)
+                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
+                    order_by_bits=order_by_bits)
 
 
 @dataclass
@@ -331,7 +389,8 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
-        USE_ASM=tiles.use_asm, **tiles.launch_options(),
+        USE_ASM=tiles.use_asm, ORDER_BY_BITS=tiles.order_by_bits,
+        ITEMS_PAD=triton.next_power_of_2(max(2, 2 * slots)), **tiles.launch_options(),
     )
 
 
@@ -350,7 +409,8 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, ORDER_BY_BITS=tiles.order_by_bits,
+        ITEMS_PAD=triton.next_power_of_2(max(2, slots)), **tiles.launch_options(),
     )
 
 

@@ -31,22 +31,23 @@ def mixed_fields(layer, e, proj):
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-@pytest.mark.parametrize("bn_up,split", [(128, 2), (64, 3)])
-def test_mixed_bits_in_one_launch(device, bn_up, split):
+@pytest.mark.parametrize("bn_up,split,order_by_bits", [(128, 2, False), (64, 3, False), (64, 2, True)])
+def test_mixed_bits_in_one_launch(device, bn_up, split, order_by_bits):
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     t = 6
     x = torch.randn(t, H)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split, order_by_bits=order_by_bits)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
     assert rel_err(out, ref) < 3e-3
 
 
-def test_few_experts_host_only_and_token_loop(device):
+@pytest.mark.parametrize("order_by_bits", [False, True])
+def test_few_experts_host_only_and_token_loop(device, order_by_bits):
     # 20 tokens on two experts (more than one 16-token tile each), one slot
     # routed to a host-only expert, one slot ignored (-1).
     weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
@@ -57,7 +58,7 @@ def test_few_experts_host_only_and_token_loop(device):
     ids[0, 1] = 2
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, order_by_bits=order_by_bits)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
