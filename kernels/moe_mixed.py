@@ -45,9 +45,11 @@ DEFAULT_SMS = 132
 # Resident programs per multiprocessor: both weight kernels use 255 registers
 # per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
-# Buckets of the device-side order by resident fields (0..NUM_FIELDS, padded
-# to a power of two).
-KEY_BUCKETS = tl.constexpr(8)
+# Token tile for experts over the base tile (MoeTiles.block_m_wide). 32: at
+# Mixtral B=64 with random routing (4 of 8 experts over 16 tokens) a 32-token
+# tile everywhere cut the layer from 570 to 441 us against 16, a 64-token one
+# took 680 us (benchmarks/results/moe_block_m_random_h200.json).
+WIDE_TOKEN_TILE = 32
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,12 @@ class MoeTiles:
 
     use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
     only; the interpreter cannot run inline assembly).
-    order_by_bits: programs take their blocks in descending order of resident
-    fields (stable), read on the device from block_fields, so that the
-    heaviest blocks start first and the programs resident together mostly
-    run one view's loop; False keeps the slot order.
     maxnreg: cap on registers per thread (more programs per multiprocessor,
     at the risk of spills); None leaves it to the compiler.
+    block_m_wide: token tile for experts with more than block_m tokens (0 =
+    none). Such an expert then streams its weights once in tiles of
+    block_m_wide instead of once per block_m tokens; the others keep the
+    cheaper block_m steps. Both are compiled into each launch.
     """
 
     block_n_up: int = 128
@@ -81,7 +83,16 @@ class MoeTiles:
     num_stages: int = 3
     use_asm: bool = False
     maxnreg: int | None = None
-    order_by_bits: bool = False
+    block_m_wide: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n_up", "block_n_down"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        wide = self.block_m_wide
+        if wide and (wide <= self.block_m or wide & (wide - 1)):
+            raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -92,20 +103,49 @@ class MoeTiles:
 
 
 @triton.jit
-def _item_at_rank(keys, p, N_PAD: tl.constexpr):
-    """Index of the item at position p when items are ordered by descending
-    key, ties in index order. keys: int32 [N_PAD] resident field counts
-    (0..NUM_FIELDS), -1 for no item; p must be < the number of items."""
-    j = tl.arange(0, N_PAD)
-    f = tl.arange(0, KEY_BUCKETS)
-    onehot = (keys[:, None] == f[None, :]).to(tl.int32)  # [N_PAD, KEY_BUCKETS]
-    counts = tl.sum(onehot, axis=0)  # [KEY_BUCKETS]
-    # First position of each key's run: the items with larger keys go before.
-    first = tl.sum(tl.where(f[None, :] > f[:, None], counts[None, :], 0), axis=1)  # [KEY_BUCKETS]
-    before = tl.cumsum(onehot, axis=0) - onehot  # [N_PAD, KEY_BUCKETS] same key, lower index
-    rank = tl.sum(onehot * (first[None, :] + before), axis=1)  # [N_PAD]
-    rank = tl.where(keys >= 0, rank, -1)
-    return tl.sum(tl.where(rank == p, j, 0), axis=0)
+def _gate_up_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr, hsum_ptr,
+                   start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+                   BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+    # Tokens [start, end) of the sorted list, BM at a time, through one
+    # block's BN rows; per tile, the second of the gate/up pair to arrive
+    # (counters[tile index]) combines SiLU(gate) * up.
+    for m0 in range(start, end, BM):
+        _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
+                      counters + (m0 - start) // BM, h_ptr, hsum_ptr, m0, end, n, rows, col, tile, which,
+                      H, F, pt_field_stride, log2p, top_k, BN, BM, USE_ASM)
+
+
+@triton.jit
+def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr, hsum_ptr,
+                  m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+                  BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+    m = tl.arange(0, BM)
+    kv = tl.arange(0, 128)
+    pos = m0 + m
+    valid = pos < end
+    flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
+    tok = (flat // top_k).to(tl.int64)
+    xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
+    xs_ptrs = xsum_ptr + tok * (H // 128)
+    acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
+                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1,
+                           1, BN, BM, USE_ASM)
+    keep = (n < F)[:, None] & valid[None, :]
+    pos64 = pos.to(tl.int64)
+    mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
+    tl.store(mine, acc, mask=keep)
+    tl.debug_barrier()
+    if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
+        other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
+                        mask=keep, other=0.0, cache_modifier=".cg")
+        gate = tl.where(which == 0, acc, other)
+        up = tl.where(which == 0, other, acc)
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+        tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
+        tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
+        tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
+        tl.atomic_xchg(counter, 0)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
@@ -124,33 +164,17 @@ def _moe_gate_up_kernel(
     h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, ORDER_BY_BITS: tl.constexpr,
-    ITEMS_PAD: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    # Each program takes rows [tile * BN, +BN) of the gate (which = 0) or up
-    # (which = 1) block of one slot's expert; whichever of the pair finishes
-    # second combines SiLU(gate) * up. Grid (2 * F / BN, slots). In slot order
-    # program (2 * tile + which, slot); ordered by bits, the launch-order
-    # index pid walks the (slot, which) items by descending resident fields,
-    # F / BN tiles each.
-    num_active = tl.load(num_active_ptr)
-    if ORDER_BY_BITS:
-        tiles = F // BN
-        pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        rank = pid // tiles
-        tile = pid % tiles
-        items = tl.arange(0, ITEMS_PAD)
-        listed = items < 2 * num_active
-        item_expert = tl.load(active_ptr + items // 2, mask=listed, other=0)
-        keys = tl.load(bf_ptr + block0 + item_expert * 3 + items % 2, mask=listed, other=-1)
-        item = _item_at_rank(keys, rank, ITEMS_PAD)
-        slot = tl.where(rank < 2 * num_active, item // 2, num_active)
-        which = item % 2
-    else:
-        tile = tl.program_id(0) // 2
-        which = tl.program_id(0) % 2
-        slot = tl.program_id(1)
-    if slot < num_active:
+    # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
+    # (which = 0) or up (which = 1) block of the slot's expert, over the
+    # expert's tokens in tiles of BM, or of BM_WIDE when the expert has more
+    # than BM tokens (one pass over the weights instead of two; both programs
+    # of a pair see the same count, so they take the same tiles).
+    tile = tl.program_id(0) // 2
+    which = tl.program_id(0) % 2
+    slot = tl.program_id(1)
+    if slot < tl.load(num_active_ptr):
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
         nf_g = tl.load(bf_ptr + blk)
@@ -162,40 +186,53 @@ def _moe_gate_up_kernel(
             end = tl.load(offsets_ptr + expert + 1)
             n = tile * BN + tl.arange(0, BN)
             rows = tl.minimum(n, F - 1)
-            m = tl.arange(0, BM)
-            kv = tl.arange(0, 128)
             pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
             # Where row n of h goes: its virtual position inside its group.
             a = n % 128
             col = (n // 128) * 128 + ((a // 16) % 2) * 64 + (a % 4) * 16 + ((a // 4) % 2) * 8 \
                 + (a // 32) * 2 + (a // 8) % 2
-            for m0 in range(start, end, BM):
-                pos = m0 + m
-                valid = pos < end
-                flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
-                tok = (flat // top_k).to(tl.int64)
-                xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
-                xs_ptrs = xsum_ptr + tok * (H // 128)
-                acc = block_matmul_any(nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
-                                       H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1,
-                                       1, BN, BM, USE_ASM)
-                keep = (n < F)[:, None] & valid[None, :]
-                pos64 = pos.to(tl.int64)
-                mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
-                tl.store(mine, acc, mask=keep)
-                tl.debug_barrier()
-                counter = count_ptr + (expert * (F // BN) + tile) * m_tiles + (m0 - start) // BM
-                if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
-                    other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
-                                    mask=keep, other=0.0, cache_modifier=".cg")
-                    gate = tl.where(which == 0, acc, other)
-                    up = tl.where(which == 0, other, acc)
-                    h = gate / (1.0 + tl.exp(-gate)) * up
-                    h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-                    tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
-                    tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
-                    tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
-                    tl.atomic_xchg(counter, 0)
+            counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
+            args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
+                    start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k)
+            if BM_WIDE > BM:  # compile time: this launch has a wide tile
+                if end - start > BM:
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
+                else:
+                    _gate_up_tiles(*args, BN, BM, USE_ASM)
+            else:
+                _gate_up_tiles(*args, BN, BM, USE_ASM)
+
+
+@triton.jit
+def _down_tiles(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
+                g0, g1, H, F, pt_field_stride, log2p, top_k,
+                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
+    # Tokens [start, end), BM at a time, through BN rows of the down block
+    # over groups [g0, g1), weighted and added into out.
+    for m0 in range(start, end, BM):
+        _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
+                   g0, g1, H, F, pt_field_stride, log2p, top_k, BN, BM, HS_SUB, USE_ASM)
+
+
+@triton.jit
+def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
+               g0, g1, H, F, pt_field_stride, log2p, top_k,
+               BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
+    m = tl.arange(0, BM)
+    kv = tl.arange(0, 128)
+    pos = m0 + m
+    valid = pos < end
+    pos64 = pos.to(tl.int64)
+    xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
+    xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
+    acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
+                           log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB,
+                           HS_SUB, BN, BM, USE_ASM)
+    flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
+    tok = (flat // top_k).to(tl.int64)
+    wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
+    keep = (n < H)[:, None] & valid[None, :]
+    tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
@@ -212,24 +249,15 @@ def _moe_down_kernel(
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
-    BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
-    ORDER_BY_BITS: tl.constexpr, ITEMS_PAD: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
-    # Program (row tile, K split, p): the slot at p, or ordered by bits the
-    # slot whose down block is p-th by descending resident fields.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_active = tl.load(num_active_ptr)
     slot = tl.program_id(2)
-    if ORDER_BY_BITS:
-        slots = tl.arange(0, ITEMS_PAD)
-        listed = slots < num_active
-        slot_expert = tl.load(active_ptr + slots, mask=listed, other=0)
-        keys = tl.load(bf_ptr + block0 + slot_expert * 3 + 2, mask=listed, other=-1)
-        slot = tl.where(slot < num_active, _item_at_rank(keys, slot, ITEMS_PAD), num_active)
     g0 = pid_k * groups_per_split
     g1 = tl.minimum(g0 + groups_per_split, F // 128)
-    if (slot < num_active) & (g0 < g1):
+    if (slot < tl.load(num_active_ptr)) & (g0 < g1):
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
         nf_g = tl.load(bf_ptr + blk)
@@ -240,24 +268,16 @@ def _moe_down_kernel(
             end = tl.load(offsets_ptr + expert + 1)
             n = pid_n * BN + tl.arange(0, BN)
             rows = tl.minimum(n, H - 1)
-            m = tl.arange(0, BM)
-            kv = tl.arange(0, 128)
             pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
-            for m0 in range(start, end, BM):
-                pos = m0 + m
-                valid = pos < end
-                pos64 = pos.to(tl.int64)
-                xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
-                xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
-                acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
-                                       log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB,
-                                       HS_SUB, BN, BM, USE_ASM)
-                flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
-                tok = (flat // top_k).to(tl.int64)
-                wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
-                keep = (n < H)[:, None] & valid[None, :]
-                tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep,
-                              sem="relaxed")
+            args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
+                    g0, g1, H, F, pt_field_stride, log2p, top_k)
+            if BM_WIDE > BM:  # compile time, as in the gate/up launch
+                if end - start > BM:
+                    _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
+                else:
+                    _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+            else:
+                _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
 
 
 def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: int) -> int:
@@ -286,20 +306,24 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 block_m: int | None = None, order_by_bits: bool = False) -> MoeTiles:
+                 block_m: int | None = None, block_m_wide: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
     leave multiprocessors idle. block_m: tokens per tile (None: from the mean
-    tokens per expert); an expert with more tokens than one tile reads its
-    weights once per tile.
+    tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when an expert can
+    get more than block_m tokens, i.e. num_tokens > block_m, else 0): see MoeTiles.
     """
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
     if block_m is None:
         block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
+    if block_m_wide is None:
+        # A token picks an expert at most once, so no expert gets more than
+        # num_tokens pairs.
+        block_m_wide = WIDE_TOKEN_TILE if num_tokens > block_m and WIDE_TOKEN_TILE > block_m else 0
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active
@@ -309,7 +333,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    order_by_bits=order_by_bits)
+                    block_m_wide=block_m_wide)
 
 
 @dataclass
@@ -389,8 +413,8 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
-        USE_ASM=tiles.use_asm, ORDER_BY_BITS=tiles.order_by_bits,
-        ITEMS_PAD=triton.next_power_of_2(max(2, 2 * slots)), **tiles.launch_options(),
+        BM_WIDE=tiles.block_m_wide,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
@@ -408,9 +432,8 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
-        per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, ORDER_BY_BITS=tiles.order_by_bits,
-        ITEMS_PAD=triton.next_power_of_2(max(2, slots)), **tiles.launch_options(),
+        per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 

@@ -9,6 +9,7 @@ from kernels.moe_align import moe_prepare, moe_prepare_reference
 from kernels.moe_mixed import (
     MoeTiles,
     alloc_workspace,
+    choose_tiles,
     dequantized_block,
     fused_moe_mixed,
     moe_mixed_reference,
@@ -31,34 +32,34 @@ def mixed_fields(layer, e, proj):
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-@pytest.mark.parametrize("bn_up,split,order_by_bits", [(128, 2, False), (64, 3, False), (64, 2, True)])
-def test_mixed_bits_in_one_launch(device, bn_up, split, order_by_bits):
+@pytest.mark.parametrize("bn_up,split", [(128, 2), (64, 3)])
+def test_mixed_bits_in_one_launch(device, bn_up, split):
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     t = 6
     x = torch.randn(t, H)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split, order_by_bits=order_by_bits)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("order_by_bits", [False, True])
-def test_few_experts_host_only_and_token_loop(device, order_by_bits):
-    # 20 tokens on two experts (more than one 16-token tile each), one slot
-    # routed to a host-only expert, one slot ignored (-1).
+@pytest.mark.parametrize("t,wide", [(20, 0), (20, 32), (40, 32)])
+def test_few_experts_host_only_and_token_loop(device, t, wide):
+    # t tokens on two experts (more than one 16-token tile each: several
+    # tiles, one wide tile, or several wide tiles), one slot routed to a
+    # host-only expert, one slot ignored (-1).
     weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
     torch.manual_seed(6)
-    t = 20
     x = torch.randn(t, H).to(torch.float16)
     ids = torch.tensor([[1, 3]] * t)
     ids[0, 1] = 2
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, order_by_bits=order_by_bits)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
@@ -112,6 +113,17 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort):
     assert torch.equal(got.offsets.cpu(), ref.offsets)
     n = int(ref.num_active)
     assert int(got.num_active) == n and torch.equal(got.active[:n].cpu(), ref.active[:n])
+
+
+def test_tiles_validate_and_widen_only_when_needed():
+    with pytest.raises(ValueError, match="block_m_wide"):
+        MoeTiles(block_m=32, block_m_wide=32)
+    with pytest.raises(ValueError, match="block_m "):
+        MoeTiles(block_m=24)
+    assert choose_tiles(16, 2, 8, 4096, 14336).block_m_wide == 0  # at most 16 tokens per expert
+    wide = choose_tiles(64, 2, 8, 4096, 14336)
+    assert (wide.block_m, wide.block_m_wide) == (16, 32)
+    assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
 
 
 def test_rejects_small_pages(device):
