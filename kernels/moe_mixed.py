@@ -1,7 +1,6 @@
 """Fused mixed-precision MoE layer over paged multi-precision expert weights.
 
-Three launches per layer (five when a wide token tile splits the experts by
-token count, MoeTiles.token_classes), no host sync (CUDA-graph friendly):
+Three launches per layer, no host sync (CUDA-graph friendly):
 1. moe_prepare (kernels/moe_align.py): sort (token, slot) pairs by expert,
    stage x as fp16 in the kernels' K order with per-group sums, zero the output;
 2. _moe_gate_up_kernel: per (expert, 64 rows of F): gate and up projections of
@@ -48,10 +47,9 @@ DEFAULT_SMS = 132
 PROGRAMS_PER_SM = 2
 # Token tile for experts over the base tile (MoeTiles.block_m_wide). 32: at
 # Mixtral B=64 with random routing (4 of 8 experts over 16 tokens) a 32-token
-# tile everywhere cut the layer from 570 to 441 us against 16, a 64-token one
-# took 680 us (benchmarks/results/moe_block_m_random_h200.json).
+# tile for all experts cut the layer from 570 to 441 us against 16, a
+# 64-token one took 680 us (benchmarks/results/moe_block_m_random_h200.json).
 WIDE_TOKEN_TILE = 32
-NO_TOKEN_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -74,9 +72,11 @@ class MoeTiles:
     block_m_wide: token tile for experts with more than block_m tokens (0 =
     none). Such an expert then streams its weights once per block_m_wide
     tokens instead of once per block_m; the others keep the cheaper block_m
-    steps. Each weight kernel is then launched twice (token_classes), one
-    binary per tile: compiled into one kernel, the wide path slowed the
-    narrow one by 11-13 % (Mixtral B=64, equal loads: 405 vs 359-366 us).
+    steps. Both tiles are compiled into each launch, which costs the block_m
+    steps 10-13 % (Mixtral B=64 with equal loads: 405 vs 359-366 us) but
+    saves a pass over the weights of every expert over block_m tokens
+    (random routing at B=64: 431 vs 570 us). As two launches, one per tile,
+    each launch left half the GPU idle in the down projection (531 us).
     """
 
     block_n_up: int = 128
@@ -98,14 +98,6 @@ class MoeTiles:
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
 
-    def token_classes(self) -> list[tuple[int, int, int]]:
-        """(token tile, min_tokens, max_tokens) of each launch of a weight
-        kernel: a launch serves the experts with more than min_tokens and at
-        most max_tokens tokens."""
-        if not self.block_m_wide:
-            return [(self.block_m, 0, NO_TOKEN_LIMIT)]
-        return [(self.block_m, 0, self.block_m), (self.block_m_wide, self.block_m, NO_TOKEN_LIMIT)]
-
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -115,12 +107,22 @@ class MoeTiles:
 
 
 @triton.jit
+def _gate_up_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr, hsum_ptr,
+                   start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+                   BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+    # Tokens [start, end) of the sorted list, BM at a time, through one
+    # block's BN rows; per tile, the second of the gate/up pair to arrive
+    # (counters[tile index]) combines SiLU(gate) * up.
+    for m0 in range(start, end, BM):
+        _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
+                      counters + (m0 - start) // BM, h_ptr, hsum_ptr, m0, end, n, rows, col, tile, which,
+                      H, F, pt_field_stride, log2p, top_k, BN, BM, USE_ASM)
+
+
+@triton.jit
 def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr, hsum_ptr,
                   m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
                   BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
-    # Tokens [m0, min(m0 + BM, end)) of the sorted list through one block's
-    # BN rows; the second of the gate/up pair to arrive (counter) combines
-    # SiLU(gate) * up.
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -150,7 +152,7 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
         tl.atomic_xchg(counter, 0)
 
 
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles", "min_tokens", "max_tokens"])
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
 def _moe_gate_up_kernel(
     xp_ptr,  # [T, H] fp16, x in virtual in-group order
     xsum_ptr,  # [T, H / 128] fp32 group sums of xp
@@ -165,14 +167,14 @@ def _moe_gate_up_kernel(
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
     h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, min_tokens, max_tokens,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
-    # expert's tokens in tiles of BM, if the expert has more than min_tokens
-    # and at most max_tokens tokens (the launches of one layer split the
-    # experts by tile size).
+    # expert's tokens in tiles of BM, or of BM_WIDE when the expert has more
+    # than BM tokens (one pass over the weights instead of two; both programs
+    # of a pair see the same count, so they take the same tiles).
     tile = tl.program_id(0) // 2
     which = tl.program_id(0) % 2
     slot = tl.program_id(1)
@@ -194,19 +196,32 @@ def _moe_gate_up_kernel(
             col = (n // 128) * 128 + ((a // 16) % 2) * 64 + (a % 4) * 16 + ((a // 4) % 2) * 8 \
                 + (a // 32) * 2 + (a // 8) % 2
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
-            if (end - start > min_tokens) & (end - start <= max_tokens):
-                for m0 in range(start, end, BM):
-                    _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr,
-                                  counters + (m0 - start) // BM, h_ptr, hsum_ptr, m0, end, n, rows, col,
-                                  tile, which, H, F, pt_field_stride, log2p, top_k, BN, BM, USE_ASM)
+            args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
+                    start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k)
+            if BM_WIDE > BM:  # compile time: this launch has a wide tile
+                if end - start > BM:
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
+                else:
+                    _gate_up_tiles(*args, BN, BM, USE_ASM)
+            else:
+                _gate_up_tiles(*args, BN, BM, USE_ASM)
+
+
+@triton.jit
+def _down_tiles(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
+                g0, g1, H, F, pt_field_stride, log2p, top_k,
+                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
+    # Tokens [start, end), BM at a time, through BN rows of the down block
+    # over groups [g0, g1), weighted and added into out.
+    for m0 in range(start, end, BM):
+        _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
+                   g0, g1, H, F, pt_field_stride, log2p, top_k, BN, BM, HS_SUB, USE_ASM)
 
 
 @triton.jit
 def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
                g0, g1, H, F, pt_field_stride, log2p, top_k,
                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
-    # Tokens [m0, min(m0 + BM, end)) through BN rows of the down block over
-    # groups [g0, g1), weighted and added into out.
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -224,7 +239,7 @@ def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, ou
     tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep, sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split", "min_tokens", "max_tokens"])
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
 def _moe_down_kernel(
     h_ptr,  # [T * top_k, F] fp16, sorted order, virtual in-group order
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
@@ -237,11 +252,10 @@ def _moe_down_kernel(
     pt_ptr,  # [num_blocks, 5, max_pages] int32
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k, min_tokens, max_tokens,
-    BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
-    # Program (row tile, K split, slot), for experts with more than
-    # min_tokens and at most max_tokens tokens, in tiles of BM.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     slot = tl.program_id(2)
@@ -259,10 +273,15 @@ def _moe_down_kernel(
             n = pid_n * BN + tl.arange(0, BN)
             rows = tl.minimum(n, H - 1)
             pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
-            if (end - start > min_tokens) & (end - start <= max_tokens):
-                for m0 in range(start, end, BM):
-                    _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
-                               n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, BN, BM, HS_SUB, USE_ASM)
+            args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
+                    g0, g1, H, F, pt_field_stride, log2p, top_k)
+            if BM_WIDE > BM:  # compile time, as in the gate/up launch
+                if end - start > BM:
+                    _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
+                else:
+                    _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+            else:
+                _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
 
 
 def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: int) -> int:
@@ -297,8 +316,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
     leave multiprocessors idle. block_m: tokens per tile (None: from the mean
-    tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when an expert can
-    get more than block_m tokens, i.e. num_tokens > block_m, else 0): see MoeTiles.
+    tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when the mean
+    load is over half a tile, so that some expert likely gets more than
+    block_m tokens, else 0): see MoeTiles.
     """
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
@@ -306,9 +326,12 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     if block_m is None:
         block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
     if block_m_wide is None:
-        # A token picks an expert at most once, so no expert gets more than
-        # num_tokens pairs.
-        block_m_wide = WIDE_TOKEN_TILE if num_tokens > block_m and WIDE_TOKEN_TILE > block_m else 0
+        # The wide tile slows every step of the launch, so it is compiled in
+        # only where it likely pays: Mixtral at B=32 (mean 8 tokens per
+        # expert, random routing) ran 395 us with it and 355 us without; at
+        # B=64 (mean 16) 431 us with it and 570 us without.
+        likely_over = per_expert > block_m / 2
+        block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active
@@ -393,14 +416,14 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     pt = weights.page_table
     if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
         raise ValueError("workspace was allocated for other tiles")
-    for block_m, min_tokens, max_tokens in tiles.token_classes():
-        _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
-            ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
-            ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
-            ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
-            pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], min_tokens, max_tokens,
-            BN=tiles.block_n_up, BM=block_m, USE_ASM=tiles.use_asm, **tiles.launch_options(),
-        )
+    _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+        ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+        ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
+        ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
+        BM_WIDE=tiles.block_m_wide,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
+    )
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
@@ -413,14 +436,13 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     split = triton.cdiv(n_groups, per_split)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
-    for block_m, min_tokens, max_tokens in tiles.token_classes():
-        _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
-            ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
-            tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
-            layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
-            per_split, top_k, min_tokens, max_tokens, BN=tiles.block_n_down, BM=block_m,
-            HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
-        )
+    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
+        ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
+        tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
+        layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
+        per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
+    )
 
 
 # -- plain-torch reference ----------------------------------------------------

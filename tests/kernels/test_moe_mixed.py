@@ -121,6 +121,7 @@ def test_tiles_validate_and_widen_only_when_needed():
     with pytest.raises(ValueError, match="block_m "):
         MoeTiles(block_m=24)
     assert choose_tiles(16, 2, 8, 4096, 14336).block_m_wide == 0  # at most 16 tokens per expert
+    assert choose_tiles(32, 2, 8, 4096, 14336).block_m_wide == 0  # mean 8 per expert: rarely over 16
     wide = choose_tiles(64, 2, 8, 4096, 14336)
     assert (wide.block_m, wide.block_m_wide) == (16, 32)
     assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
