@@ -50,9 +50,6 @@ PROGRAMS_PER_SM = 2
 # tile for all experts cut the layer from 570 to 441 us against 16, a
 # 64-token one took 680 us (benchmarks/results/moe_block_m_random_h200.json).
 WIDE_TOKEN_TILE = 32
-# Buckets of the device-side ranking by resident fields (0..NUM_FIELDS,
-# padded to a power of two).
-KEY_BUCKETS = tl.constexpr(8)
 
 
 @dataclass(frozen=True)
@@ -80,10 +77,6 @@ class MoeTiles:
     saves a pass over the weights of every expert over block_m tokens
     (random routing at B=64: 431 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
-    pair_down: each down program takes two experts' blocks, the p-th
-    heaviest and the p-th lightest by resident fields (half the slots, twice
-    the K split), so a mix of bits does not leave the one-wave launch
-    waiting on its heaviest programs.
     """
 
     block_n_up: int = 128
@@ -95,7 +88,6 @@ class MoeTiles:
     use_asm: bool = False
     maxnreg: int | None = None
     block_m_wide: int = 0
-    pair_down: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -247,23 +239,6 @@ def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, ou
     tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep, sem="relaxed")
 
 
-@triton.jit
-def _item_at_rank(keys, p, N_PAD: tl.constexpr):
-    """Index of the item at position p when items are ordered by descending
-    key, ties in index order. keys: int32 [N_PAD] resident field counts
-    (0..NUM_FIELDS), -1 for no item; 0 when no item has rank p."""
-    j = tl.arange(0, N_PAD)
-    f = tl.arange(0, KEY_BUCKETS)
-    onehot = (keys[:, None] == f[None, :]).to(tl.int32)  # [N_PAD, KEY_BUCKETS]
-    counts = tl.sum(onehot, axis=0)  # [KEY_BUCKETS]
-    # First position of each key's run: the items with larger keys go before.
-    first = tl.sum(tl.where(f[None, :] > f[:, None], counts[None, :], 0), axis=1)  # [KEY_BUCKETS]
-    before = tl.cumsum(onehot, axis=0) - onehot  # [N_PAD, KEY_BUCKETS] same key, lower index
-    rank = tl.sum(onehot * (first[None, :] + before), axis=1)  # [N_PAD]
-    rank = tl.where(keys >= 0, rank, -1)
-    return tl.sum(tl.where(rank == p, j, 0), axis=0)
-
-
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
 def _moe_down_kernel(
     h_ptr,  # [T * top_k, F] fp16, sorted order, virtual in-group order
@@ -279,33 +254,14 @@ def _moe_down_kernel(
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-    USE_ASM: tl.constexpr, PAIR_SLOTS: tl.constexpr, SLOTS_PAD: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
-    # Program (row tile, K split, p). Unpaired: the slot p. Paired: the down
-    # blocks ranked p-th from the heaviest and p-th from the lightest by
-    # resident fields, so that every program of the one-wave launch gets
-    # about the same work whatever the mix of bits.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    p = tl.program_id(2)
-    num_active = tl.load(num_active_ptr)
+    slot = tl.program_id(2)
     g0 = pid_k * groups_per_split
     g1 = tl.minimum(g0 + groups_per_split, F // 128)
-    if PAIR_SLOTS:
-        listed = tl.arange(0, SLOTS_PAD) < num_active
-        slot_expert = tl.load(active_ptr + tl.arange(0, SLOTS_PAD), mask=listed, other=0)
-        keys = tl.load(bf_ptr + block0 + slot_expert * 3 + 2, mask=listed, other=-1)
-        q = num_active - 1 - p
-        heavy = _item_at_rank(keys, p, SLOTS_PAD)
-        light = _item_at_rank(keys, q, SLOTS_PAD)
-        mine = tl.where(p < q, 2, tl.where(p == q, 1, 0))
-    else:
-        heavy = p
-        light = p
-        mine = tl.where(p < num_active, 1, 0)
-    mine = tl.where(g0 < g1, mine, 0)
-    for i in range(0, mine):
-        slot = tl.where(i == 0, heavy, light)
+    if (slot < tl.load(num_active_ptr)) & (g0 < g1):
         expert = tl.load(active_ptr + slot)
         blk = block0 + expert * 3
         nf_g = tl.load(bf_ptr + blk)
@@ -354,8 +310,7 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 block_m: int | None = None, block_m_wide: int | None = None,
-                 pair_down: bool = True) -> MoeTiles:
+                 block_m: int | None = None, block_m_wide: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -379,14 +334,14 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
-    tiles_down = triton.cdiv(hidden, block_n) * (triton.cdiv(active, 2) if pair_down else active)
+    tiles_down = triton.cdiv(hidden, block_n) * active
     # One wave: a split that overfills the multiprocessors by a few programs
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    block_m_wide=block_m_wide, pair_down=pair_down)
+                    block_m_wide=block_m_wide)
 
 
 @dataclass
@@ -481,14 +436,12 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     split = triton.cdiv(n_groups, per_split)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
-    programs_per_tile = triton.cdiv(slots, 2) if tiles.pair_down else slots
-    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, programs_per_tile)](
+    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, PAIR_SLOTS=tiles.pair_down,
-        SLOTS_PAD=triton.next_power_of_2(max(2, slots)), **tiles.launch_options(),
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
 
 
