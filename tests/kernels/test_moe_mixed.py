@@ -162,3 +162,29 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm):
     torch.cuda.synchronize()
     ref2 = moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)
     assert rel_err(ws.prep.out, ref2) < 3e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wide", [0, 32])
+def test_gpu_loaded_experts_with_and_without_wide_tile(wide):
+    # 48 tokens on 3 of 8 experts: each routed expert gets ~32 tokens (one or
+    # two wide tiles, two or three narrow ones); mixed bits, graph replay.
+    device = "cuda"
+    hidden, ffn, experts = 1024, 1408, 8
+    weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
+    torch.manual_seed(11)
+    t, k = 48, 2
+    x = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
+    ids = torch.stack([torch.randperm(3)[:k] for _ in range(t)]).to(device=device, dtype=torch.int32)
+    tw = torch.rand(t, k, device=device)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide)
+    ws = alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
+    out = fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws).clone()
+    assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws)
+    ids.copy_(torch.stack([torch.randperm(4)[:k] for _ in range(t)]).to(device=device, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(ws.prep.out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
