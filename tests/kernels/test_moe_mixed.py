@@ -47,8 +47,8 @@ def test_mixed_bits_in_one_launch(device, bn_up, split):
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("t,wide", [(20, 0), (20, 32), (40, 32)])
-def test_few_experts_host_only_and_token_loop(device, t, wide):
+@pytest.mark.parametrize("t,wide,per_tile", [(20, 0, False), (20, 32, False), (40, 32, False), (40, 32, True)])
+def test_few_experts_host_only_and_token_loop(device, t, wide, per_tile):
     # t tokens on two experts (more than one 16-token tile each: several
     # tiles, one wide tile, or several wide tiles), one slot routed to a
     # host-only expert, one slot ignored (-1).
@@ -56,10 +56,13 @@ def test_few_experts_host_only_and_token_loop(device, t, wide):
     torch.manual_seed(6)
     x = torch.randn(t, H).to(torch.float16)
     ids = torch.tensor([[1, 3]] * t)
+    if t > 32:  # then expert 0 gets t - 10 tokens and expert 3 keeps 10: both token classes
+        ids[: t - 10, 1] = 0
     ids[0, 1] = 2
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide,
+                     gate_up_launch_per_tile=per_tile)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
