@@ -77,9 +77,6 @@ class MoeTiles:
     saves a pass over the weights of every expert over block_m tokens
     (random routing at B=64: 431 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
-    gate_up_launch_per_tile: with a wide tile, launch the gate/up kernel once
-    per tile (its many programs fill the GPU in both) and keep the down
-    kernel's tiles in one launch.
     """
 
     block_n_up: int = 128
@@ -91,7 +88,6 @@ class MoeTiles:
     use_asm: bool = False
     maxnreg: int | None = None
     block_m_wide: int = 0
-    gate_up_launch_per_tile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -173,15 +169,12 @@ def _moe_gate_up_kernel(
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
-    TOKEN_CLASS: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
     # expert's tokens in tiles of BM, or of BM_WIDE when the expert has more
     # than BM tokens (one pass over the weights instead of two; both programs
-    # of a pair see the same count, so they take the same tiles). TOKEN_CLASS
-    # (compile time): 0 every expert, 1 only experts with at most BM tokens,
-    # 2 only those with more (MoeTiles.gate_up_launch_per_tile).
+    # of a pair see the same count, so they take the same tiles).
     tile = tl.program_id(0) // 2
     which = tl.program_id(0) % 2
     slot = tl.program_id(1)
@@ -205,13 +198,7 @@ def _moe_gate_up_kernel(
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
                     start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k)
-            if TOKEN_CLASS == 1:
-                if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM)
-            elif TOKEN_CLASS == 2:
-                if end - start > BM:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
-            elif BM_WIDE > BM:  # compile time: this launch has a wide tile
+            if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 if end - start > BM:
                     _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
                 else:
@@ -323,8 +310,7 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 block_m: int | None = None, block_m_wide: int | None = None,
-                 gate_up_launch_per_tile: bool = False) -> MoeTiles:
+                 block_m: int | None = None, block_m_wide: int | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -355,7 +341,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    block_m_wide=block_m_wide, gate_up_launch_per_tile=gate_up_launch_per_tile)
+                    block_m_wide=block_m_wide)
 
 
 @dataclass
@@ -430,16 +416,14 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     pt = weights.page_table
     if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
         raise ValueError("workspace was allocated for other tiles")
-    classes = (1, 2) if tiles.block_m_wide and tiles.gate_up_launch_per_tile else (0,)
-    for token_class in classes:
-        _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
-            ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
-            ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
-            ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
-            pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up,
-            BM=tiles.block_m, BM_WIDE=tiles.block_m_wide, USE_ASM=tiles.use_asm, TOKEN_CLASS=token_class,
-            **tiles.launch_options(),
-        )
+    _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+        ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+        ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
+        ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
+        BM_WIDE=tiles.block_m_wide,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
+    )
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,

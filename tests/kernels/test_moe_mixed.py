@@ -47,8 +47,8 @@ def test_mixed_bits_in_one_launch(device, bn_up, split):
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("t,wide,per_tile", [(20, 0, False), (20, 32, False), (40, 32, False), (40, 32, True)])
-def test_few_experts_host_only_and_token_loop(device, t, wide, per_tile):
+@pytest.mark.parametrize("t,wide", [(20, 0), (20, 32), (40, 32)])
+def test_few_experts_host_only_and_token_loop(device, t, wide):
     # t tokens on two experts (more than one 16-token tile each: several
     # tiles, one wide tile, or several wide tiles), one slot routed to a
     # host-only expert, one slot ignored (-1).
@@ -61,8 +61,7 @@ def test_few_experts_host_only_and_token_loop(device, t, wide, per_tile):
     ids[0, 1] = 2
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide,
-                     gate_up_launch_per_tile=per_tile)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
