@@ -10,6 +10,12 @@ touched x their three blocks at their current views (codes + that view's
 scales) + x (bf16) + the fp32 output. % HBM is against a device-to-device copy
 measured in the same run (bytes read + written). The shared expert of
 Qwen1.5-MoE is left out (routed experts only).
+
+Routing: round-robin by default (equal loads: at Mixtral B=64 every expert
+gets 16 tokens); --routing random draws each token's experts uniformly, so
+loads vary as with a router. An expert over one token tile costs an extra
+pass over its weights unless the launch has a wide tile (MoeTiles), and the
+bytes counted stay one read per expert either way.
 """
 
 from __future__ import annotations

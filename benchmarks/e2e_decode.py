@@ -244,28 +244,38 @@ PROFILE_TOP = 15
 
 
 def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool) -> dict:
-    """GPU kernel time per decode step by kernel name (one prefill step of PROFILE_PROMPT_LEN included)."""
+    """GPU kernel time per decode step by kernel name.
+
+    Two profiled requests of the same batch: prefill + 1 token, and prefill +
+    steps + 1 tokens; the per-kernel difference over steps is the decode
+    steps alone (at B=64 the prefill of 64 prompts is hundreds of launches,
+    which a single profile spread over the steps)."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = engine.arena.device.type == "cuda"
     run_batch(engine, batch, PROFILE_PROMPT_LEN, 4, f"pw-{batch}")  # capture the bucket first
-    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
-        run_batch(engine, batch, PROFILE_PROMPT_LEN, steps + 1, f"p-{batch}")
 
     def spent(e) -> float:  # microseconds (CPU self time in a dry run on the CPU)
         return e.device_time_total if on_gpu else e.self_cpu_time_total
 
-    events = [e for e in prof.key_averages() if spent(e) > 0]
-    total_us = sum(spent(e) for e in events)
-    top = sorted(events, key=spent, reverse=True)[:PROFILE_TOP]
+    def kernel_times(new_tokens: int, tag: str) -> dict[str, tuple[float, int]]:
+        with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+            run_batch(engine, batch, PROFILE_PROMPT_LEN, new_tokens, tag)
+        return {e.key[:80]: (spent(e), e.count) for e in prof.key_averages() if spent(e) > 0}
+
+    base = kernel_times(1, f"p0-{batch}")
+    full = kernel_times(steps + 1, f"p-{batch}")
+    per_step = {name: ((us - base.get(name, (0.0, 0))[0]) / steps, (n - base.get(name, (0.0, 0))[1]) / steps)
+                for name, (us, n) in full.items()}
+    top = sorted(per_step.items(), key=lambda kv: kv[1][0], reverse=True)[:PROFILE_TOP]
     result = {
         "batch": batch,
         "bits": bits,
         "graphs": graphs,
-        "steps": steps + 1,
-        "gpu_ms_per_step": total_us / 1e3 / (steps + 1),
-        "kernels": [{"name": e.key[:80], "calls_per_step": e.count / (steps + 1),
-                     "ms_per_step": spent(e) / 1e3 / (steps + 1)} for e in top],
+        "steps": steps,
+        "method": "profile(prefill + steps + 1 tokens) - profile(prefill + 1 token), per step",
+        "gpu_ms_per_step": sum(us for us, _ in per_step.values()) / 1e3,
+        "kernels": [{"name": name, "calls_per_step": calls, "ms_per_step": us / 1e3} for name, (us, calls) in top],
     }
     print(f"\nprofile B={batch} bits {bits}: GPU {result['gpu_ms_per_step']:.2f} ms/step")
     for k in result["kernels"]:
