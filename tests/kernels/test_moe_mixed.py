@@ -137,56 +137,50 @@ def test_rejects_small_pages(device):
         fused_moe_mixed(x, ids, torch.ones(1, 1, device=device), weights, 0, 2, 1024)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("use_asm", [False, True])
-def test_gpu_larger_shapes_and_graph_replay(use_asm):
-    device = "cuda"
+def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False):
+    """The layer (1024 x 1408, 8 experts, mixed bits) against the fp32
+    reference eagerly, then (on CUDA) replayed from a graph after the routing
+    changes in place to new_ids and, optionally, block 0 drops to one field:
+    the graph reads the tables, so neither needs a re-capture."""
     hidden, ffn, experts = 1024, 1408, 8
     weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
-    torch.manual_seed(10)
-    t, k = 33, 2
+    torch.manual_seed(seed)
+    t, k = ids.shape
     x = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
-    ids = torch.randint(0, experts, (t, k), device=device, dtype=torch.int32)
+    ids = ids.to(device=device, dtype=torch.int32)
     tw = torch.rand(t, k, device=device)
-    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=4, use_asm=use_asm)
     ws = alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
     out = fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws).clone()
-    ref = moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)
-    assert rel_err(out, ref) < 3e-3
+    assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
+    if device != "cuda":
+        return
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws)
     ws.prep.out.fill_(float("nan"))
-    # Change the routing and a block's bitwidth in place: the graph reads the tables.
-    ids.copy_(torch.randint(0, experts, (t, k), device=device, dtype=torch.int32))
-    weights.block_fields[0] = 1
+    ids.copy_(new_ids.to(device=device, dtype=torch.int32))
+    if demote_first_block:
+        weights.block_fields[0] = 1
     graph.replay()
     torch.cuda.synchronize()
-    ref2 = moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)
-    assert rel_err(ws.prep.out, ref2) < 3e-3
+    assert rel_err(ws.prep.out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_asm", [False, True])
+def test_gpu_larger_shapes_and_graph_replay(use_asm):
+    gen = torch.Generator().manual_seed(10)
+    ids, new_ids = (torch.randint(0, 8, (33, 2), generator=gen) for _ in range(2))
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=4, use_asm=use_asm)
+    check_eager_and_replay("cuda", tiles, ids, new_ids, seed=10, demote_first_block=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wide", [0, 32])
 def test_gpu_loaded_experts_with_and_without_wide_tile(wide):
-    # 48 tokens on 3 of 8 experts: each routed expert gets ~32 tokens (one or
-    # two wide tiles, two or three narrow ones); mixed bits, graph replay.
-    device = "cuda"
-    hidden, ffn, experts = 1024, 1408, 8
-    weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
-    torch.manual_seed(11)
-    t, k = 48, 2
-    x = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
-    ids = torch.stack([torch.randperm(3)[:k] for _ in range(t)]).to(device=device, dtype=torch.int32)
-    tw = torch.rand(t, k, device=device)
+    # 48 tokens on 3 of 8 experts, then on 4: each routed expert gets 24-32
+    # tokens (one or two wide tiles, two or three narrow ones).
+    gen = torch.Generator().manual_seed(11)
+    ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(48)]) for n in (3, 4))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide)
-    ws = alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
-    out = fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws).clone()
-    assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws)
-    ids.copy_(torch.stack([torch.randperm(4)[:k] for _ in range(t)]).to(device=device, dtype=torch.int32))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel_err(ws.prep.out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
+    check_eager_and_replay("cuda", tiles, ids, new_ids, seed=11)
