@@ -51,12 +51,12 @@ from kernels.moe_align import moe_prepare  # noqa: E402
 from kernels.moe_mixed import (  # noqa: E402
     PagedWeights,
     alloc_workspace,
-    choose_tiles,
     fused_moe_mixed,
     moe_mixed_reference,
     run_down,
     run_gate_up,
 )
+from kernels.moe_tiles import choose_tiles  # noqa: E402
 from kernels.paged_attention import kv_cache_view, paged_attention_decode  # noqa: E402
 
 L2_BYTES = 60 * 2**20

@@ -7,14 +7,13 @@ from kernels import moe_align
 from kernels import weight_layout as wl
 from kernels.moe_align import moe_prepare, moe_prepare_reference
 from kernels.moe_mixed import (
-    MoeTiles,
     alloc_workspace,
-    choose_tiles,
     dequantized_block,
     fused_moe_mixed,
     moe_mixed_reference,
     run_gate_up,
 )
+from kernels.moe_tiles import MoeTiles, choose_tiles
 from tests.kernels.paged_store import random_moe
 
 H, F, E = 256, 384, 5

@@ -1,0 +1,104 @@
+"""Launch shapes of the fused MoE kernels (kernels/moe_mixed.py): how many
+rows and tokens a program takes, the K split of the down launch, and the
+compiler options. Policy only; the kernels take whatever shape they are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+from kernels.weight_layout import GROUP
+
+DEFAULT_SMS = 132
+# Resident programs per multiprocessor: both weight kernels use 255 registers
+# per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
+PROGRAMS_PER_SM = 2
+# Token tile for experts over the base tile (MoeTiles.block_m_wide). 32: at
+# Mixtral B=64 with random routing (4 of 8 experts over 16 tokens) a 32-token
+# tile for all experts cut the layer from 570 to 441 us against 16, a
+# 64-token one took 680 us (benchmarks/results/moe_block_m_random_h200.json).
+WIDE_TOKEN_TILE = 32
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """Launch shape. block_n_up must divide 128; split_k 0 = fill the GPU.
+
+    use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
+    only; the interpreter cannot run inline assembly).
+    maxnreg: cap on registers per thread (more programs per multiprocessor,
+    at the risk of spills); None leaves it to the compiler.
+    block_m_wide: token tile for experts with more than block_m tokens (0 =
+    none). Such an expert then streams its weights once per block_m_wide
+    tokens instead of once per block_m; the others keep the cheaper block_m
+    steps. Both tiles are compiled into each launch, which costs the block_m
+    steps 10-13 % (Mixtral B=64 with equal loads: 405 vs 359-366 us) but
+    saves a pass over the weights of every expert over block_m tokens
+    (random routing at B=64: 431 vs 570 us). As two launches, one per tile,
+    each launch left half the GPU idle in the down projection (531 us).
+    """
+
+    block_n_up: int = 128
+    block_n_down: int = 128
+    block_m: int = 16
+    split_k: int = 0
+    num_warps: int = 4
+    num_stages: int = 3
+    use_asm: bool = False
+    maxnreg: int | None = None
+    block_m_wide: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n_up", "block_n_down"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        wide = self.block_m_wide
+        if wide and (wide <= self.block_m or wide & (wide - 1)):
+            raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
+
+    def launch_options(self) -> dict:
+        """Compiler options of both weight launches."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
+        return opts
+
+
+def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
+                 num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
+                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
+                 block_m: int | None = None, block_m_wide: int | None = None) -> MoeTiles:
+    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
+
+    block_n: rows per program (64 or 128; 128 amortizes more per-iteration
+    work, 64 gives more programs); gate/up drops to 64 rows when 128 would
+    leave multiprocessors idle. block_m: tokens per tile (None: from the mean
+    tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when the mean
+    load is over half a tile, so that some expert likely gets more than
+    block_m tokens, else 0): see MoeTiles.
+    """
+    pairs = num_tokens * top_k
+    active = min(num_experts, pairs)
+    per_expert = pairs / active
+    if block_m is None:
+        block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
+    if block_m_wide is None:
+        # The wide tile slows every step of the launch, so it is compiled in
+        # only where it likely pays: Mixtral at B=32 (mean 8 tokens per
+        # expert, random routing) ran 395 us with it and 355 us without; at
+        # B=64 (mean 16) 431 us with it and 570 us without.
+        likely_over = per_expert > block_m / 2
+        block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
+    half = GROUP // 2
+    block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
+    tiles_down = triton.cdiv(hidden, block_n) * active
+    # One wave: a split that overfills the multiprocessors by a few programs
+    # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
+    # slots), so round down.
+    split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
+    return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
+                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
+                    block_m_wide=block_m_wide)
