@@ -126,6 +126,8 @@ def test_tiles_validate_and_widen_only_when_needed():
     wide = choose_tiles(64, 2, 8, 4096, 14336)
     assert (wide.block_m, wide.block_m_wide) == (16, 32)
     assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
+    assert choose_tiles(64, 4, 60, 2048, 1408).block_m_wide == 0  # Qwen: mean 4.3 tokens per expert
+    assert choose_tiles(256, 2, 8, 4096, 14336).block_m_wide == 0  # 64-token tiles already
 
 
 def test_rejects_small_pages(device):
