@@ -179,8 +179,8 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm):
 @pytest.mark.gpu
 @pytest.mark.parametrize("wide", [0, 32])
 def test_gpu_loaded_experts_with_and_without_wide_tile(wide):
-    # 48 tokens on 3 of 8 experts, then on 4: each routed expert gets 24-32
-    # tokens (one or two wide tiles, two or three narrow ones).
+    # 48 tokens on 3 of 8 experts (30-35 tokens each: one or two wide tiles,
+    # two or three narrow ones), then on 4 (16-27 each: both token classes).
     gen = torch.Generator().manual_seed(11)
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(48)]) for n in (3, 4))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide)
