@@ -51,6 +51,7 @@ from dataplane.engine_io import QueueSink  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
+from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
 
 COPY_BYTES = 2 << 30
 MIXED = "mixed26"
@@ -80,7 +81,7 @@ class StepLog:
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     decode_rows: list[int] = field(default_factory=list)  # rows when decode-only, else 0
-    routed: list[torch.Tensor] = field(default_factory=list)  # per step: bool [layers, experts], expert used
+    routed: list[torch.Tensor] = field(default_factory=list)  # per step: int [layers, experts] tokens routed
     context_tokens: list[int] = field(default_factory=list)  # cached tokens read by the step
 
     def clear(self) -> None:
@@ -114,7 +115,7 @@ def instrument(runner, log: StepLog) -> None:
         scheduled = step.scheduled
         decode = all(item.num_new_tokens == 1 for item in scheduled)
         log.decode_rows.append(len(scheduled) if decode else 0)
-        log.routed.append(result.routed_tokens > 0)
+        log.routed.append(result.routed_tokens)
         log.context_tokens.append(sum(item.start + item.num_new_tokens for item in scheduled))
         return result
 
@@ -170,8 +171,12 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store
     gaps = [log.starts[i + 1] - log.starts[i] for i in idx if i + 1 < len(log.starts)]
     engine_s = statistics.median(gaps) if gaps else step_s
     sizes = expert_bytes(store, *log.routed[idx[0]].shape)  # [layers, experts]
-    moved = statistics.mean(float((sizes * log.routed[i]).sum()) for i in idx)
-    touched = statistics.mean(float(log.routed[i].sum()) for i in idx) / log.routed[idx[0]].shape[0]
+    moved = statistics.mean(float((sizes * (log.routed[i] > 0)).sum()) for i in idx)
+    touched = statistics.mean(float((log.routed[i] > 0).sum()) for i in idx) / log.routed[idx[0]].shape[0]
+    # Expert loads: the kernels stream an expert's weights once per token
+    # tile, so loads over the base tile are what the wide tile is for.
+    max_load = statistics.mean(float(log.routed[i].max(dim=1).values.float().mean()) for i in idx)
+    over_tile = statistics.mean(float((log.routed[i] > BASE_TOKEN_TILE).sum()) for i in idx) / log.routed[idx[0]].shape[0]
     kv = statistics.mean(log.context_tokens[i] for i in idx) * kv_token_bytes
     total = dense_bytes + moved + kv
     roof = total / bandwidth
@@ -185,6 +190,8 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store
         "engine_step_ms": engine_s * 1e3,
         "tok_per_s": batch / engine_s,
         "experts_touched_per_layer": touched,
+        "max_tokens_per_expert": max_load,  # mean over steps and layers of the busiest expert's tokens
+        "experts_over_base_tile_per_layer": over_tile,
         "bytes_per_step": total,
         "bytes_dense": dense_bytes,
         "bytes_experts": moved,

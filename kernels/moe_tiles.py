@@ -12,6 +12,9 @@ import triton
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
+# Smallest token tile: 8 (wgmma n8) ran much slower on the device's Triton
+# (benchmarks/results/moe_tile8_h200.json); the largest is four times this.
+BASE_TOKEN_TILE = 16
 # Resident programs per multiprocessor: both weight kernels use 255 registers
 # per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
@@ -42,7 +45,7 @@ class MoeTiles:
 
     block_n_up: int = 128
     block_n_down: int = 128
-    block_m: int = 16
+    block_m: int = BASE_TOKEN_TILE
     split_k: int = 0
     num_warps: int = 4
     num_stages: int = 3
@@ -53,8 +56,8 @@ class MoeTiles:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
             value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+            if value < BASE_TOKEN_TILE or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= {BASE_TOKEN_TILE}, got {value}")
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
@@ -84,7 +87,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     active = min(num_experts, pairs)
     per_expert = pairs / active
     if block_m is None:
-        block_m = 16 if per_expert <= 16 else (32 if per_expert <= 32 else 64)
+        block_m = BASE_TOKEN_TILE
+        while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
+            block_m *= 2
     if block_m_wide is None:
         # The wide tile slows every step of the launch, so it is compiled in
         # only where it likely pays: Mixtral at B=32 (mean 8 tokens per
