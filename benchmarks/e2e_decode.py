@@ -394,10 +394,12 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\n{args.preset}: built in {build_s:.0f} s; copy {bandwidth / 1e12:.2f} TB/s; "
           f"graphs {result['graph_captures']} captured, {result['graph_replays']} replays")
-    print(f"{'mode':6} {'bits':>9} {'B':>3} {'step ms':>8} {'eng ms':>8} {'tok/s':>8} {'GB/step':>8} {'roof ms':>8} {'%roof':>6}")
+    print(f"{'mode':6} {'bits':>9} {'B':>3} {'step ms':>8} {'eng ms':>8} {'tok/s':>8} {'GB/step':>8} {'roof ms':>8} "
+          f"{'%roof':>6} {'max load':>8}")
     for r in rows:
         print(f"{r['mode']:6} {r['bits']:>9} {r['batch']:3d} {r['step_ms']:8.2f} {r['engine_step_ms']:8.2f} {r['tok_per_s']:8.1f} "
-              f"{r['bytes_per_step'] / 1e9:8.2f} {r['roofline_ms']:8.2f} {r['pct_roofline']:6.1f}")
+              f"{r['bytes_per_step'] / 1e9:8.2f} {r['roofline_ms']:8.2f} {r['pct_roofline']:6.1f} "
+              f"{r['max_tokens_per_expert']:8.1f}")
     return 0
 
 
