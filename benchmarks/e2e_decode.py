@@ -170,13 +170,15 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store
     step_s = statistics.median(log.ends[i] - log.starts[i] for i in idx)
     gaps = [log.starts[i + 1] - log.starts[i] for i in idx if i + 1 < len(log.starts)]
     engine_s = statistics.median(gaps) if gaps else step_s
-    sizes = expert_bytes(store, *log.routed[idx[0]].shape)  # [layers, experts]
-    moved = statistics.mean(float((sizes * (log.routed[i] > 0)).sum()) for i in idx)
-    touched = statistics.mean(float((log.routed[i] > 0).sum()) for i in idx) / log.routed[idx[0]].shape[0]
+    loads = [log.routed[i] for i in idx]  # int [layers, experts] per timed step
+    layers = loads[0].shape[0]
+    sizes = expert_bytes(store, *loads[0].shape)  # [layers, experts]
+    moved = statistics.mean(float((sizes * (load > 0)).sum()) for load in loads)
+    touched = statistics.mean(float((load > 0).sum()) for load in loads) / layers
     # Expert loads: the kernels stream an expert's weights once per token
     # tile, so loads over the base tile are what the wide tile is for.
-    max_load = statistics.mean(float(log.routed[i].max(dim=1).values.float().mean()) for i in idx)
-    over_tile = statistics.mean(float((log.routed[i] > BASE_TOKEN_TILE).sum()) for i in idx) / log.routed[idx[0]].shape[0]
+    max_load = statistics.mean(float(load.max(dim=1).values.float().mean()) for load in loads)
+    over_tile = statistics.mean(float((load > BASE_TOKEN_TILE).sum()) for load in loads) / layers
     kv = statistics.mean(log.context_tokens[i] for i in idx) * kv_token_bytes
     total = dense_bytes + moved + kv
     roof = total / bandwidth
@@ -272,8 +274,10 @@ def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool) -> d
 
     base = kernel_times(1, f"p0-{batch}")
     full = kernel_times(steps + 1, f"p-{batch}")
-    per_step = {name: ((us - base.get(name, (0.0, 0))[0]) / steps, (n - base.get(name, (0.0, 0))[1]) / steps)
-                for name, (us, n) in full.items()}
+    per_step = {}  # name -> (us, calls) per decode step
+    for name, (us, calls) in full.items():
+        base_us, base_calls = base.get(name, (0.0, 0))
+        per_step[name] = ((us - base_us) / steps, (calls - base_calls) / steps)
     top = sorted(per_step.items(), key=lambda kv: kv[1][0], reverse=True)[:PROFILE_TOP]
     result = {
         "batch": batch,
