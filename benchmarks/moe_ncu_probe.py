@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.moe_setup import MIXTRAL, build_store, fields_config, routing  # noqa: E402
+from benchmarks.moe_setup import MIXTRAL, ROUTINGS, build_store, fields_config, routing  # noqa: E402
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed  # noqa: E402
 from kernels.moe_tiles import choose_tiles  # noqa: E402
 
@@ -32,14 +32,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--bits", default="4")
+    ap.add_argument("--routing", default="roundrobin", choices=ROUTINGS)
+    ap.add_argument("--wide", type=int, default=None,
+                    help="token tile for experts over the base tile (0 = none; default: choose_tiles)")
+    ap.add_argument("--triton-carveout", action="store_true",
+                    help="keep the carveout Triton's loader sets (default: MoeTiles.limit_carveout)")
     args = ap.parse_args()
     shape = MIXTRAL
     weights = build_store(shape, 1, PAGE_BYTES, "cuda")
     weights.block_fields.copy_(fields_config(shape, 1, args.bits))
-    ids, tw = routing(shape, args.batch, "cuda")
+    ids, tw = routing(shape, args.batch, "cuda", mode=args.routing)
     x = torch.randn(args.batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = choose_tiles(args.batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, use_asm=True)
+    tiles = choose_tiles(args.batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, use_asm=True,
+                         block_m_wide=args.wide, limit_carveout=not args.triton_carveout)
     ws = alloc_workspace(args.batch, shape.top_k, shape.hidden, shape.ffn, shape.experts, tiles, "cuda")
     for _ in range(LAUNCHES):
         fused_moe_mixed(x, ids, tw, weights, 0, shape.experts, shape.ffn, tiles, ws)

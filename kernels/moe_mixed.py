@@ -21,7 +21,7 @@ host-only experts (or accepts that they contribute nothing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -29,7 +29,8 @@ import triton.language as tl
 
 from kernels.moe_align import FP16_MAX, MoePrep, alloc_prep, moe_prepare
 from kernels.moe_decode import block_matmul_any
-from kernels.moe_tiles import DEFAULT_SMS, MoeTiles, choose_tiles
+from kernels.moe_tiles import DEFAULT_SMS, PROGRAMS_PER_SM, MoeTiles, choose_tiles
+from kernels.smem_carveout import limit_carveout
 from kernels.weight_layout import (
     FIELD_WIDTHS,
     GROUP,
@@ -262,6 +263,8 @@ class MoeWorkspace:
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
+    # Loaded kernels (CUfunction handles) whose carveout this workspace set.
+    carveouts_set: set[int] = field(default_factory=set)
 
 
 def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
@@ -327,7 +330,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     pt = weights.page_table
     if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
         raise ValueError("workspace was allocated for other tiles")
-    _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+    kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
         ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
@@ -335,6 +338,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
+    _settle_carveout(ws, kernel, tiles)
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
@@ -347,13 +351,25 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     split = triton.cdiv(n_groups, per_split)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
-    _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
+    kernel = _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
+    _settle_carveout(ws, kernel, tiles)
+
+
+def _settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
+    """Once per loaded kernel: the carveout its resident programs need (the
+    first launch ran with Triton's default)."""
+    function = getattr(kernel, "function", None)
+    if not tiles.limit_carveout or not ws.h.is_cuda or function is None or function in ws.carveouts_set:
+        return
+    smem = torch.cuda.get_device_properties(ws.h.device).shared_memory_per_multiprocessor
+    limit_carveout(kernel, PROGRAMS_PER_SM, smem)
+    ws.carveouts_set.add(function)
 
 
 # -- plain-torch reference ----------------------------------------------------

@@ -33,6 +33,9 @@ class MoeTiles:
     only; the interpreter cannot run inline assembly).
     maxnreg: cap on registers per thread (more programs per multiprocessor,
     at the risk of spills); None leaves it to the compiler.
+    limit_carveout: after loading a launch over 48 KiB of shared memory, ask
+    the driver for only the carveout that PROGRAMS_PER_SM programs need, so
+    that L1 keeps the rest (kernels/smem_carveout.py); GPU only.
     block_m_wide: token tile for experts with more than block_m tokens (0 =
     none). Such an expert then streams its weights once per block_m_wide
     tokens instead of once per block_m; the others keep the cheaper block_m
@@ -52,6 +55,7 @@ class MoeTiles:
     use_asm: bool = False
     maxnreg: int | None = None
     block_m_wide: int = 0
+    limit_carveout: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -73,7 +77,8 @@ class MoeTiles:
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
-                 block_m: int | None = None, block_m_wide: int | None = None) -> MoeTiles:
+                 block_m: int | None = None, block_m_wide: int | None = None,
+                 limit_carveout: bool = True) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -106,4 +111,4 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    block_m_wide=block_m_wide)
+                    block_m_wide=block_m_wide, limit_carveout=limit_carveout)

@@ -14,6 +14,7 @@ from kernels.moe_mixed import (
     run_gate_up,
 )
 from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.smem_carveout import carveout_of
 from tests.kernels.paged_store import random_moe
 
 H, F, E = 256, 384, 5
@@ -138,7 +139,7 @@ def test_rejects_small_pages(device):
         fused_moe_mixed(x, ids, torch.ones(1, 1, device=device), weights, 0, 2, 1024)
 
 
-def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False):
+def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False, workspace=None):
     """The layer (1024 x 1408, 8 experts, mixed bits) against the fp32
     reference eagerly, then (on CUDA) replayed from a graph after the routing
     changes in place to new_ids and, optionally, block 0 drops to one field:
@@ -150,7 +151,7 @@ def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block
     x = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
     ids = ids.to(device=device, dtype=torch.int32)
     tw = torch.rand(t, k, device=device)
-    ws = alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
+    ws = workspace or alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
     out = fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws).clone()
     assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
     if device != "cuda":
@@ -185,3 +186,21 @@ def test_gpu_loaded_experts_with_and_without_wide_tile(wide):
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(48)]) for n in (3, 4))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wide", [0, 32])
+def test_gpu_carveout_limited_only_for_launches_over_48k(wide):
+    # The wide build needs 58 KiB of shared memory per program, the narrow one
+    # 46 KiB: only the first gets an explicit (partial) carveout.
+    gen = torch.Generator().manual_seed(12)
+    ids = torch.stack([torch.randperm(3, generator=gen)[:2] for _ in range(48)])
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide)
+    ws = alloc_workspace(48, 2, 1024, 1408, 8, tiles, "cuda")
+    check_eager_and_replay("cuda", tiles, ids, ids, seed=12, workspace=ws)
+    assert len(ws.carveouts_set) == 2
+    got = sorted(carveout_of(f) for f in ws.carveouts_set)
+    if wide:
+        assert all(0 < c < 100 for c in got), got
+    else:
+        assert got == [-1, -1]
