@@ -37,7 +37,6 @@ def main() -> None:
                     help="token tile for experts over the base tile (0 = none; default: choose_tiles)")
     ap.add_argument("--triton-carveout", action="store_true",
                     help="keep the carveout Triton's loader sets (default: MoeTiles.limit_carveout)")
-    ap.add_argument("--narrow-first", action="store_true", help="MoeTiles.narrow_first")
     args = ap.parse_args()
     shape = MIXTRAL
     weights = build_store(shape, 1, PAGE_BYTES, "cuda")
@@ -46,8 +45,7 @@ def main() -> None:
     x = torch.randn(args.batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles = choose_tiles(args.batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, use_asm=True,
-                         block_m_wide=args.wide, limit_carveout=not args.triton_carveout,
-                         narrow_first=args.narrow_first)
+                         block_m_wide=args.wide, limit_carveout=not args.triton_carveout)
     ws = alloc_workspace(args.batch, shape.top_k, shape.hidden, shape.ffn, shape.experts, tiles, "cuda")
     for _ in range(LAUNCHES):
         fused_moe_mixed(x, ids, tw, weights, 0, shape.experts, shape.ffn, tiles, ws)

@@ -118,7 +118,6 @@ def _moe_gate_up_kernel(
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
-    NARROW_FIRST: tl.constexpr = False,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
@@ -149,16 +148,13 @@ def _moe_gate_up_kernel(
             args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
                     start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
-                if NARROW_FIRST:
-                    if end - start <= BM:
-                        _gate_up_tiles(*args, BN, BM, USE_ASM)
-                    else:
-                        _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
+                # The 16-token branch first: the compiler lays it out first, and
+                # placed after the wide loops it ran 5-7 % slower with equal
+                # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
+                if end - start <= BM:
+                    _gate_up_tiles(*args, BN, BM, USE_ASM)
                 else:
-                    if end - start > BM:
-                        _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
-                    else:
-                        _gate_up_tiles(*args, BN, BM, USE_ASM)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
             else:
                 _gate_up_tiles(*args, BN, BM, USE_ASM)
 
@@ -210,7 +206,7 @@ def _moe_down_kernel(
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-    USE_ASM: tl.constexpr, NARROW_FIRST: tl.constexpr = False,
+    USE_ASM: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -231,17 +227,11 @@ def _moe_down_kernel(
             pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
             args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
                     g0, g1, H, F, pt_field_stride, log2p, top_k)
-            if BM_WIDE > BM:  # compile time, as in the gate/up launch
-                if NARROW_FIRST:
-                    if end - start <= BM:
-                        _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
-                    else:
-                        _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
+            if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
+                if end - start <= BM:
+                    _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
                 else:
-                    if end - start > BM:
-                        _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
-                    else:
-                        _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+                    _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
             else:
                 _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
 
@@ -348,7 +338,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
-        BM_WIDE=tiles.block_m_wide, NARROW_FIRST=tiles.narrow_first,
+        BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
     _settle_carveout(ws, kernel, tiles)
@@ -369,7 +359,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, NARROW_FIRST=tiles.narrow_first,
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         **tiles.launch_options(),
     )
     _settle_carveout(ws, kernel, tiles)

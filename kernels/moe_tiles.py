@@ -40,9 +40,10 @@ class MoeTiles:
     none). Such an expert then streams its weights once per block_m_wide
     tokens instead of once per block_m; the others keep the cheaper block_m
     steps. Both tiles are compiled into each launch, which costs the block_m
-    steps 10-13 % (Mixtral B=64 with equal loads: 405 vs 359-366 us) but
-    saves a pass over the weights of every expert over block_m tokens
-    (random routing at B=64: 431 vs 570 us). As two launches, one per tile,
+    steps ~4 % (Mixtral B=64 4-bit with equal loads: 373.9 vs 358.8 us; it
+    was 10-13 % before the carveout limit and the narrow-first code order)
+    but saves a pass over the weights of every expert over block_m tokens
+    (random routing at B=64: 426 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
     """
 
@@ -56,7 +57,6 @@ class MoeTiles:
     maxnreg: int | None = None
     block_m_wide: int = 0
     limit_carveout: bool = True
-    narrow_first: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -79,7 +79,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
-                 limit_carveout: bool = True, narrow_first: bool = False) -> MoeTiles:
+                 limit_carveout: bool = True) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -112,5 +112,4 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                    narrow_first=narrow_first)
+                    block_m_wide=block_m_wide, limit_carveout=limit_carveout)
