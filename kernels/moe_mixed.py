@@ -30,7 +30,7 @@ import triton.language as tl
 from kernels.moe_align import FP16_MAX, MoePrep, alloc_prep, moe_prepare
 from kernels.moe_decode import block_matmul_any
 from kernels.moe_tiles import DEFAULT_SMS, PROGRAMS_PER_SM, MoeTiles, choose_tiles
-from kernels.smem_carveout import limit_carveout
+from kernels.smem_carveout import limit_carveout_once
 from kernels.weight_layout import (
     FIELD_WIDTHS,
     GROUP,
@@ -366,15 +366,8 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
 
 
 def _settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
-    """Once per loaded kernel: the carveout its resident programs need (the
-    first launch ran with Triton's default)."""
-    function = getattr(kernel, "function", None)
-    if not tiles.limit_carveout or not ws.h.is_cuda or function is None or function in ws.carveouts_set:
-        return
-    smem = torch.cuda.get_device_properties(ws.h.device).shared_memory_per_multiprocessor
-    limit_carveout(kernel, PROGRAMS_PER_SM, smem)
-    ws.carveouts_set.add(function)
-
+    if tiles.limit_carveout and ws.h.is_cuda:
+        limit_carveout_once(kernel, ws.carveouts_set, PROGRAMS_PER_SM, ws.h.device)
 
 # -- plain-torch reference ----------------------------------------------------
 def read_block(weights: PagedWeights, block: int, n: int, k: int) -> list[torch.Tensor]:

@@ -21,6 +21,8 @@ import ctypes
 import functools
 import math
 
+import torch
+
 # CUfunction_attribute and CUfunc_cache values from cuda.h.
 _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
 _CU_FUNC_CACHE_PREFER_NONE = 0
@@ -75,3 +77,15 @@ def limit_carveout(kernel, programs: int, smem_per_sm: int) -> bool:
     if status != 0:
         raise RuntimeError(f"setting the shared-memory carveout failed: CUresult {status}")
     return True
+
+
+def limit_carveout_once(kernel, done: set[int], programs: int, device: torch.device) -> None:
+    """limit_carveout for a kernel a launch returned, unless its CUfunction is
+    in `done` (the caller's record; the first launch ran with Triton's
+    carveout). Nothing happens for launches that return no loaded kernel
+    (the interpreter)."""
+    function = getattr(kernel, "function", None)
+    if function is None or function in done:
+        return
+    limit_carveout(kernel, programs, torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor)
+    done.add(function)

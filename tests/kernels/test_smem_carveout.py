@@ -11,6 +11,7 @@ from kernels.smem_carveout import (
     TRITON_SHARED_THRESHOLD,
     carveout_percent,
     limit_carveout,
+    limit_carveout_once,
 )
 
 H200_SMEM_PER_SM = 233472  # 228 KiB
@@ -43,3 +44,10 @@ def test_small_kernels_are_left_to_the_driver():
 def test_choose_tiles_limits_the_carveout_unless_told_not_to():
     assert choose_tiles(64, 2, 8, 4096, 14336).limit_carveout
     assert not choose_tiles(64, 2, 8, 4096, 14336, limit_carveout=False).limit_carveout
+
+
+def test_once_skips_launches_without_a_loaded_kernel_and_known_functions():
+    done = {7}
+    limit_carveout_once(None, done, PROGRAMS_PER_SM, "cpu")  # the interpreter returns no kernel
+    limit_carveout_once(SimpleNamespace(function=7, metadata=None), done, PROGRAMS_PER_SM, "cpu")
+    assert done == {7}
