@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import math
 
 import torch
+
+log = logging.getLogger(__name__)
 
 # CUfunction_attribute and CUfunc_cache values from cuda.h.
 _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
@@ -83,9 +86,14 @@ def limit_carveout_once(kernel, done: set[int], programs: int, device: torch.dev
     """limit_carveout for a kernel a launch returned, unless its CUfunction is
     in `done` (the caller's record; the first launch ran with Triton's
     carveout). Nothing happens for launches that return no loaded kernel
-    (the interpreter)."""
+    (the interpreter) or on ROCm. The carveout is a speed hint: when the
+    driver refuses it the kernel keeps Triton's and a warning is logged."""
     function = getattr(kernel, "function", None)
-    if function is None or function in done:
+    if function is None or function in done or torch.version.hip is not None:
         return
-    limit_carveout(kernel, programs, torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor)
     done.add(function)
+    smem = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+    try:
+        limit_carveout(kernel, programs, smem)
+    except (OSError, RuntimeError) as exc:
+        log.warning("kept Triton's shared-memory carveout for %s: %s", getattr(kernel, "name", "a kernel"), exc)

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from kernels import smem_carveout
 from kernels.moe_tiles import PROGRAMS_PER_SM, choose_tiles
 from kernels.smem_carveout import (
     RESERVED_SHARED_PER_BLOCK,
@@ -51,3 +52,17 @@ def test_once_skips_launches_without_a_loaded_kernel_and_known_functions():
     limit_carveout_once(None, done, PROGRAMS_PER_SM, "cpu")  # the interpreter returns no kernel
     limit_carveout_once(SimpleNamespace(function=7, metadata=None), done, PROGRAMS_PER_SM, "cpu")
     assert done == {7}
+
+
+def test_once_keeps_serving_when_the_driver_refuses(monkeypatch, caplog):
+    def refuse(kernel, programs, smem):
+        raise RuntimeError("CUresult 1")
+
+    monkeypatch.setattr(smem_carveout, "limit_carveout", refuse)
+    monkeypatch.setattr(smem_carveout.torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(shared_memory_per_multiprocessor=H200_SMEM_PER_SM))
+    monkeypatch.setattr(smem_carveout.torch.version, "hip", None)
+    done = set()
+    kernel = SimpleNamespace(function=9, name="_moe_down_kernel", metadata=SimpleNamespace(shared=58496))
+    limit_carveout_once(kernel, done, PROGRAMS_PER_SM, "cuda")
+    assert done == {9} and "kept Triton's shared-memory carveout for _moe_down_kernel" in caplog.text
