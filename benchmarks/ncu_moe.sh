@@ -1,0 +1,19 @@
+#!/bin/bash
+# Nsight Compute counters of the two MoE weight launches, as the session-9
+# counter runs took them (benchmarks/results/moe_ncu_*_h200.json):
+#   benchmarks/ncu_moe.sh OUT.csv [moe_ncu_probe.py flags, e.g. --batch 64 --bits 4 --wide 32]
+# Then: python benchmarks/ncu_summary.py A.csv B.csv [--json table.json]
+# The 4th call's launches are read (launch-skip 6: three calls of two launches).
+set -euo pipefail
+out=$1; shift
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+metrics=smsp__inst_executed.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum
+for stall in long_scoreboard wait barrier short_scoreboard math_pipe_throttle mio_throttle lg_throttle \
+             not_selected selected dispatch_stall no_instruction branch_resolving membar sleeping drain \
+             imc_miss tex_throttle; do
+  metrics="$metrics,smsp__average_warps_issue_stalled_${stall}_per_issue_active.ratio"
+done
+"$NCU" --clock-control none -k regex:'_moe_(gate_up|down)' --launch-skip 6 --launch-count 2 \
+  --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
+  --metrics "$metrics" --csv --page details \
+  python "$(dirname "$0")/moe_ncu_probe.py" "$@" > "$out"
