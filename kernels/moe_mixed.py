@@ -359,8 +359,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
-        **tiles.launch_options(),
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
     _settle_carveout(ws, kernel, tiles)
 
@@ -368,6 +367,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
 def _settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
     if tiles.limit_carveout and ws.h.is_cuda:
         limit_carveout_once(kernel, ws.carveouts_set, PROGRAMS_PER_SM, ws.h.device)
+
 
 # -- plain-torch reference ----------------------------------------------------
 def read_block(weights: PagedWeights, block: int, n: int, k: int) -> list[torch.Tensor]:

@@ -8,8 +8,10 @@ programs per multiprocessor whatever the carveout (255 registers per
 thread), so the extra shared memory is unused while L1 (register spills,
 scale and activation-sum loads) shrinks. Measured: the wide-tile build of
 the MoE launches (58.5 KiB) ran its 16-token steps 8-14 % slower than the
-46 KiB build with identical loops; ncu showed more long-scoreboard and
-no-instruction stalls (benchmarks/results/moe_ncu_wide_h200.json).
+46 KiB build with identical loops, with more long-scoreboard stalls
+(benchmarks/results/moe_ncu_wide_h200.json); limiting the carveout took the
+Mixtral B=64 4-bit layer from 404.9 to 385.3 us (46 KiB build: 358.8;
+moe_carveout_rr_h200.json). The rest was code order (kernels/moe_mixed.py).
 
 limit_carveout() asks the driver for the smallest carveout that still holds
 `programs` programs (a hint; the driver rounds up to a supported size).
