@@ -366,7 +366,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
 
 def _settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
     if tiles.limit_carveout and ws.h.is_cuda:
-        limit_carveout_once(kernel, ws.carveouts_set, PROGRAMS_PER_SM, ws.h.device, tiles.carveout_small)
+        limit_carveout_once(kernel, ws.carveouts_set, PROGRAMS_PER_SM, ws.h.device)
 
 
 # -- plain-torch reference ----------------------------------------------------

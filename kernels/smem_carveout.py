@@ -65,13 +65,13 @@ def carveout_of(function: int) -> int:
     return value.value
 
 
-def limit_carveout(kernel, programs: int, smem_per_sm: int, small_too: bool = False) -> bool:
+def limit_carveout(kernel, programs: int, smem_per_sm: int) -> bool:
     """Set the carveout of a loaded Triton kernel (the object a launch returns)
     to what `programs` resident programs need. Returns False (and changes
     nothing) for kernels at or under the 48 KiB threshold, whose carveout the
     driver already sizes. Raises RuntimeError when the driver refuses."""
     shared = int(kernel.metadata.shared)
-    if shared <= TRITON_SHARED_THRESHOLD and not small_too:
+    if shared <= TRITON_SHARED_THRESHOLD:
         return False
     lib = _libcuda()
     function = ctypes.c_void_p(kernel.function)
@@ -84,8 +84,7 @@ def limit_carveout(kernel, programs: int, smem_per_sm: int, small_too: bool = Fa
     return True
 
 
-def limit_carveout_once(kernel, done: set[int], programs: int, device: torch.device,
-                        small_too: bool = False) -> None:
+def limit_carveout_once(kernel, done: set[int], programs: int, device: torch.device) -> None:
     """limit_carveout for a kernel a launch returned, unless its CUfunction is
     in `done` (the caller's record; the first launch ran with Triton's
     carveout). Nothing happens for launches that return no loaded kernel
@@ -97,6 +96,6 @@ def limit_carveout_once(kernel, done: set[int], programs: int, device: torch.dev
     done.add(function)
     smem = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
     try:
-        limit_carveout(kernel, programs, smem, small_too)
+        limit_carveout(kernel, programs, smem)
     except (OSError, RuntimeError) as exc:
         log.warning("kept Triton's shared-memory carveout for %s: %s", getattr(kernel, "name", "a kernel"), exc)

@@ -55,7 +55,7 @@ def test_once_skips_launches_without_a_loaded_kernel_and_known_functions():
 
 
 def test_once_keeps_serving_when_the_driver_refuses(monkeypatch, caplog):
-    def refuse(kernel, programs, smem, small_too=False):
+    def refuse(kernel, programs, smem):
         raise RuntimeError("CUresult 1")
 
     monkeypatch.setattr(smem_carveout, "limit_carveout", refuse)
