@@ -315,8 +315,8 @@ def main() -> int:
                         help="DataplaneConfig.max_arena_pages (default: all free memory)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
     parser.add_argument("--profile-batches", default="",
-                        help="after the timed rows: profile decode at these batch sizes (torch.profiler, "
-                             "kernel time per step by name, top entries)")
+                        help="after the timed rows: profile decode at these batch sizes in the last "
+                             "precision state of --bits (torch.profiler, kernel time per step by name)")
     parser.add_argument("--commit", default="unknown", help="git commit of the measured tree")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
