@@ -9,6 +9,9 @@ a host sync, so the step can run under CUDA graphs.
 Outputs (all device tensors):
 * xp        fp16  [T, H]   x in virtual in-group order (weight_layout), clamped to fp16
 * xsum      fp32  [T, H / 128]  sums of xp per group
+* xq        fp16  [T, H]   xp with each position scaled by
+            weight_layout.quarter_scales (for the 2-bit decode); plane 1 of a
+            [2, T, H] buffer whose plane 0 is xp
 * out       fp32  [T, H]   zeroed (the down kernel accumulates into it)
 * sorted    int32 [T * top_k]  flat indices t * top_k + j sorted by expert
 * offsets   int32 [E + 1]  sorted[offsets[e]:offsets[e + 1]] go to expert e
@@ -24,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.weight_layout import GROUP, permute_groups
+from kernels.weight_layout import GROUP, permute_groups, quarter_scales
 
 FP16_MAX = 65504.0
 # The single-program sort handles up to this many (token, slot) pairs; larger
@@ -38,6 +41,7 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 class MoePrep:
     xp: torch.Tensor
     xsum: torch.Tensor
+    xq: torch.Tensor
     out: torch.Tensor
     sorted_ids: torch.Tensor
     offsets: torch.Tensor
@@ -56,10 +60,17 @@ def _virtual_to_actual(v):
 
 
 @triton.jit
+def quarter_scale(v):
+    # 4^-s of virtual position v (fp32), as weight_layout.quarter_scales.
+    s = (v // 16) % 4
+    return tl.where(s == 0, 1.0, tl.where(s == 1, 0.25, tl.where(s == 2, 0.0625, 0.015625)))
+
+
+@triton.jit
 def _moe_prep_kernel(
     x_ptr,  # [T, H] float (row stride stride_x)
     ids_ptr,  # [T * TOPK] int32 expert of each (token, slot)
-    xp_ptr,  # [T, H] fp16 out
+    xp_ptr,  # [2, T, H] fp16 out: xp, then xq
     xsum_ptr,  # [T, H / 128] fp32 out
     out_ptr,  # [T, H] fp32 out, zeroed
     sorted_ptr,  # [T * TOPK] int32 out
@@ -74,6 +85,7 @@ def _moe_prep_kernel(
         n_groups = H // 128
         v = tl.arange(0, 128)
         act = _virtual_to_actual(v)
+        q = quarter_scale(v)
         gi = tl.arange(0, GB)
         row = pid.to(tl.int64)
         for g0 in range(0, n_groups, GB):
@@ -85,6 +97,8 @@ def _moe_prep_kernel(
             tl.store(xp_ptr + dst, xv, mask=gm[:, None])
             tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
             tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
+            xq = (xv.to(tl.float32) * q[None, :]).to(tl.float16)  # exact but for subnormals
+            tl.store(xp_ptr + T * H + dst, xq, mask=gm[:, None])
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
         ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
@@ -128,8 +142,9 @@ def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep) -> None
 def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
                device: torch.device | str) -> MoePrep:
     """Uninitialised buffers for moe_prepare (reuse them across steps / graphs)."""
+    planes = torch.empty(2, num_tokens, hidden, dtype=torch.float16, device=device)
     return MoePrep(
-        xp=torch.empty(num_tokens, hidden, dtype=torch.float16, device=device),
+        xp=planes[0], xq=planes[1],
         xsum=torch.empty(num_tokens, hidden // GROUP, dtype=torch.float32, device=device),
         out=torch.empty(num_tokens, hidden, dtype=torch.float32, device=device),
         sorted_ids=torch.empty(num_tokens * top_k, dtype=torch.int32, device=device),
@@ -137,6 +152,14 @@ def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
         active=torch.empty(num_experts, dtype=torch.int32, device=device),
         num_active=torch.empty(1, dtype=torch.int32, device=device),
     )
+
+
+def check_planes(first: torch.Tensor, second: torch.Tensor, name: str, second_name: str) -> None:
+    """The kernels reach `second` as `first` + numel: both must be contiguous
+    planes of one buffer."""
+    if not (first.is_contiguous() and second.is_contiguous() and first.shape == second.shape
+            and second.data_ptr() == first.data_ptr() + first.numel() * first.element_size()):
+        raise ValueError(f"{second_name} must be the contiguous plane after {name} in one buffer")
 
 
 def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
@@ -162,6 +185,7 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         prep = alloc_prep(t, topk_ids.shape[1], h, num_experts, x.device)
     elif prep.xp.shape != (t, h) or prep.sorted_ids.shape != (n_pairs,) or prep.active.shape != (num_experts,):
         raise ValueError("prep buffers do not match these sizes")
+    check_planes(prep.xp, prep.xq, "xp", "xq")
     do_sort = n_pairs <= MAX_PAIRS_IN_KERNEL
     _moe_prep_kernel[(t + 1,)](
         x, ids, prep.xp, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active,
@@ -179,9 +203,11 @@ def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: 
     t, h = x.shape
     xp = permute_groups(x.float().clamp(-FP16_MAX, FP16_MAX)).to(torch.float16)
     ids = topk_ids.reshape(-1).to(torch.int32)
+    xq = (xp.float().reshape(t, h // GROUP, GROUP) * quarter_scales().to(x.device)).to(torch.float16)
     prep = MoePrep(
         xp=xp,
         xsum=xp.float().reshape(t, h // GROUP, GROUP).sum(-1),
+        xq=xq.reshape(t, h),
         out=torch.zeros(t, h, dtype=torch.float32, device=x.device),
         sorted_ids=torch.empty(ids.numel(), dtype=torch.int32, device=x.device),
         offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=x.device),

@@ -14,7 +14,9 @@ How the decode stays cheap (instructions per weight, not per element):
   in, one shift and one and-or per field serve four weights (v3 stores a
   1-bit field's four lane weights one byte apart for this);
 * the code keeps its fixed 8-bit position whatever the view (t_b << (8 - b)),
-  the view's power of two goes into the scale;
+  the view's power of two goes into the scale; the 2-bit view alone is read
+  where it lies (each weight masked in place as a subnormal fp16 t 4^s 2^-24,
+  one LOP3 per pair), against activations staged pre-scaled by 4^-s;
 * lanes become fp16 pairs by OR-ing the exponent 0x6400: the pair reads as
   (1024 + q0, 1024 + q1), and the 1024 is folded into the group offset, so no
   per-weight conversion or subtraction remains;
@@ -78,12 +80,33 @@ def _split_pairs(lanes, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _decode_two_bit(f0, BN: tl.constexpr):
+    # One 2-bit field: fp16 [BN, 128] = t * 4^s * 2^-24 in the virtual K order
+    # (s = the weight's place in its byte lane): each weight is masked where it
+    # lies and read as a subnormal fp16, one LOP3 per pair and one shift per
+    # word (lanes 1 and 3), no offset to take out afterwards. The activations
+    # of this view are staged pre-scaled by 4^-s (weight_layout.quarter_scales)
+    # and block_matmul folds the 2^24 into the scale.
+    s = tl.arange(0, 4)[None, None, None, :]
+    mask = (0x00030003 << (2 * s)).to(tl.uint32)
+    even = f0[:, :, :, None] & mask  # lanes 0 and 2
+    odd = (f0 >> 8)[:, :, :, None] & mask  # lanes 1 and 3
+    pairs = tl.join(even, odd)  # [BN, c, word, s, ab]
+    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [.., e]
+    halves = tl.permute(halves, (0, 2, 3, 4, 1, 5))  # [BN, word, s, ab, c, e]
+    return tl.reshape(halves, (BN, 128)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
-    """fp16 [BN, 128] = 1024 + (t_b << (8 - b)) in the virtual K order.
+    """fp16 [BN, 128] = 1024 + (t_b << (8 - b)) in the virtual K order; for
+    one field (2 bits) t_2 * 4^s * 2^-24 instead (_decode_two_bit).
 
     f0, f3, f4: uint32 [BN, 4, 2] (2-bit fields: quarter c, word); f1, f2:
     uint32 [BN, 4] (1-bit fields: quarter c). Fields >= NF are ignored.
     """
+    if NF == 1:
+        return _decode_two_bit(f0, BN)
     s = tl.arange(0, 4)[None, None, None, :]
     lanes = _two_bit_lanes(f0, s, 6)
     if NF >= 2:
@@ -180,7 +203,7 @@ def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
 
 @triton.jit
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
                  BM: tl.constexpr, USE_ASM: tl.constexpr):
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
@@ -190,7 +213,9 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
     pointers [128, BM] to group 0 of the activation tile (virtual order);
     xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
-    partial sums per group, xs_group_stride apart per group.
+    partial sums per group, xs_group_stride apart per group. xq_off: element
+    offset from the activations to the same staged with quarter_scales, which
+    the one-field (2-bit) decode reads.
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
     """
@@ -220,7 +245,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     sa, sb, sk = tile_pages(pt_blk_ptr + (NF - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
     # t_b << (8 - b) is what the decode yields: fold 2^-(8-b) into the scale.
     if NF == 1:
-        inv_step = 1.0 / 64.0
+        inv_step = 16777216.0  # 2^24: _decode_two_bit reads t 4^s as a subnormal
     elif NF == 2:
         inv_step = 1.0 / 32.0
     elif NF == 3:
@@ -280,11 +305,16 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             if NF >= 5:
                 f4 = _load_two_bit(arena_ptr, p4, g)
             w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
-            xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
-            part = tl.dot(w, xt)  # [BN, BM] = sum (1024 + q) x
+            if NF == 1:
+                # sum (t 4^s 2^-24) (x 4^-s) = 2^-24 sum t x: no 1024 to take out
+                xt = tl.load(xt_ptrs + xq_off + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
+            else:
+                xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
+            part = tl.dot(w, xt)  # [BN, BM] = sum (1024 + q) x, or 2^-24 sum t x
             scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
             offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-            offset = offset - 1024.0 * scale
+            if NF != 1:
+                offset = offset - 1024.0 * scale
             acc = acc + part * scale[:, None]
             acc = acc + offset[:, None] * xs[None, :]
         gs = ge
@@ -293,23 +323,23 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
 
 @triton.jit
 def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                      USE_ASM: tl.constexpr):
     """block_matmul specialised on the block's run-time field count nf (1..5)."""
     if nf == 1:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 1, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 1, BN, BM, USE_ASM)
     elif nf == 2:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 2, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 2, BN, BM, USE_ASM)
     elif nf == 3:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 3, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 3, BN, BM, USE_ASM)
     elif nf == 4:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 4, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 4, BN, BM, USE_ASM)
     else:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, 5, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 5, BN, BM, USE_ASM)
     return acc

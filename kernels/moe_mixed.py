@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import FP16_MAX, MoePrep, alloc_prep, moe_prepare
+from kernels.moe_align import FP16_MAX, MoePrep, alloc_prep, check_planes, moe_prepare, quarter_scale
 from kernels.moe_decode import block_matmul_any
 from kernels.moe_tiles import DEFAULT_SMS, PROGRAMS_PER_SM, MoeTiles, choose_tiles
 from kernels.smem_carveout import limit_carveout_once
@@ -58,20 +58,20 @@ class PagedWeights:
 @triton.jit
 def _gate_up_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr, hsum_ptr,
                    start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                   BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+                   q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows; per tile, the second of the gate/up pair to arrive
     # (counters[tile index]) combines SiLU(gate) * up.
     for m0 in range(start, end, BM):
         _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
                       counters + (m0 - start) // BM, h_ptr, hsum_ptr, m0, end, n, rows, col, tile, which,
-                      H, F, pt_field_stride, log2p, top_k, BN, BM, USE_ASM)
+                      H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr, hsum_ptr,
                   m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                  BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -81,7 +81,7 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
     xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
     xs_ptrs = xsum_ptr + tok * (H // 128)
     acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
-                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1,
+                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x,
                            1, BN, BM, USE_ASM)
     keep = (n < F)[:, None] & valid[None, :]
     pos64 = pos.to(tl.int64)
@@ -98,12 +98,28 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
         tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
         tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
         tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
+        # The plane the down projection's 2-bit blocks read (kernels/moe_align.py).
+        _store_quarter_scaled(h_ptr + q_h, pos64, F, col, h16, keep, USE_ASM)
         tl.atomic_xchg(counter, 0)
+
+
+@triton.jit
+def _store_quarter_scaled(hq_ptr, pos64, F, col, h16, keep, USE_ASM: tl.constexpr):
+    # hq = h16 * 4^-s by position: the plane the down projection's 2-bit
+    # blocks read (kernels/moe_align.py). The compiler hoisted the per-row
+    # factors above the K loop, where they took registers that every loop of
+    # the launch then lacked (local sm_90 SASS: 4-bit loop 449 -> 466
+    # instructions); a side-effecting copy of col pins them here.
+    if USE_ASM:
+        col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
+                                        is_pure=False, pack=1)
+    hq = (h16.to(tl.float32) * quarter_scale(col % 128)[:, None]).to(tl.float16)
+    tl.store(hq_ptr + pos64[None, :] * F + col[:, None], hq, mask=keep)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
 def _moe_gate_up_kernel(
-    xp_ptr,  # [T, H] fp16, x in virtual in-group order
+    xp_ptr,  # [2, T, H] fp16, x in virtual in-group order; then quarter-scaled
     xsum_ptr,  # [T, H / 128] fp32 group sums of xp
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
     offsets_ptr,  # [E + 1] int32
@@ -114,9 +130,10 @@ def _moe_gate_up_kernel(
     bf_ptr,  # [num_blocks] int32 resident field count per block
     gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
-    h_ptr,  # [T * top_k, F] fp16 out, sorted order, virtual in-group order
+    h_ptr,  # [2, T * top_k, F] fp16 out, sorted order, virtual in-group order; then quarter-scaled
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
+    q_x, q_h,  # element offsets of the second planes of xp and h
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
@@ -146,7 +163,7 @@ def _moe_gate_up_kernel(
                 + (a // 32) * 2 + (a // 8) % 2
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
-                    start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k)
+                    start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k, q_x, q_h)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
@@ -161,18 +178,18 @@ def _moe_gate_up_kernel(
 
 @triton.jit
 def _down_tiles(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
-                g0, g1, H, F, pt_field_stride, log2p, top_k,
+                g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
                 BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
     # Tokens [start, end), BM at a time, through BN rows of the down block
     # over groups [g0, g1), weighted and added into out.
     for m0 in range(start, end, BM):
         _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
-                   g0, g1, H, F, pt_field_stride, log2p, top_k, BN, BM, HS_SUB, USE_ASM)
+                   g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM)
 
 
 @triton.jit
 def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
-               g0, g1, H, F, pt_field_stride, log2p, top_k,
+               g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
@@ -182,7 +199,7 @@ def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, ou
     xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
     xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
     acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
-                           log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB,
+                           log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB, q_x,
                            HS_SUB, BN, BM, USE_ASM)
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
     tok = (flat // top_k).to(tl.int64)
@@ -193,7 +210,7 @@ def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, ou
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
 def _moe_down_kernel(
-    h_ptr,  # [T * top_k, F] fp16, sorted order, virtual in-group order
+    h_ptr,  # [2, T * top_k, F] fp16, sorted order, virtual in-group order; then quarter-scaled
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
     offsets_ptr,  # [E + 1] int32
@@ -205,6 +222,7 @@ def _moe_down_kernel(
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
+    q_x,  # element offset of the second plane of h
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
     USE_ASM: tl.constexpr,
 ):
@@ -226,7 +244,7 @@ def _moe_down_kernel(
             rows = tl.minimum(n, H - 1)
             pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
             args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
-                    g0, g1, H, F, pt_field_stride, log2p, top_k)
+                    g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
             if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
                 if end - start <= BM:
                     _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
@@ -266,6 +284,7 @@ class MoeWorkspace:
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
+    hq: torch.Tensor  # h quarter-scaled (the plane after h in one buffer)
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
 
@@ -274,12 +293,12 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                     tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
     pairs = num_tokens * top_k
     m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
+    h = torch.empty(2, pairs, ffn, dtype=torch.float16, device=device)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
-        h=torch.empty(pairs, ffn, dtype=torch.float16, device=device),
-        hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
+        h=h[0], hq=h[1], hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
     )
 
 
@@ -333,11 +352,14 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     pt = weights.page_table
     if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
         raise ValueError("workspace was allocated for other tiles")
+    _check_h_planes(ws)
     kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
         ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
-        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2], BN=tiles.block_n_up, BM=tiles.block_m,
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
+        ws.prep.xp.numel(), ws.h.numel(),
+        BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
@@ -354,14 +376,21 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     split = triton.cdiv(n_groups, per_split)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
+    _check_h_planes(ws)
     kernel = _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
-        per_split, top_k, BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
+        per_split, top_k, ws.h.numel(),
+        BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
     _settle_carveout(ws, kernel, tiles)
+
+
+def _check_h_planes(ws: MoeWorkspace) -> None:
+    check_planes(ws.prep.xp, ws.prep.xq, "xp", "xq")
+    check_planes(ws.h, ws.hq, "h", "hq")
 
 
 def _settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:

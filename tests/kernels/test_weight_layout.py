@@ -45,3 +45,12 @@ def test_virtual_order_is_a_permutation_of_each_group():
     xp = wl.permute_groups(x)
     assert torch.equal(xp[0, :128].sort().values, x[0, :128])
     assert torch.equal(xp[0, 128:], x[0, 128 + idx])
+
+
+def test_quarter_scales_follow_the_two_bit_lane_places():
+    # Virtual position v holds the weight at place s = (v // 16) % 4 of its
+    # byte lane (bits 2s, 2s + 1): its activation is staged times 4^-s.
+    q = wl.quarter_scales()
+    v = torch.arange(wl.GROUP)
+    assert q.shape == (wl.GROUP,)
+    assert torch.equal(q * 4.0 ** ((v // 16) % 4).float(), torch.ones(wl.GROUP))
