@@ -32,6 +32,7 @@ from dataplane.precision.ladder import WalkLimits
 from dataplane.scheduler import ReclaimPages, Scheduler, SchedulerConfig
 from dataplane.weights.layout import expert_tile_bytes
 from dataplane.weights.transform import quantize_experts
+from kernels.moe_workspace import workspace_bytes
 from kernels.paged_attention import MIN_DOT
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,17 @@ def resident_bytes(model: nn.Module, exclude: Callable[[str], bool] | None = Non
 
 
 def estimate_workspace_bytes(spec: MixtralSpec, config: DataplaneConfig, dtype: torch.dtype) -> int:
-    """Peak activation bytes of one step (an estimate, counted as resident)."""
+    """Peak activation bytes of one step (an estimate, counted as resident).
+
+    The MoE block takes the larger of its two paths: the torch path's gate,
+    up and SiLU outputs, or the fused kernels' scratch (kernels/moe_workspace.py:
+    fp32 gate/up pre-activations, two planes of h and of x, the fp32 output)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    per_token = WORKSPACE_HIDDEN_COPIES * spec.hidden_size + spec.top_k * 3 * spec.intermediate_size
+    tokens = config.max_batched_tokens
+    torch_moe = tokens * spec.top_k * 3 * spec.intermediate_size * elem
+    fused_moe = workspace_bytes(tokens, spec.top_k, spec.hidden_size, spec.intermediate_size, spec.num_experts)
     logits = config.max_running_seqs * spec.vocab_size * FLOAT32_BYTES * LOGITS_COPIES
-    return config.max_batched_tokens * per_token * elem + logits
+    return tokens * WORKSPACE_HIDDEN_COPIES * spec.hidden_size * elem + max(torch_moe, fused_moe) + logits
 
 
 def plan_memory(

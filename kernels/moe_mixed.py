@@ -21,15 +21,16 @@ host-only experts (or accepts that they contribute nothing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import FP16_MAX, MoePrep, alloc_prep, check_planes, moe_prepare, quarter_scale
+from kernels.moe_align import FP16_MAX, check_planes, moe_prepare, quarter_scale
 from kernels.moe_decode import block_matmul_any
 from kernels.moe_tiles import DEFAULT_SMS, PROGRAMS_PER_SM, MoeTiles, choose_tiles
+from kernels.moe_workspace import MoeWorkspace, alloc_workspace
 from kernels.smem_carveout import limit_carveout_once
 from kernels.weight_layout import (
     FIELD_WIDTHS,
@@ -275,31 +276,6 @@ def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: 
     if not (storage.device == pt.device == bf.device):
         raise ValueError("storage, page_table and block_fields must be on one device")
     return page_bytes.bit_length() - 1
-
-
-@dataclass
-class MoeWorkspace:
-    prep: MoePrep
-    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
-    counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
-    h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
-    hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
-    hq: torch.Tensor  # h quarter-scaled (the plane after h in one buffer)
-    # Loaded kernels (CUfunction handles) whose carveout this workspace set.
-    carveouts_set: set[int] = field(default_factory=set)
-
-
-def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
-                    tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
-    pairs = num_tokens * top_k
-    m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
-    h = torch.empty(2, pairs, ffn, dtype=torch.float16, device=device)
-    return MoeWorkspace(
-        prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
-        gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
-        counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
-        h=h[0], hq=h[1], hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
-    )
 
 
 def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,

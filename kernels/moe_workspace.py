@@ -1,0 +1,55 @@
+"""Scratch buffers of the fused MoE launches (kernels/moe_mixed.py), and what
+they cost: alloc_workspace allocates them, workspace_bytes counts them for
+memory planning without allocating (on the meta device)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+import triton
+
+from kernels.moe_align import MoePrep, alloc_prep
+from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.weight_layout import GROUP
+
+
+@dataclass
+class MoeWorkspace:
+    prep: MoePrep
+    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
+    counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
+    h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
+    hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
+    hq: torch.Tensor  # h quarter-scaled (the plane after h in one buffer)
+    # Loaded kernels (CUfunction handles) whose carveout this workspace set.
+    carveouts_set: set[int] = field(default_factory=set)
+
+
+def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
+                    tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
+    pairs = num_tokens * top_k
+    m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
+    h = torch.empty(2, pairs, ffn, dtype=torch.float16, device=device)
+    return MoeWorkspace(
+        prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
+        gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
+        counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
+        h=h[0], hq=h[1], hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
+    )
+
+
+def workspace_bytes(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
+                    tiles: MoeTiles | None = None) -> int:
+    """Bytes alloc_workspace takes for these sizes (0 where the fused kernels
+    do not apply: hidden or ffn not a multiple of 128). tiles: default the
+    launch shape fused_moe_mixed would choose."""
+    if hidden % GROUP or ffn % GROUP or num_tokens <= 0:
+        return 0
+    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, ffn)
+    ws = alloc_workspace(num_tokens, top_k, hidden, ffn, num_experts, tiles, "meta")
+    parts = [getattr(ws.prep, f.name) for f in fields(ws.prep)]
+    parts += [getattr(ws, f.name) for f in fields(ws)]
+    # Each plane (xp / xq, h / hq) is half of one buffer: counting both halves
+    # counts the buffer once.
+    return sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
