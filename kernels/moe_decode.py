@@ -117,8 +117,7 @@ def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM:
         lanes = lanes | _two_bit_lanes(f3, s, 2)
     if NF >= 5:
         lanes = lanes | _two_bit_lanes(f4, s, 0)
-    # With one field ptxas already fuses mask and exponent into one LOP3; the
-    # byte permute only pays when lanes hold several fields.
+    # (The compiler traces this part for NF == 1 too, hence the NF guards.)
     even, odd = _split_pairs(lanes, USE_ASM and NF >= 2)
     pairs = tl.join(even, odd)  # [BN, c, word, s, ab]
     halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [.., e]
