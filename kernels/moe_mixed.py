@@ -99,7 +99,6 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
         tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
         tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
         tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
-        # The plane the down projection's 2-bit blocks read (kernels/moe_align.py).
         _store_quarter_scaled(h_ptr + q_h, pos64, F, col, h16, keep, USE_ASM)
         tl.atomic_xchg(counter, 0)
 
@@ -365,7 +364,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
 
 
 def _check_h_planes(ws: MoeWorkspace) -> None:
-    check_planes(ws.prep.xp, ws.prep.xq, "xp", "xq")
+    # The xp / xq planes are checked by moe_prepare.
     check_planes(ws.h, ws.hq, "h", "hq")
 
 

@@ -185,8 +185,9 @@ def virtual_to_actual() -> torch.Tensor:
 def quarter_scales() -> torch.Tensor:
     """fp32 [128]: 4^-s of each virtual position, s = (v // 16) % 4 the place
     of its weight inside a 2-bit field's byte lane. The 2-bit decode reads a
-    weight where it lies, as 1024 + t * 4^s (kernels/moe_decode.py); its
-    activations are staged pre-scaled by these factors."""
+    weight where it lies, as the subnormal fp16 t * 4^s * 2^-24
+    (kernels/moe_decode.py); its activations are staged pre-scaled by these
+    factors."""
     v = torch.arange(GROUP)
     return torch.pow(4.0, -((v // 16) % 4).float())
 
