@@ -1,10 +1,13 @@
 """MoE step preparation in one launch: sort tokens by expert and stage activations.
 
-Programs 0..T-1 each take one token: copy its row to fp16 in the MoE kernels'
-in-group K order, store its per-group sums, zero its output row. Program T
-sorts the T * top_k (token, slot) pairs by expert (stable), writes the expert
-offsets and the compacted list of experts that got tokens. Nothing here needs
-a host sync, so the step can run under CUDA graphs.
+Program 0 sorts the T * top_k (token, slot) pairs by expert (stable), writes
+the expert offsets and the compacted list of experts that got tokens. The
+other programs each take GROUPS_PER_STEP groups of one token's row: copy them
+to fp16 in the MoE kernels' in-group K order, store their sums, zero the same
+part of the output row. One chunk per program, not one row: at decode sizes a
+row per program left a few programs looping over their row one chunk after
+another (Mixtral B=1: two programs, four dependent chunks each). Nothing here
+needs a host sync, so the step can run under CUDA graphs.
 
 Outputs (all device tensors):
 * xp        fp16  [T, H]   x in virtual in-group order (weight_layout), clamped to fp16
@@ -77,28 +80,28 @@ def _moe_prep_kernel(
     offsets_ptr,  # [E + 1] int32 out
     active_ptr,  # [E] int32 out
     num_active_ptr,  # [1] int32 out
-    T, H, stride_x, E, n_pairs,
+    T, H, stride_x, E, n_pairs, n_chunks,
     GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, DO_SORT: tl.constexpr,
 ):
+    # Program 0 sorts (it has the longest chain); program 1 + r * n_chunks + c
+    # stages chunk c (GB groups) of token row r.
     pid = tl.program_id(0)
-    if pid < T:
+    if pid > 0:
         n_groups = H // 128
         v = tl.arange(0, 128)
         act = _virtual_to_actual(v)
         q = quarter_scale(v)
-        gi = tl.arange(0, GB)
-        row = pid.to(tl.int64)
-        for g0 in range(0, n_groups, GB):
-            gg = g0 + gi
-            gm = gg < n_groups
-            xv = tl.load(x_ptr + row * stride_x + gg[:, None] * 128 + act[None, :], mask=gm[:, None], other=0.0)
-            xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-            dst = row * H + gg[:, None] * 128 + v[None, :]
-            tl.store(xp_ptr + dst, xv, mask=gm[:, None])
-            tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
-            tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
-            xq = (xv.to(tl.float32) * q[None, :]).to(tl.float16)  # exact but for subnormals
-            tl.store(xp_ptr + T * H + dst, xq, mask=gm[:, None])
+        row = ((pid - 1) // n_chunks).to(tl.int64)
+        gg = ((pid - 1) % n_chunks) * GB + tl.arange(0, GB)
+        gm = gg < n_groups
+        xv = tl.load(x_ptr + row * stride_x + gg[:, None] * 128 + act[None, :], mask=gm[:, None], other=0.0)
+        xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+        dst = row * H + gg[:, None] * 128 + v[None, :]
+        tl.store(xp_ptr + dst, xv, mask=gm[:, None])
+        tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
+        tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
+        xq = (xv.to(tl.float32) * q[None, :]).to(tl.float16)  # exact but for subnormals
+        tl.store(xp_ptr + T * H + dst, xq, mask=gm[:, None])
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
         ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
@@ -187,9 +190,10 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         raise ValueError("prep buffers do not match these sizes")
     check_planes(prep.xp, prep.xq, "xp", "xq")
     do_sort = n_pairs <= MAX_PAIRS_IN_KERNEL
-    _moe_prep_kernel[(t + 1,)](
+    n_chunks = triton.cdiv(h // GROUP, GROUPS_PER_STEP)
+    _moe_prep_kernel[(1 + t * n_chunks,)](
         x, ids, prep.xp, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active,
-        prep.num_active, t, h, x.stride(0), num_experts, n_pairs,
+        prep.num_active, t, h, x.stride(0), num_experts, n_pairs, n_chunks,
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
         E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort, num_warps=4,
     )

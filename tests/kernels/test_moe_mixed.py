@@ -106,12 +106,18 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort):
         monkeypatch.setattr(moe_align, "MAX_PAIRS_IN_KERNEL", 4)
     torch.manual_seed(9)
     t, k, e = 7, 3, 6
-    x = torch.randn(t, 384, dtype=torch.bfloat16)
+    # 11 groups: a full chunk of moe_align.GROUPS_PER_STEP and a partial one per row
+    h = 11 * wl.GROUP
+    x = torch.randn(t, h, dtype=torch.bfloat16)
     x[0, 0] = 1e6  # clamped to fp16 max
     ids = torch.randint(0, e, (t, k))
     ids[2, 1] = -1
-    got = moe_prepare(x.to(device), ids.to(device), e)
+    prep = moe_align.alloc_prep(t, k, h, e, device)
+    for buf in (prep.xp, prep.xq, prep.xsum, prep.out):
+        buf.fill_(float("nan"))  # every element must be written
+    got = moe_prepare(x.to(device), ids.to(device), e, prep)
     ref = moe_prepare_reference(x, ids, e)
+    assert torch.equal(got.out.cpu(), ref.out)
     assert torch.equal(got.xp.cpu(), ref.xp)
     assert torch.equal(got.xq.cpu(), ref.xq)
     assert torch.allclose(got.xsum.cpu(), ref.xsum, rtol=1e-5, atol=1e-3)
