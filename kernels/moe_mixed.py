@@ -208,23 +208,7 @@ def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, ou
     tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep, sem="relaxed")
 
 
-# Relative time per weight group of each view (index = resident fields) in the
-# down launch, from the layer's times per view (Mixtral B=16,
-# benchmarks/results/moe_h200_s10.json: 2 / 3 / 4 / 6 / 8 bits at 255 / 315 /
-# 351 / 410 / 478 us, in units of ~32 us); index 0 (host-only) costs nothing.
-DOWN_GROUP_COST = (0, 8, 10, 11, 13, 15)
-_COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in DOWN_GROUP_COST[1:])
-
-
-@triton.jit
-def _group_cost(nf, BY_BITS: tl.constexpr):
-    if BY_BITS:
-        return tl.where(nf == 1, _COST1, tl.where(nf == 2, _COST2, tl.where(
-            nf == 3, _COST3, tl.where(nf == 4, _COST4, tl.where(nf >= 5, _COST5, 0)))))
-    return tl.where(nf > 0, 1, 0)
-
-
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "progs_per_tile"])
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "groups_per_split"])
 def _moe_down_kernel(
     h_ptr,  # [2, T * top_k, F] fp16, sorted order, virtual in-group order; then quarter-scaled
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
@@ -237,62 +221,37 @@ def _moe_down_kernel(
     pt_ptr,  # [num_blocks, 5, max_pages] int32
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, progs_per_tile, top_k,
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, groups_per_split, top_k,
     q_x,  # element offset of the second plane of h
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-    USE_ASM: tl.constexpr, E_PAD: tl.constexpr, COST_BY_BITS: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
-    # Program (n, p): rows [n BN, +BN) of the down blocks, share p of
-    # progs_per_tile of their work. The work of a row tile is the active
-    # experts' groups laid end to end, each group weighted by its view's cost
-    # (DOWN_GROUP_COST; all 1 without COST_BY_BITS); program p takes the groups
-    # whose first unit falls in [p total / P, (p + 1) total / P). So with equal
-    # views every program streams one K range of one expert, and with mixed
-    # views a program may finish one expert's range and start the next
-    # instead of the launch waiting on the slowest views' programs.
     pid_n = tl.program_id(0)
-    pid_p = tl.program_id(1)
-    n_groups = F // 128
-    n_act = tl.load(num_active_ptr)
-    e = tl.arange(0, E_PAD)
-    live = e < n_act
-    blks = block0 + tl.load(active_ptr + e, mask=live, other=0) * 3
-    nf_g = tl.load(bf_ptr + blks, mask=live, other=0)
-    nf_u = tl.load(bf_ptr + blks + 1, mask=live, other=0)
-    nf_d = tl.load(bf_ptr + blks + 2, mask=live, other=0)
-    unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d, COST_BY_BITS), 0)  # [E_PAD]
-    ends = tl.cumsum(unit * n_groups, axis=0)  # [E_PAD] end of each slot's work
-    total = tl.sum(unit * n_groups, axis=0).to(tl.int64)
-    lo = (pid_p * total // progs_per_tile).to(tl.int32)
-    hi = ((pid_p + 1) * total // progs_per_tile).to(tl.int32)
-    first = tl.sum((ends <= lo).to(tl.int32), axis=0)
-    last = tl.sum((ends - unit * n_groups < hi).to(tl.int32), axis=0)
-    n = pid_n * BN + tl.arange(0, BN)
-    rows = tl.minimum(n, H - 1)
-    for slot in range(first, last):
-        here = e == slot
-        c = tl.sum(tl.where(here, unit, 0), axis=0)
-        if c > 0:
-            begin = tl.sum(tl.where(here, ends, 0), axis=0) - c * n_groups
-            # groups whose first unit begin + g c lies in [lo, hi)
-            g0 = tl.maximum(lo - begin + c - 1, 0) // c
-            g1 = tl.minimum(tl.maximum(hi - begin + c - 1, 0) // c, n_groups)
-            if g0 < g1:
-                expert = tl.load(active_ptr + slot)
-                blk = block0 + expert * 3
-                nf = tl.load(bf_ptr + blk + 2)
-                start = tl.load(offsets_ptr + expert)
-                end = tl.load(offsets_ptr + expert + 1)
-                pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
-                args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf, out_ptr, start, end, n,
-                        rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
-                if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
-                    if end - start <= BM:
-                        _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
-                    else:
-                        _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
-                else:
+    pid_k = tl.program_id(1)
+    slot = tl.program_id(2)
+    g0 = pid_k * groups_per_split
+    g1 = tl.minimum(g0 + groups_per_split, F // 128)
+    if (slot < tl.load(num_active_ptr)) & (g0 < g1):
+        expert = tl.load(active_ptr + slot)
+        blk = block0 + expert * 3
+        nf_g = tl.load(bf_ptr + blk)
+        nf_u = tl.load(bf_ptr + blk + 1)
+        nf_d = tl.load(bf_ptr + blk + 2)
+        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
+            start = tl.load(offsets_ptr + expert)
+            end = tl.load(offsets_ptr + expert + 1)
+            n = pid_n * BN + tl.arange(0, BN)
+            rows = tl.minimum(n, H - 1)
+            pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
+            args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
+                    g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
+            if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
+                if end - start <= BM:
                     _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+                else:
+                    _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
+            else:
+                _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
 
 
 def _check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: int) -> int:
@@ -387,21 +346,19 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up)."""
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
-    # split_k programs per expert slot and row tile, as many in all per row
-    # tile; each takes an equal share of the row tile's weighted work.
-    progs_per_tile = min(max(1, tiles.split_k), ffn // GROUP) * slots
+    n_groups = ffn // GROUP
+    per_split = triton.cdiv(n_groups, max(1, tiles.split_k))
+    split = triton.cdiv(n_groups, per_split)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
     _check_h_planes(ws)
-    kernel = _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), progs_per_tile)](
+    kernel = _moe_down_kernel[(triton.cdiv(hidden, tiles.block_n_down), split, slots)](
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
-        progs_per_tile, top_k, ws.h.numel(),
+        per_split, top_k, ws.h.numel(),
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
-        E_PAD=triton.next_power_of_2(max(num_experts, 16)), COST_BY_BITS=tiles.down_cost_by_bits,
-        **tiles.launch_options(),
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm, **tiles.launch_options(),
     )
     _settle_carveout(ws, kernel, tiles)
 

@@ -57,7 +57,6 @@ class MoeTiles:
     maxnreg: int | None = None
     block_m_wide: int = 0
     limit_carveout: bool = True
-    down_cost_by_bits: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -80,7 +79,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
-                 limit_carveout: bool = True, down_cost_by_bits: bool = True) -> MoeTiles:
+                 limit_carveout: bool = True) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -113,5 +112,4 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                    down_cost_by_bits=down_cost_by_bits)
+                    block_m_wide=block_m_wide, limit_carveout=limit_carveout)

@@ -32,17 +32,15 @@ def mixed_fields(layer, e, proj):
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-@pytest.mark.parametrize("bn_up,split,by_bits", [(128, 2, True), (64, 3, True), (128, 2, False)])
-def test_mixed_bits_in_one_launch(device, bn_up, split, by_bits):
-    # by_bits: the down launch shares each row tile's work by view cost, so
-    # programs start and end inside an expert's K range; else by groups.
+@pytest.mark.parametrize("bn_up,split", [(128, 2), (64, 3)])
+def test_mixed_bits_in_one_launch(device, bn_up, split):
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     t = 6
     x = torch.randn(t, H)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split, down_cost_by_bits=by_bits)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
