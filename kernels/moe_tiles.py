@@ -45,6 +45,10 @@ class MoeTiles:
     but saves a pass over the weights of every expert over block_m tokens
     (random routing at B=64: 426 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
+    balance_down: the down launch's programs share each row tile's work by
+    view cost (kernels/moe_mixed.py, DOWN_GROUP_COST), so that in a mixed
+    state no program holds a whole K range of a wide view while others idle;
+    False: split_k equal K ranges per expert.
     """
 
     block_n_up: int = 128
@@ -57,6 +61,7 @@ class MoeTiles:
     maxnreg: int | None = None
     block_m_wide: int = 0
     limit_carveout: bool = True
+    balance_down: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -66,6 +71,13 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
+
+    def down_grid(self, num_tokens: int, top_k: int, num_experts: int, hidden: int,
+                  ffn: int) -> tuple[int, int]:
+        """(row tiles of H, programs per row tile) of the down launch: split_k
+        programs per expert slot, which share the row tile's work."""
+        slots = min(num_experts, num_tokens * top_k)
+        return triton.cdiv(hidden, self.block_n_down), min(max(1, self.split_k), ffn // GROUP) * slots
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -79,7 +91,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
-                 limit_carveout: bool = True) -> MoeTiles:
+                 limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
@@ -103,6 +115,11 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # B=64 (mean 16) 431 us with it and 570 us without.
         likely_over = per_expert > block_m / 2
         block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
+    if balance_down is None:
+        # Not with the wide tile: there Triton 3.6 keeps fewer address words
+        # in registers and the 16-token loops grow (4-bit: 429 -> 461
+        # instructions per step in the SASS).
+        balance_down = block_m_wide == 0
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active
@@ -112,4 +129,5 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
-                    block_m_wide=block_m_wide, limit_carveout=limit_carveout)
+                    block_m_wide=block_m_wide, limit_carveout=limit_carveout,
+                    balance_down=balance_down)

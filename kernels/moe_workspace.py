@@ -22,8 +22,14 @@ class MoeWorkspace:
     h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
     hq: torch.Tensor  # h quarter-scaled (the plane after h in one buffer)
+    down_plan: torch.Tensor  # [down programs, down_plan_width(E)] int32, the down launch's scratch
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
+
+
+def down_plan_width(num_experts: int) -> int:
+    """Expert slots one row of the down launch's plan holds (a power of two)."""
+    return triton.next_power_of_2(max(num_experts, 16))
 
 
 def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
@@ -31,11 +37,14 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     pairs = num_tokens * top_k
     m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
     h = torch.empty(2, pairs, ffn, dtype=torch.float16, device=device)
+    row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
         h=h[0], hq=h[1], hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
+        down_plan=torch.empty(row_tiles * progs_per_tile, down_plan_width(num_experts), dtype=torch.int32,
+                              device=device),
     )
 
 

@@ -32,23 +32,25 @@ def mixed_fields(layer, e, proj):
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-@pytest.mark.parametrize("bn_up,split", [(128, 2), (64, 3)])
-def test_mixed_bits_in_one_launch(device, bn_up, split):
+@pytest.mark.parametrize("bn_up,split,balance", [(128, 2, True), (64, 3, True), (128, 2, False), (64, 3, False)])
+def test_mixed_bits_in_one_launch(device, bn_up, split, balance):
+    # balance: the down launch shares each row tile's work by view cost, so
+    # programs start and end inside an expert's K range; else equal K splits.
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     t = 6
     x = torch.randn(t, H)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split, balance_down=balance)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("t,wide", [(20, 0), (20, 32), (40, 32)])
-def test_few_experts_host_only_and_token_loop(device, t, wide):
+@pytest.mark.parametrize("t,wide,balance", [(20, 0, False), (20, 32, False), (40, 32, False), (40, 32, True)])
+def test_few_experts_host_only_and_token_loop(device, t, wide, balance):
     # t tokens on two experts (more than one 16-token tile each: several
     # tiles, one wide tile, or several wide tiles), one slot routed to a
     # host-only expert, one slot ignored (-1).
@@ -61,7 +63,7 @@ def test_few_experts_host_only_and_token_loop(device, t, wide):
     ids[0, 1] = 2
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide, balance_down=balance)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
@@ -133,9 +135,10 @@ def test_tiles_validate_and_widen_only_when_needed():
     with pytest.raises(ValueError, match="block_m "):
         MoeTiles(block_m=24)
     assert choose_tiles(16, 2, 8, 4096, 14336).block_m_wide == 0  # at most 16 tokens per expert
+    assert choose_tiles(16, 2, 8, 4096, 14336).balance_down  # shared down work, but not with the wide tile
     assert choose_tiles(32, 2, 8, 4096, 14336).block_m_wide == 0  # mean 8 per expert: rarely over 16
     wide = choose_tiles(64, 2, 8, 4096, 14336)
-    assert (wide.block_m, wide.block_m_wide) == (16, 32)
+    assert (wide.block_m, wide.block_m_wide) == (16, 32) and not wide.balance_down
     assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
     assert choose_tiles(64, 4, 60, 2048, 1408).block_m_wide == 0  # Qwen: mean 4.3 tokens per expert
     assert choose_tiles(256, 2, 8, 4096, 14336).block_m_wide == 0  # 64-token tiles already

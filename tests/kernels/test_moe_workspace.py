@@ -10,7 +10,7 @@ from kernels.moe_workspace import alloc_workspace, workspace_bytes
 
 
 def allocated_bytes(ws) -> int:
-    tensors = [ws.gu, ws.counts, ws.h, ws.hq, ws.hsum, ws.prep.xp, ws.prep.xq, ws.prep.xsum, ws.prep.out,
+    tensors = [ws.gu, ws.counts, ws.h, ws.hq, ws.hsum, ws.down_plan, ws.prep.xp, ws.prep.xq, ws.prep.xsum, ws.prep.out,
                ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
