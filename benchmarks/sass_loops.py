@@ -1,0 +1,136 @@
+"""Instruction counts of the fused MoE kernels' inner loops, from an sm_90
+compile on this machine (no GPU needed: Triton's wheel carries ptxas and
+cuobjdump).
+
+The counts depend on the Triton version. The H200 image runs Triton 3.6, and
+session 10 found a kernel that compiled well with the local 3.9 and badly with
+3.6 (benchmarks/NOTES.md). To see what the device will run, compile with the
+3.6 wheel kept in /opt/pypi:
+
+    python -m pip install --no-deps --target /tmp/t36 \\
+        /opt/pypi/files/triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+    PYTHONPATH=/tmp/t36:. .venv/bin/python benchmarks/sass_loops.py down --balance
+
+Prints, per inner loop (a backward branch around tensor-core products; one
+per view the launch is specialised for), its instructions and the counts of
+the opcodes that mattered so far, then the kernel's registers and stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels import moe_mixed  # noqa: E402
+from kernels.moe_workspace import down_plan_width  # noqa: E402
+
+KERNELS = {"gate_up": moe_mixed._moe_gate_up_kernel, "down": moe_mixed._moe_down_kernel}
+FP16_POINTERS = {"xp_ptr", "h_ptr"}
+FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr"}
+# Integer arguments the launches pass as multiples of 16 (Triton specialises
+# those as divisible by 16; the counts differ without it).
+DIVISIBLE_INTS = {"H", "F", "pt_block_stride", "pt_field_stride", "q_x", "q_h"}
+COUNTED = ("HGMMA", "LOP3", "SHF", "PRMT", "IMAD.U32", "R2UR", "LDS", "LDGSTS", "BAR.SYNC", "STL", "LDL")
+SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+BRANCH_TARGET = re.compile(r"BRA (?:`\()?[^0-9]*?(0x[0-9a-f]+)")
+RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
+
+
+@dataclass(frozen=True)
+class Loop:
+    start: int
+    instructions: int
+    counts: dict
+
+
+def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int):
+    kernel = KERNELS[name]
+    signature, attrs = {}, {}
+    for i, arg in enumerate(kernel.arg_names):
+        if arg in constexprs:
+            signature[arg] = "constexpr"
+        elif arg.endswith("_ptr"):
+            signature[arg] = "*fp16" if arg in FP16_POINTERS else "*fp32" if arg in FP32_POINTERS else "*i32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[arg] = "i32"
+            if arg in DIVISIBLE_INTS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def cuobjdump(*args: str) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), *args], capture_output=True, text=True, check=True).stdout
+
+
+def inner_loops(sass: str) -> list[Loop]:
+    """Innermost backward-branch loops that hold tensor-core products."""
+    code = [(int(m.group(1), 16), m.group(2).strip()) for m in map(SASS_LINE.match, sass.splitlines()) if m]
+    mma = [addr for addr, text in code if "HGMMA" in text or "HMMA" in text]
+    loops = set()
+    for addr, text in code:
+        target = BRANCH_TARGET.search(text)
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            if any(lo <= a <= addr for a in mma):
+                loops.add((lo, addr))
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    out = []
+    for lo, hi in sorted(inner):
+        body = [text for addr, text in code if lo <= addr <= hi]
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
+        counts = {c: sum(n for op, n in ops.items() if op.startswith(c)) for c in COUNTED}
+        out.append(Loop(lo, len(body), counts))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kernel", choices=sorted(KERNELS))
+    ap.add_argument("--block-n", type=int, default=128)
+    ap.add_argument("--block-m", type=int, default=16)
+    ap.add_argument("--block-m-wide", type=int, default=0)
+    ap.add_argument("--balance", action="store_true", help="down: the cost-shared split (MoeTiles.balance_down)")
+    ap.add_argument("--experts", type=int, default=8, help="down: sets the plan width")
+    ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--num-stages", type=int, default=3)
+    ap.add_argument("--no-asm", action="store_true", help="without the PTX byte permute")
+    ap.add_argument("--out", type=Path, help="also write the counts as JSON")
+    args = ap.parse_args()
+    constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm}
+    if args.kernel == "down":
+        constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
+    compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages)
+    cubin = Path("/tmp") / f"sass_loops_{args.kernel}.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    loops = inner_loops(cuobjdump("-sass", str(cubin)))
+    regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
+    print(f"triton {triton.__version__}, {args.kernel}, {constexprs}")
+    for loop in loops:
+        print(f"  loop {loop.start:#x}: {loop.instructions} instr, "
+              + ", ".join(f"{k} {v}" for k, v in loop.counts.items()))
+    print(f"registers {regs}, stack {stack} bytes, shared {compiled.metadata.shared} bytes")
+    if args.out:
+        args.out.write_text(json.dumps(dict(triton=triton.__version__, kernel=args.kernel, constexprs=constexprs,
+                                            registers=regs, stack=stack,
+                                            loops=[dict(start=lp.start, instructions=lp.instructions, **lp.counts)
+                                                   for lp in loops]), indent=1))
+
+
+if __name__ == "__main__":
+    main()
