@@ -117,6 +117,15 @@ def _store_quarter_scaled(hq_ptr, pos64, F, col, h16, keep, USE_ASM: tl.constexp
     tl.store(hq_ptr + pos64[None, :] * F + col[:, None], hq, mask=keep)
 
 
+@triton.jit
+def _expert_blocks(active_ptr, bf_ptr, slot, block0):
+    # The expert in `slot`, its first block (gate; up and down follow) and the
+    # three blocks' resident field counts (0 = host-only).
+    expert = tl.load(active_ptr + slot)
+    blk = block0 + expert * 3
+    return expert, blk, tl.load(bf_ptr + blk), tl.load(bf_ptr + blk + 1), tl.load(bf_ptr + blk + 2)
+
+
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
 def _moe_gate_up_kernel(
     xp_ptr,  # [2, T, H] fp16, x in virtual in-group order; then quarter-scaled
@@ -145,11 +154,7 @@ def _moe_gate_up_kernel(
     which = tl.program_id(0) % 2
     slot = tl.program_id(1)
     if slot < tl.load(num_active_ptr):
-        expert = tl.load(active_ptr + slot)
-        blk = block0 + expert * 3
-        nf_g = tl.load(bf_ptr + blk)
-        nf_u = tl.load(bf_ptr + blk + 1)
-        nf_d = tl.load(bf_ptr + blk + 2)
+        expert, blk, nf_g, nf_u, nf_d = _expert_blocks(active_ptr, bf_ptr, slot, block0)
         if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
             nf = tl.where(which == 0, nf_g, nf_u)
             start = tl.load(offsets_ptr + expert)
@@ -229,11 +234,7 @@ def _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, 
                   USE_ASM: tl.constexpr):
     # Groups [g0, g1) of the down block of the expert in `slot`, rows n, all
     # of its tokens; nothing when one of the expert's blocks is host-only.
-    expert = tl.load(active_ptr + slot)
-    blk = block0 + expert * 3
-    nf_g = tl.load(bf_ptr + blk)
-    nf_u = tl.load(bf_ptr + blk + 1)
-    nf_d = tl.load(bf_ptr + blk + 2)
+    expert, blk, nf_g, nf_u, nf_d = _expert_blocks(active_ptr, bf_ptr, slot, block0)
     if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
         start = tl.load(offsets_ptr + expert)
         end = tl.load(offsets_ptr + expert + 1)
