@@ -33,10 +33,10 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import moe_mixed  # noqa: E402
+from kernels import moe_down, moe_gate_up  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
-KERNELS = {"gate_up": moe_mixed._moe_gate_up_kernel, "down": moe_mixed._moe_down_kernel}
+KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
 FP16_POINTERS = {"xp_ptr", "h_ptr"}
 FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr"}
 # Integer arguments the launches pass as multiples of 16 (Triton specialises

@@ -46,7 +46,7 @@ class MoeTiles:
     (random routing at B=64: 426 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
     balance_down: the down launch's programs share each row tile's work by
-    view cost (kernels/moe_mixed.py, DOWN_GROUP_COST), so that in a mixed
+    view cost (kernels/moe_down.py, DOWN_GROUP_COST), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
     False: split_k equal K ranges per expert.
     """

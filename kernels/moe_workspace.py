@@ -1,6 +1,7 @@
 """Scratch buffers of the fused MoE launches (kernels/moe_mixed.py), and what
 they cost: alloc_workspace allocates them, workspace_bytes counts them for
-memory planning without allocating (on the meta device)."""
+memory planning without allocating (on the meta device). Also the two checks
+both weight launches run on them (check_h_planes, settle_carveout)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import dataclass, field, fields
 import torch
 import triton
 
-from kernels.moe_align import MoePrep, alloc_prep
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_align import MoePrep, alloc_prep, check_planes
+from kernels.moe_tiles import PROGRAMS_PER_SM, MoeTiles, choose_tiles
+from kernels.smem_carveout import limit_carveout_once
 from kernels.weight_layout import GROUP
 
 
@@ -62,3 +64,15 @@ def workspace_bytes(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     # Each plane (xp / xq, h / hq) is half of one buffer: counting both halves
     # counts the buffer once.
     return sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
+
+
+def check_h_planes(ws: MoeWorkspace) -> None:
+    """h and hq must be the two planes of one buffer (the kernels reach hq
+    from h); the xp / xq planes are checked by moe_prepare."""
+    check_planes(ws.h, ws.hq, "h", "hq")
+
+
+def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
+    """After a launch: limit the loaded kernel's carveout once (MoeTiles.limit_carveout)."""
+    if tiles.limit_carveout and ws.h.is_cuda:
+        limit_carveout_once(kernel, ws.carveouts_set, PROGRAMS_PER_SM, ws.h.device)

@@ -11,7 +11,7 @@ the MoE launches (58.5 KiB) ran its 16-token steps 8-14 % slower than the
 46 KiB build with identical loops, with more long-scoreboard stalls
 (benchmarks/results/moe_ncu_wide_h200.json); limiting the carveout took the
 Mixtral B=64 4-bit layer from 404.9 to 385.3 us (46 KiB build: 358.8;
-moe_carveout_rr_h200.json). The rest was code order (kernels/moe_mixed.py).
+moe_carveout_rr_h200.json). The rest was code order (kernels/moe_gate_up.py, moe_down.py).
 
 limit_carveout() asks the driver for the smallest carveout that still holds
 `programs` programs (a hint; the driver rounds up to a supported size).

@@ -1,0 +1,188 @@
+"""Launch 3 of the fused MoE layer (kernels/moe_mixed.py): the down
+projection of h through each expert's down block at its own bitwidth, times
+the routing weight, atomically added into out [T, H] fp32 (the weighted sum
+over the top-k and over the K split in one go)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.moe_decode import block_matmul_any
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
+from kernels.moe_tiles import MoeTiles
+from kernels.moe_workspace import MoeWorkspace, check_h_planes, down_plan_width, settle_carveout
+from kernels.weight_layout import GROUP
+
+
+@triton.jit
+def _down_tiles(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
+                g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
+                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
+    # Tokens [start, end), BM at a time, through BN rows of the down block
+    # over groups [g0, g1), weighted and added into out.
+    for m0 in range(start, end, BM):
+        _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
+                   g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM)
+
+
+@triton.jit
+def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
+               g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
+               BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
+    m = tl.arange(0, BM)
+    kv = tl.arange(0, 128)
+    pos = m0 + m
+    valid = pos < end
+    pos64 = pos.to(tl.int64)
+    xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
+    xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
+    acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
+                           log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB, q_x,
+                           HS_SUB, BN, BM, USE_ASM)
+    flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
+    tok = (flat // top_k).to(tl.int64)
+    wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
+    keep = (n < H)[:, None] & valid[None, :]
+    tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep, sem="relaxed")
+
+
+# Relative time per weight group of each view (index = resident fields) in the
+# down launch, from the layer's times per view (Mixtral B=16,
+# benchmarks/results/moe_h200_s10.json: 2 / 3 / 4 / 6 / 8 bits at 255 / 315 /
+# 351 / 410 / 478 us, in units of ~32 us); index 0 (host-only) costs nothing.
+DOWN_GROUP_COST = (0, 8, 10, 11, 13, 15)
+_COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in DOWN_GROUP_COST[1:])
+
+
+@triton.jit
+def _group_cost(nf):
+    return tl.where(nf == 1, _COST1, tl.where(nf == 2, _COST2, tl.where(
+        nf == 3, _COST3, tl.where(nf == 4, _COST4, tl.where(nf >= 5, _COST5, 0)))))
+
+
+@triton.jit
+def _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr,
+                  out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
+                  q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
+                  USE_ASM: tl.constexpr):
+    # Groups [g0, g1) of the down block of the expert in `slot`, rows n, all
+    # of its tokens; nothing when one of the expert's blocks is host-only.
+    expert, blk, nf_g, nf_u, nf_d = expert_blocks(active_ptr, bf_ptr, slot, block0)
+    if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
+        start = tl.load(offsets_ptr + expert)
+        end = tl.load(offsets_ptr + expert + 1)
+        pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
+        args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
+                g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
+        if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
+            if end - start <= BM:
+                _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+            else:
+                _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
+        else:
+            _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+
+
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "split", "groups_per_split"])
+def _moe_down_kernel(
+    h_ptr,  # [2, T * top_k, F] fp16, sorted order, virtual in-group order; then quarter-scaled
+    hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
+    sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
+    offsets_ptr,  # [E + 1] int32
+    active_ptr,  # [E] int32
+    num_active_ptr,  # [1] int32
+    tw_ptr,  # [T * top_k] fp32 routing weights
+    arena_ptr,  # int32 arena words
+    pt_ptr,  # [num_blocks, 5, max_pages] int32
+    bf_ptr,  # [num_blocks] int32
+    out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
+    plan_ptr,  # [programs, E_PAD] int32 scratch, one row per program (BALANCE only)
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
+    q_x,  # element offset of the second plane of h
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
+    USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr,
+):
+    # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
+    # the down blocks. Without BALANCE: slot p // split, K range p % split of
+    # groups_per_split groups. With BALANCE: share p of the row tile's work,
+    # which is the active experts' groups laid end to end, each group weighted
+    # by its view's cost (DOWN_GROUP_COST); the program takes the groups whose
+    # first unit falls in [p total / P, (p + 1) total / P). With equal views
+    # that is the same split; with mixed views a program may finish one
+    # expert's range and start the next, instead of the launch waiting on the
+    # slowest views' programs.
+    pid_n = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    n_groups = F // 128
+    n_act = tl.load(num_active_ptr)
+    n = pid_n * BN + tl.arange(0, BN)
+    rows = tl.minimum(n, H - 1)
+    if BALANCE:
+        e = tl.arange(0, E_PAD)
+        live = e < n_act
+        blks = block0 + tl.load(active_ptr + e, mask=live, other=0) * 3
+        nf_g = tl.load(bf_ptr + blks, mask=live, other=0)
+        nf_u = tl.load(bf_ptr + blks + 1, mask=live, other=0)
+        nf_d = tl.load(bf_ptr + blks + 2, mask=live, other=0)
+        unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d), 0)  # [E_PAD]
+        # The slots' work ends go through this program's row of plan and come
+        # back as loads from uniform addresses: values taken from the
+        # reduction directly are per-thread to ptxas, and an expert slot or a
+        # group range derived from them made every K loop re-derive its
+        # addresses (Triton 3.6 SASS: 4-bit loop 434 -> 545 instructions, 224
+        # bytes of spills; measured +18 % on the down launch).
+        plan = plan_ptr + (pid_n * tl.num_programs(1) + pid_p).to(tl.int64) * E_PAD
+        tl.store(plan + e, tl.cumsum(unit * n_groups, axis=0))
+        tl.debug_barrier()
+        for slot in range(0, n_act):
+            # The share's bounds are reloaded per slot, not carried across
+            # the K loops (the 3.6 SASS is the same either way).
+            total = tl.load(plan + E_PAD - 1).to(tl.int64)
+            lo = (pid_p * total // tl.num_programs(1)).to(tl.int32)
+            hi = ((pid_p + 1) * total // tl.num_programs(1)).to(tl.int32)
+            begin = tl.load(plan + slot - 1, mask=slot > 0, other=0)
+            finish = tl.load(plan + slot)
+            c = (finish - begin) // n_groups
+            if (c > 0) & (finish > lo) & (begin < hi):
+                # groups whose first unit begin + g c lies in [lo, hi)
+                g0 = tl.maximum(lo - begin + c - 1, 0) // c
+                g1 = tl.minimum(tl.maximum(hi - begin + c - 1, 0) // c, n_groups)
+                if g0 < g1:
+                    _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr,
+                                  bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride,
+                                  pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM)
+    else:
+        slot = pid_p // split
+        g0 = (pid_p % split) * groups_per_split
+        g1 = tl.minimum(g0 + groups_per_split, n_groups)
+        if (slot < n_act) & (g0 < g1):
+            _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr,
+                          bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride,
+                          pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM)
+
+
+def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
+             num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int) -> None:
+    """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up)."""
+    t, hidden = ws.prep.xp.shape
+    slots = min(num_experts, t * top_k)
+    row_tiles, progs_per_tile = tiles.down_grid(t, top_k, num_experts, hidden, ffn)
+    split = progs_per_tile // slots
+    if ws.down_plan.shape != (row_tiles * progs_per_tile, down_plan_width(num_experts)):
+        raise ValueError("workspace was allocated for other tiles")
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    pt = weights.page_table
+    check_h_planes(ws)
+    kernel = _moe_down_kernel[(row_tiles, progs_per_tile)](
+        ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
+        tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out, ws.down_plan,
+        layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
+        split, triton.cdiv(ffn // GROUP, split), top_k, ws.h.numel(),
+        BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
+        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
+        E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down,
+        **tiles.launch_options(),
+    )
+    settle_carveout(ws, kernel, tiles)

@@ -1,0 +1,157 @@
+"""Launch 2 of the fused MoE layer (kernels/moe_mixed.py): per (expert slot,
+BN rows of F, gate or up), the projection of the expert's tokens through the
+block's pages at its own bitwidth; the second of each gate/up pair to finish
+stores SiLU(gate) * up as fp16 h in sorted order, once more quarter-scaled
+for the down launch's 2-bit blocks, with per-tile sums of h."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.moe_align import FP16_MAX, quarter_scale
+from kernels.moe_decode import block_matmul_any
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
+from kernels.moe_tiles import MoeTiles
+from kernels.moe_workspace import MoeWorkspace, check_h_planes, settle_carveout
+
+_FP16_MAX_C = tl.constexpr(FP16_MAX)
+
+
+@triton.jit
+def _gate_up_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr, hsum_ptr,
+                   start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+                   q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+    # Tokens [start, end) of the sorted list, BM at a time, through one
+    # block's BN rows; per tile, the second of the gate/up pair to arrive
+    # (counters[tile index]) combines SiLU(gate) * up.
+    for m0 in range(start, end, BM):
+        _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
+                      counters + (m0 - start) // BM, h_ptr, hsum_ptr, m0, end, n, rows, col, tile, which,
+                      H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM)
+
+
+@triton.jit
+def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr, hsum_ptr,
+                  m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+    m = tl.arange(0, BM)
+    kv = tl.arange(0, 128)
+    pos = m0 + m
+    valid = pos < end
+    flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
+    tok = (flat // top_k).to(tl.int64)
+    xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
+    xs_ptrs = xsum_ptr + tok * (H // 128)
+    acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
+                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x,
+                           1, BN, BM, USE_ASM)
+    keep = (n < F)[:, None] & valid[None, :]
+    pos64 = pos.to(tl.int64)
+    mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
+    tl.store(mine, acc, mask=keep)
+    tl.debug_barrier()
+    if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
+        other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
+                        mask=keep, other=0.0, cache_modifier=".cg")
+        gate = tl.where(which == 0, acc, other)
+        up = tl.where(which == 0, other, acc)
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+        tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
+        tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
+        tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
+        _store_quarter_scaled(h_ptr + q_h, pos64, F, col, h16, keep, USE_ASM)
+        tl.atomic_xchg(counter, 0)
+
+
+@triton.jit
+def _store_quarter_scaled(hq_ptr, pos64, F, col, h16, keep, USE_ASM: tl.constexpr):
+    # hq = h16 * 4^-s by position: the plane the down projection's 2-bit
+    # blocks read (kernels/moe_align.py). The compiler hoisted the per-row
+    # factors above the K loop, where they took registers that every loop of
+    # the launch then lacked (local sm_90 SASS: 4-bit loop 449 -> 466
+    # instructions); a side-effecting copy of col pins them here.
+    if USE_ASM:
+        col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
+                                        is_pure=False, pack=1)
+    hq = (h16.to(tl.float32) * quarter_scale(col % 128)[:, None]).to(tl.float16)
+    tl.store(hq_ptr + pos64[None, :] * F + col[:, None], hq, mask=keep)
+
+
+@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
+def _moe_gate_up_kernel(
+    xp_ptr,  # [2, T, H] fp16, x in virtual in-group order; then quarter-scaled
+    xsum_ptr,  # [T, H / 128] fp32 group sums of xp
+    sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
+    offsets_ptr,  # [E + 1] int32
+    active_ptr,  # [E] int32 experts with tokens
+    num_active_ptr,  # [1] int32
+    arena_ptr,  # [num_pages * page_bytes / 4] int32 arena words
+    pt_ptr,  # [num_blocks, 5, max_pages] int32 page table
+    bf_ptr,  # [num_blocks] int32 resident field count per block
+    gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
+    count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
+    h_ptr,  # [2, T * top_k, F] fp16 out, sorted order, virtual in-group order; then quarter-scaled
+    hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
+    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
+    q_x, q_h,  # element offsets of the second planes of xp and h
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
+    # (which = 0) or up (which = 1) block of the slot's expert, over the
+    # expert's tokens in tiles of BM, or of BM_WIDE when the expert has more
+    # than BM tokens (one pass over the weights instead of two; both programs
+    # of a pair see the same count, so they take the same tiles).
+    tile = tl.program_id(0) // 2
+    which = tl.program_id(0) % 2
+    slot = tl.program_id(1)
+    if slot < tl.load(num_active_ptr):
+        expert, blk, nf_g, nf_u, nf_d = expert_blocks(active_ptr, bf_ptr, slot, block0)
+        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
+            nf = tl.where(which == 0, nf_g, nf_u)
+            start = tl.load(offsets_ptr + expert)
+            end = tl.load(offsets_ptr + expert + 1)
+            n = tile * BN + tl.arange(0, BN)
+            rows = tl.minimum(n, F - 1)
+            pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
+            # Where row n of h goes: its virtual position inside its group.
+            a = n % 128
+            col = (n // 128) * 128 + ((a // 16) % 2) * 64 + (a % 4) * 16 + ((a // 4) % 2) * 8 \
+                + (a // 32) * 2 + (a // 8) % 2
+            counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
+            args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
+                    start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k, q_x, q_h)
+            if BM_WIDE > BM:  # compile time: this launch has a wide tile
+                # The 16-token branch first: the compiler lays it out first, and
+                # placed after the wide loops it ran 5-7 % slower with equal
+                # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
+                if end - start <= BM:
+                    _gate_up_tiles(*args, BN, BM, USE_ASM)
+                else:
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
+            else:
+                _gate_up_tiles(*args, BN, BM, USE_ASM)
+
+
+def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
+                top_k: int, ffn: int, tiles: MoeTiles, log2p: int) -> None:
+    """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare)."""
+    t, hidden = ws.prep.xp.shape
+    slots = min(num_experts, t * top_k)
+    pt = weights.page_table
+    if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
+        raise ValueError("workspace was allocated for other tiles")
+    check_h_planes(ws)
+    kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+        ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+        ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
+        ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
+        ws.prep.xp.numel(), ws.h.numel(),
+        BN=tiles.block_n_up, BM=tiles.block_m,
+        BM_WIDE=tiles.block_m_wide,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
+    )
+    settle_carveout(ws, kernel, tiles)
