@@ -24,6 +24,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,10 +117,11 @@ def main() -> None:
     if args.kernel == "down":
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages)
-    cubin = Path("/tmp") / f"sass_loops_{args.kernel}.cubin"
-    cubin.write_bytes(compiled.asm["cubin"])
-    loops = inner_loops(cuobjdump("-sass", str(cubin)))
-    regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
+    with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
+        cubin = Path(tmp) / f"{args.kernel}.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        loops = inner_loops(cuobjdump("-sass", str(cubin)))
+        regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
     print(f"triton {triton.__version__}, {args.kernel}, {constexprs}")
     for loop in loops:
         print(f"  loop {loop.start:#x}: {loop.instructions} instr, "
