@@ -43,7 +43,7 @@ FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr"}
 # Integer arguments the launches pass as multiples of 16 (Triton specialises
 # those as divisible by 16; the counts differ without it).
 DIVISIBLE_INTS = {"H", "F", "pt_block_stride", "pt_field_stride", "q_x", "q_h"}
-COUNTED = ("HGMMA", "LOP3", "SHF", "PRMT", "IMAD.U32", "R2UR", "LDS", "LDGSTS", "BAR.SYNC", "STL", "LDL")
+COUNTED = ("HGMMA", "LOP3", "SHF", "SHFL", "PRMT", "IMAD.U32", "R2UR", "LDS", "LDGSTS", "BAR.SYNC", "STL", "LDL")
 SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH_TARGET = re.compile(r"BRA (?:`\()?[^0-9]*?(0x[0-9a-f]+)")
 RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
@@ -95,7 +95,7 @@ def inner_loops(sass: str) -> list[Loop]:
     for lo, hi in sorted(inner):
         body = [text for addr, text in code if lo <= addr <= hi]
         ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
-        counts = {c: sum(n for op, n in ops.items() if op.startswith(c)) for c in COUNTED}
+        counts = {c: sum(n for op, n in ops.items() if op == c or op.startswith(c + ".")) for c in COUNTED}
         out.append(Loop(lo, len(body), counts))
     return out
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.moe_setup import MIXTRAL, block_bytes, build_store  # noqa: E402
 from kernels.moe_decode import block_matmul  # noqa: E402
-from kernels.weight_layout import permute_groups  # noqa: E402
+from kernels.weight_layout import NUM_PLANES, permute_groups, plane_scales  # noqa: E402
 
 COPIES = 8  # 8 copies of the 3 blocks of one expert, gate blocks rotated
 PAGE_BYTES = 2 * 2**20
@@ -31,7 +31,7 @@ SPLIT = 4
 
 @triton.jit(do_not_specialize=["block", "log2p", "per_split"])
 def _probe_kernel(
-    xp_ptr,  # [M, K] fp16 activations, virtual order
+    xp_ptr,  # [3, M, K] fp16 activation planes, virtual order (weight_layout.plane_scales)
     xsum_ptr,  # [M, K / 128] fp32
     arena_ptr,  # int32 arena words
     pt_ptr,  # [blocks, 5, max_pages] int32
@@ -48,7 +48,7 @@ def _probe_kernel(
     tok = m.to(tl.int64)
     acc = block_matmul(arena_ptr, pt_ptr + block.to(tl.int64) * pt_block_stride, pt_field_stride, N, K, n,
                        g0, g1, log2p, xp_ptr + tok[None, :] * K + kv[:, None], valid[None, :],
-                       xsum_ptr + tok * (K // 128), valid, 1, 1, NF, BN, BM, USE_ASM)
+                       xsum_ptr + tok * (K // 128), valid, 1, n_tokens * K, 1, NF, BN, BM, USE_ASM)
     tl.atomic_add(out_ptr + n[:, None] * BM + m[None, :], acc, mask=valid[None, :], sem="relaxed")
 
 
@@ -73,8 +73,9 @@ def main() -> None:
     weights = build_store(shape, COPIES // shape.experts + 1, PAGE_BYTES, "cuda")
     n, k = shape.ffn, shape.hidden
     x = torch.randn(1, k, device="cuda")
-    xp = permute_groups(x).to(torch.float16).contiguous()
-    xsum = xp.float().view(1, k // 128, 128).sum(-1).contiguous()
+    xv = permute_groups(x).view(1, k // 128, 128)
+    xp = torch.stack([(xv * plane_scales(p).cuda()).to(torch.float16).view(1, k) for p in range(NUM_PLANES)])
+    xsum = xv.sum(-1).contiguous()
     pt = weights.page_table
     arena = weights.storage.view(torch.int32)
     rows = []

@@ -12,9 +12,9 @@ needs a host sync, so the step can run under CUDA graphs.
 Outputs (all device tensors):
 * xp        fp16  [T, H]   x in virtual in-group order (weight_layout), clamped to fp16
 * xsum      fp32  [T, H / 128]  sums of xp per group
-* xq        fp16  [T, H]   xp with each position scaled by
-            weight_layout.quarter_scales (for the 2-bit decode); plane 1 of a
-            [2, T, H] buffer whose plane 0 is xp
+* x_planes  fp16  [3, T, H] xp (plane 0) and xp times weight_layout.plane_scales(1)
+            and (2) at each position: the activations each view's decode reads
+            (weight_layout.view_plane)
 * out       fp32  [T, H]   zeroed (the down kernel accumulates into it)
 * sorted    int32 [T * top_k]  flat indices t * top_k + j sorted by expert
 * offsets   int32 [E + 1]  sorted[offsets[e]:offsets[e + 1]] go to expert e
@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.weight_layout import GROUP, permute_groups, quarter_scales
+from kernels.weight_layout import GROUP, NUM_PLANES, permute_groups, plane_scales
 
 FP16_MAX = 65504.0
 # The single-program sort handles up to this many (token, slot) pairs; larger
@@ -42,9 +42,9 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 
 @dataclass
 class MoePrep:
-    xp: torch.Tensor
+    xp: torch.Tensor  # plane 0 of x_planes
     xsum: torch.Tensor
-    xq: torch.Tensor
+    x_planes: torch.Tensor
     out: torch.Tensor
     sorted_ids: torch.Tensor
     offsets: torch.Tensor
@@ -54,26 +54,33 @@ class MoePrep:
 
 @triton.jit
 def _virtual_to_actual(v):
-    word = v // 64
-    s = (v // 16) % 4
+    # As weight_layout.virtual_to_actual.
+    w = v // 64
+    h = (v // 32) % 2
+    s = (v // 16) % 2
     ab = (v // 8) % 2
     c = (v // 2) % 4
     e = v % 2
-    return 32 * c + 16 * word + 4 * ab + s + 8 * e
+    return 32 * c + 16 * w + 8 * h + 2 * s + ab + 4 * e
 
 
 @triton.jit
-def quarter_scale(v):
-    # 4^-s of virtual position v (fp32), as weight_layout.quarter_scales.
-    s = (v // 16) % 4
-    return tl.where(s == 0, 1.0, tl.where(s == 1, 0.25, tl.where(s == 2, 0.0625, 0.015625)))
+def plane_scale(v, PLANE: tl.constexpr):
+    # 2^-p of virtual position v in activation plane PLANE (fp32), as
+    # weight_layout.plane_scales: plane 1 16^-ab, plane 2 2^-(4 ab + 2 (1 - h)).
+    ab = (v // 8) % 2
+    if PLANE == 1:
+        return tl.where(ab == 0, 1.0, 0.0625)
+    else:
+        h = (v // 32) % 2
+        return tl.where(ab == 0, tl.where(h == 0, 0.25, 1.0), tl.where(h == 0, 0.015625, 0.0625))
 
 
 @triton.jit
 def _moe_prep_kernel(
     x_ptr,  # [T, H] float (row stride stride_x)
     ids_ptr,  # [T * TOPK] int32 expert of each (token, slot)
-    xp_ptr,  # [2, T, H] fp16 out: xp, then xq
+    xp_ptr,  # [3, T, H] fp16 out: the activation planes
     xsum_ptr,  # [T, H / 128] fp32 out
     out_ptr,  # [T, H] fp32 out, zeroed
     sorted_ptr,  # [T * TOPK] int32 out
@@ -90,7 +97,6 @@ def _moe_prep_kernel(
         n_groups = H // 128
         v = tl.arange(0, 128)
         act = _virtual_to_actual(v)
-        q = quarter_scale(v)
         row = ((pid - 1) // n_chunks).to(tl.int64)
         gg = ((pid - 1) % n_chunks) * GB + tl.arange(0, GB)
         gm = gg < n_groups
@@ -100,8 +106,11 @@ def _moe_prep_kernel(
         tl.store(xp_ptr + dst, xv, mask=gm[:, None])
         tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
         tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
-        xq = (xv.to(tl.float32) * q[None, :]).to(tl.float16)  # exact but for subnormals
-        tl.store(xp_ptr + T * H + dst, xq, mask=gm[:, None])
+        # powers of two: exact but for subnormals
+        x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(tl.float16)
+        tl.store(xp_ptr + T * H + dst, x1, mask=gm[:, None])
+        x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(tl.float16)
+        tl.store(xp_ptr + 2 * T * H + dst, x2, mask=gm[:, None])
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
         ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
@@ -145,9 +154,9 @@ def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep) -> None
 def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
                device: torch.device | str) -> MoePrep:
     """Uninitialised buffers for moe_prepare (reuse them across steps / graphs)."""
-    planes = torch.empty(2, num_tokens, hidden, dtype=torch.float16, device=device)
+    planes = torch.empty(NUM_PLANES, num_tokens, hidden, dtype=torch.float16, device=device)
     return MoePrep(
-        xp=planes[0], xq=planes[1],
+        xp=planes[0], x_planes=planes,
         xsum=torch.empty(num_tokens, hidden // GROUP, dtype=torch.float32, device=device),
         out=torch.empty(num_tokens, hidden, dtype=torch.float32, device=device),
         sorted_ids=torch.empty(num_tokens * top_k, dtype=torch.int32, device=device),
@@ -157,12 +166,12 @@ def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
     )
 
 
-def check_planes(first: torch.Tensor, second: torch.Tensor, name: str, second_name: str) -> None:
-    """The kernels reach `second` as `first` + numel: both must be contiguous
-    planes of one buffer."""
-    if not (first.is_contiguous() and second.is_contiguous() and first.shape == second.shape
-            and second.data_ptr() == first.data_ptr() + first.numel() * first.element_size()):
-        raise ValueError(f"{second_name} must be the contiguous plane after {name} in one buffer")
+def check_planes(planes: torch.Tensor, first: torch.Tensor, name: str) -> None:
+    """The kernels reach plane p as `first` + p * numel: `planes` must be one
+    contiguous [NUM_PLANES, ...] buffer whose plane 0 is `first`."""
+    if not (planes.is_contiguous() and planes.shape[0] == NUM_PLANES and planes.shape[1:] == first.shape
+            and first.data_ptr() == planes.data_ptr()):
+        raise ValueError(f"{name} must be plane 0 of one contiguous [{NUM_PLANES}, ...] buffer")
 
 
 def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
@@ -188,7 +197,7 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         prep = alloc_prep(t, topk_ids.shape[1], h, num_experts, x.device)
     elif prep.xp.shape != (t, h) or prep.sorted_ids.shape != (n_pairs,) or prep.active.shape != (num_experts,):
         raise ValueError("prep buffers do not match these sizes")
-    check_planes(prep.xp, prep.xq, "xp", "xq")
+    check_planes(prep.x_planes, prep.xp, "xp")
     do_sort = n_pairs <= MAX_PAIRS_IN_KERNEL
     n_chunks = triton.cdiv(h // GROUP, GROUPS_PER_STEP)
     _moe_prep_kernel[(1 + t * n_chunks,)](
@@ -207,11 +216,13 @@ def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: 
     t, h = x.shape
     xp = permute_groups(x.float().clamp(-FP16_MAX, FP16_MAX)).to(torch.float16)
     ids = topk_ids.reshape(-1).to(torch.int32)
-    xq = (xp.float().reshape(t, h // GROUP, GROUP) * quarter_scales().to(x.device)).to(torch.float16)
+    groups = xp.float().reshape(t, h // GROUP, GROUP)
+    planes = torch.stack([(groups * plane_scales(p).to(x.device)).to(torch.float16).reshape(t, h)
+                          for p in range(NUM_PLANES)])
     prep = MoePrep(
-        xp=xp,
-        xsum=xp.float().reshape(t, h // GROUP, GROUP).sum(-1),
-        xq=xq.reshape(t, h),
+        xp=planes[0],
+        xsum=groups.sum(-1),
+        x_planes=planes,
         out=torch.zeros(t, h, dtype=torch.float32, device=x.device),
         sorted_ids=torch.empty(ids.numel(), dtype=torch.int32, device=x.device),
         offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=x.device),

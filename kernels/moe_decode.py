@@ -1,5 +1,5 @@
 """Triton device functions: read one block's fields through the page table and
-turn them into fp16 tensor-core operands (docs/WEIGHT_LAYOUT.md, v3).
+turn them into fp16 tensor-core operands (docs/WEIGHT_LAYOUT.md, v4).
 
 How the reads stay whole: a field's byte string holds its rows in tiles of
 64 (since v2), so the words of one (tile, group) are one contiguous run
@@ -9,23 +9,26 @@ without any decode (benchmarks/bench_access.py): 48-56 % of the copy
 bandwidth in v1's order, 71-94 % tile-major.
 
 How the decode stays cheap (instructions per weight, not per element):
-* codes are rebuilt on whole 32-bit words holding four 8-bit lanes: each
-  field is shifted to its fixed bit position inside the 8-bit code and OR-ed
-  in, one shift and one and-or per field serve four weights (v3 stores a
-  1-bit field's four lane weights one byte apart for this);
-* the code keeps its fixed 8-bit position whatever the view (t_b << (8 - b)),
-  the view's power of two goes into the scale; the 2-bit view alone is read
-  where it lies (each weight masked in place as a subnormal fp16 t 4^s 2^-24,
-  one LOP3 per pair), against activations staged pre-scaled by 4^-s;
-* lanes become fp16 pairs by OR-ing the exponent 0x6400: the pair reads as
-  (1024 + q0, 1024 + q1), and the 1024 is folded into the group offset, so no
-  per-weight conversion or subtraction remains;
+* codes are rebuilt eight at a time, as 4-bit nibbles of one 32-bit word: v4
+  stores each field's bits of a nibble word where the nibble's bits lie,
+  rotated by one of four amounts, so the fields of a nibble word merge with
+  one LOP3 each (the mask an immediate) and one rotation puts the word in
+  place: 2 LOP3 + 1 SHF per 8 weights for the top four bits (3 and 4 bits);
+* pairs of nibbles are masked out where they lie and read as fp16
+  subnormals t 2^p 2^-24 (one LOP3 per two weights, one shift per four); 6
+  and 8 bits merge a top and a bottom nibble word into bytes (one LOP3 per
+  four weights) and split those with a byte permute into subnormal pairs; the
+  2-bit view masks field 0 in place. The place 2^p moves into the
+  activations, staged once per token in three planes (weight_layout
+  plane_scales), the 2^24 into the scale: no offset to take out, no
+  per-weight conversion;
 * the per-group scale and offset are applied to the dot product of the group,
   sum_k x_k (o + s t_k) = o * sum(x) + s * sum(x t), with the activation group
   sums precomputed once per token;
-* each thread decodes 32 consecutive weights of a row, which is what it holds
-  of the mma A operand; the activations are stored in the matching in-group
-  order (weight_layout.virtual_to_actual), so no data moves between threads.
+* each thread decodes the 32 weights of one quarter of a row, which is what
+  it holds of the mma A operand; the activations are stored in the matching
+  in-group order (weight_layout.virtual_to_actual), so no data moves between
+  threads (benchmarks/sass_loops.py counts no shuffles).
 """
 
 from __future__ import annotations
@@ -40,88 +43,151 @@ TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
 
 
 @triton.jit
-def _two_bit_lanes(words, s, POS: tl.constexpr):
-    # words: uint32 [BN, 4, 2] of a 2-bit field; s: int32 [1, 1, 1, 4] step.
-    # Lane l of result [BN, 4, 2, 4] holds weight 4l + s at bits POS, POS + 1.
-    x = words[:, :, :, None]
-    left = x << tl.maximum(POS - 2 * s, 0)
-    right = x >> tl.maximum(2 * s - POS, 0)
-    moved = tl.where(2 * s <= POS, left, right)
-    return moved & (0x03030303 << POS)
-
-
-@triton.jit
-def _one_bit_lanes(words, s, POS: tl.constexpr):
-    # words: uint32 [BN, 4] of a 1-bit field, weight 16h + 4l + s of the
-    # quarter at bit 8l + 4h + s; result [BN, 4, 2, 4]: lane l of (half h, s)
-    # holds that weight at bit POS.
-    j = tl.arange(0, 2)[None, None, :, None] * 4 + s
-    x = words[:, :, None, None]
-    left = x << tl.maximum(POS - j, 0)
-    right = x >> tl.maximum(j - POS, 0)
-    return tl.where(j <= POS, left, right) & (0x01010101 << POS)
-
-
-@triton.jit
-def _split_pairs(lanes, USE_ASM: tl.constexpr):
-    # lanes: uint32 [..] of four 8-bit codes -> fp16 pairs (1024 + q) of lanes
-    # (0, 2) and (1, 3).
+def _rotl(x, r, USE_ASM: tl.constexpr):
+    # uint32 x rotated left by r (int32 in [0, 32), a constant per element
+    # after unrolling): one funnel shift.
     if USE_ASM:
-        even = tl.inline_asm_elementwise(
-            "prmt.b32 $0, $1, 0x64646464, 0x4240;", "=r,r", [lanes],
-            dtype=tl.uint32, is_pure=True, pack=1)
-        odd = tl.inline_asm_elementwise(
-            "prmt.b32 $0, $1, 0x64646464, 0x4341;", "=r,r", [lanes],
-            dtype=tl.uint32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("shf.l.wrap.b32 $0, $1, $1, $2;", "=r,r,r", [x, r.to(tl.uint32)],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
     else:
-        even = (lanes & 0x00FF00FF) | 0x64006400
-        odd = ((lanes >> 8) & 0x00FF00FF) | 0x64006400
-    return even, odd
+        return (x << r) | (x >> ((32 - r) & 31))
 
 
 @triton.jit
-def _decode_two_bit(f0, BN: tl.constexpr):
-    # One 2-bit field: fp16 [BN, 128] = t * 4^s * 2^-24 in the virtual K order
-    # (s = the weight's place in its byte lane): each weight is masked where it
-    # lies and read as a subnormal fp16, one LOP3 per pair and one shift per
-    # word (lanes 1 and 3), no offset to take out afterwards. The activations
-    # of this view are staged pre-scaled by 4^-s (weight_layout.quarter_scales)
-    # and block_matmul folds the 2^24 into the scale.
-    s = tl.arange(0, 4)[None, None, None, :]
-    mask = (0x00030003 << (2 * s)).to(tl.uint32)
-    even = f0[:, :, :, None] & mask  # lanes 0 and 2
-    odd = (f0 >> 8)[:, :, :, None] & mask  # lanes 1 and 3
-    pairs = tl.join(even, odd)  # [BN, c, word, s, ab]
-    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [.., e]
-    halves = tl.permute(halves, (0, 2, 3, 4, 1, 5))  # [BN, word, s, ab, c, e]
-    return tl.reshape(halves, (BN, 128)).to(tl.float16, bitcast=True)
+def _select(a, m, b, USE_ASM: tl.constexpr):
+    # a where m, b elsewhere (uint32): one LOP3 with m as its immediate. Written
+    # as and/or, ptxas takes m and ~m as two immediates and issues two.
+    if USE_ASM:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xE2;", "=r,r,r,r", [a, m, b],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return (a & m) | (b & ~m)
+
+
+def _signed(word: int) -> int:
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def _rotr32(word: int, r: int) -> int:
+    return ((word >> r) | (word << (32 - r))) & 0xFFFFFFFF
+
+
+# Bits of a field word that belong to nibble rotation r = 0..3 (as int32): a
+# 2-bit field at nibble bits 2-3 (fields 0 and 3) lies at rotr(0xCCCCCCCC, r),
+# field 2 (nibble bit 0) at rotr(0x11111111, r).
+_TOP = [tl.constexpr(_signed(_rotr32(0xCCCCCCCC, r))) for r in range(4)]
+_LOW = [tl.constexpr(_signed(_rotr32(0x11111111, r))) for r in range(4)]
+_TOP0, _TOP1, _TOP2, _TOP3 = _TOP
+_LOW0, _LOW1, _LOW2, _LOW3 = _LOW
+_HIGH_NIBBLES = tl.constexpr(_signed(0xF0F0F0F0))
+
+
+@triton.jit
+def _rot_masks(r):
+    # (top, low) masks of rotation r (int32 tensor of constants) as uint32.
+    m_top = tl.where(r == 0, _TOP0, tl.where(r == 1, _TOP1, tl.where(r == 2, _TOP2, _TOP3)))
+    m_low = tl.where(r == 0, _LOW0, tl.where(r == 1, _LOW1, tl.where(r == 2, _LOW2, _LOW3)))
+    return m_top.to(tl.uint32, bitcast=True), m_low.to(tl.uint32, bitcast=True)
+
+
+# What _nibble_words merges into each nibble (KIND): the top pair alone (the
+# low nibble of the 6-bit view), top pair + one bit (3-bit view; nibble bit 0
+# is left over and masked by the caller), top pair + two bits (4-bit), top
+# pair + bottom pair (the low nibble of the 8-bit view).
+TOP_ONLY: tl.constexpr = tl.constexpr(0)
+TOP_ONE: tl.constexpr = tl.constexpr(1)
+TOP_ONE_ONE: tl.constexpr = tl.constexpr(2)
+TOP_PAIR: tl.constexpr = tl.constexpr(3)
+
+
+@triton.jit
+def _nibble_words(top, mid, low, r, KIND: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint32 [BN, 4, 2, 2] nibble words (quarter c, word w, half h; rotation
+    r = 2 h + w): nibble j (bits 4j..4j+3) of word (c, w, h) holds four code
+    bits of weight 32c + 16w + 8h + j. top: 2-bit field words [BN, 4, 2];
+    mid, low: 1-bit field words [BN, 4], or (TOP_PAIR) mid a second 2-bit
+    field [BN, 4, 2]. The fields are stored pre-rotated by -r (v4), so each
+    source is taken where it lies (one LOP3 each) and the word then rotated
+    into place once."""
+    m_top, m_low = _rot_masks(r)
+    a = top[:, :, :, None]
+    if KIND == TOP_PAIR:
+        t = _select(a, m_top, mid[:, :, :, None], USE_ASM)
+    elif KIND == TOP_ONLY:
+        t = a & m_top
+    else:
+        t = _select(a, m_top, mid[:, :, None, None], USE_ASM)
+        if KIND == TOP_ONE_ONE:
+            t = _select(low[:, :, None, None], m_low, t, USE_ASM)
+    return _rotl(t, r, USE_ASM)
+
+
+@triton.jit
+def _nibble_pairs(src, MASK: tl.constexpr):
+    # src: uint32 [.., 2 (s)], a nibble word and the same >> 8 -> [.., s, ab]:
+    # nibbles 2s + ab (low half) and 2s + ab + 4 (high half) masked in place.
+    return tl.join(src & MASK, src & (MASK << 4))
+
+
+@triton.jit
+def _prmt(x, SELECTOR: tl.constexpr, USE_ASM: tl.constexpr):
+    # Bytes (0, 2) (SELECTOR 0x4240) or (1, 3) (0x4341) of x into the low bytes
+    # of its two halves, zeros above.
+    if USE_ASM:
+        return tl.inline_asm_elementwise(f"prmt.b32 $0, $1, 0, {SELECTOR:#x};", "=r,r", [x],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    elif SELECTOR == 0x4240:
+        return x & 0x00FF00FF
+    else:
+        return (x >> 8) & 0x00FF00FF
+
+
+@triton.jit
+def _byte_pairs(hi, lo, USE_ASM: tl.constexpr):
+    # Nibble words of the top and bottom four code bits -> [.., s, ab] uint32:
+    # the 8-bit lane codes of weights j = 2s + ab and j + 4 in the two halves.
+    high = tl.full(hi.shape, _HIGH_NIBBLES, tl.int32).to(tl.uint32, bitcast=True)
+    b_even = _select(hi << 4, high, lo, USE_ASM)  # byte k: weight 2k
+    b_odd = _select(hi, high, lo >> 4, USE_ASM)  # byte k: weight 2k + 1
+    even = tl.join(_prmt(b_even, 0x4240, USE_ASM), _prmt(b_even, 0x4341, USE_ASM))  # [.., s]
+    odd = tl.join(_prmt(b_odd, 0x4240, USE_ASM), _prmt(b_odd, 0x4341, USE_ASM))
+    return tl.join(even, odd)  # [.., s, ab]
 
 
 @triton.jit
 def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
-    """fp16 [BN, 128] = 1024 + (t_b << (8 - b)) in the virtual K order; for
-    one field (2 bits) t_2 * 4^s * 2^-24 instead (_decode_two_bit).
+    """fp16 [BN, 128] of one group in the virtual K order
+    (weight_layout.virtual_to_actual): each weight masked where its code lies
+    and read as the subnormal fp16 t 2^p 2^-24 (t the view's code, 2^p its
+    place, weight_layout.view_places; no offset to take out).
 
     f0, f3, f4: uint32 [BN, 4, 2] (2-bit fields: quarter c, word); f1, f2:
     uint32 [BN, 4] (1-bit fields: quarter c). Fields >= NF are ignored.
     """
     if NF == 1:
-        return _decode_two_bit(f0, BN)
-    s = tl.arange(0, 4)[None, None, None, :]
-    lanes = _two_bit_lanes(f0, s, 6)
-    if NF >= 2:
-        lanes = lanes | _one_bit_lanes(f1, s, 5)
-    if NF >= 3:
-        lanes = lanes | _one_bit_lanes(f2, s, 4)
-    if NF >= 4:
-        lanes = lanes | _two_bit_lanes(f3, s, 2)
-    if NF >= 5:
-        lanes = lanes | _two_bit_lanes(f4, s, 0)
-    # (The compiler traces this part for NF == 1 too, hence the NF guards.)
-    even, odd = _split_pairs(lanes, USE_ASM and NF >= 2)
-    pairs = tl.join(even, odd)  # [BN, c, word, s, ab]
-    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [.., e]
-    halves = tl.permute(halves, (0, 2, 3, 4, 1, 5))  # [BN, word, s, ab, c, e]
+        # Field 0 alone, read in place: word 1 rotated by one so that both
+        # words hold half 0 at nibble bits 2-3 and half 1 at bits 0-1.
+        words = _rotl(f0, tl.arange(0, 2)[None, None, :], USE_ASM)[:, :, :, None]  # [BN, 4, 2, 1]
+        src = tl.join(words, words >> 8)  # [BN, c, w, 1, s]
+        hv = tl.arange(0, 2)[None, None, None, :, None]
+        pairs = _nibble_pairs(src & tl.where(hv == 0, 0x00CC00CC, 0x00330033), 0x000F000F)  # [BN, c, w, h, s, ab]
+    else:
+        r = 2 * tl.arange(0, 2)[None, None, None, :] + tl.arange(0, 2)[None, None, :, None]  # [1, 1, w, h]
+        if NF == 2:
+            nib = _nibble_words(f0, f1, f1, r, TOP_ONE, USE_ASM)
+        else:
+            nib = _nibble_words(f0, f1, f2, r, TOP_ONE_ONE, USE_ASM)  # [BN, c, w, h]
+        if NF <= 3:
+            src = tl.join(nib, nib >> 8)  # [BN, c, w, h, s]
+            pairs = _nibble_pairs(src, 0x000F000F if NF == 3 else 0x000E000E)  # [BN, c, w, h, s, ab]
+        else:
+            if NF == 5:
+                low = _nibble_words(f3, f4, f4, r, TOP_PAIR, USE_ASM)
+            else:
+                low = _nibble_words(f3, f3, f3, r, TOP_ONLY, USE_ASM)
+            pairs = _byte_pairs(nib, low, USE_ASM)  # [BN, c, w, h, s, ab]
+    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [BN, c, w, h, s, ab, e]
+    halves = tl.permute(halves, (0, 2, 3, 4, 5, 1, 6))  # [BN, w, h, s, ab, c, e]
     return tl.reshape(halves, (BN, 128)).to(tl.float16, bitcast=True)
 
 
@@ -202,7 +268,7 @@ def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
 
 @triton.jit
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off,
+                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
                  BM: tl.constexpr, USE_ASM: tl.constexpr):
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
@@ -212,9 +278,9 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
     pointers [128, BM] to group 0 of the activation tile (virtual order);
     xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
-    partial sums per group, xs_group_stride apart per group. xq_off: element
-    offset from the activations to the same staged with quarter_scales, which
-    the one-field (2-bit) decode reads.
+    partial sums per group, xs_group_stride apart per group (sums of plane 0).
+    plane_off: elements from one activation plane to the next (plane 1: times
+    weight_layout.view_scales(2 or 3 fields), plane 2: for one field).
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
     """
@@ -242,17 +308,21 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     else:
         code_bytes = padded.to(tl.int64) * (n_groups * 16)
     sa, sb, sk = tile_pages(pt_blk_ptr + (NF - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
-    # t_b << (8 - b) is what the decode yields: fold 2^-(8-b) into the scale.
-    if NF == 1:
-        inv_step = 16777216.0  # 2^24: _decode_two_bit reads t 4^s as a subnormal
-    elif NF == 2:
-        inv_step = 1.0 / 32.0
-    elif NF == 3:
-        inv_step = 1.0 / 16.0
+    # The decode yields t 2^p 2^-24 against activations staged times 2^-p,
+    # except for a constant factor per view (the 3-bit code sits one bit up
+    # its nibble, the 6-bit code two bits up its byte): fold 2^24 / factor
+    # into the scale. The activations' plane of the view sits plane * plane_off
+    # elements after plane 0 (weight_layout.view_plane).
+    if NF == 2:
+        inv_step = 8388608.0  # 2^23
     elif NF == 4:
-        inv_step = 1.0 / 4.0
+        inv_step = 4194304.0  # 2^22
     else:
-        inv_step = 1.0
+        inv_step = 16777216.0  # 2^24
+    if NF == 1:
+        xt_ptrs += 2 * plane_off
+    elif NF <= 3:
+        xt_ptrs += plane_off
     acc = tl.zeros((BN, BM), tl.float32)
     # Latency of the two small per-group loads (ncu stall sampling on the H200:
     # their global-load waits and the layout conversions they caused were the
@@ -304,16 +374,10 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             if NF >= 5:
                 f4 = _load_two_bit(arena_ptr, p4, g)
             w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
-            if NF == 1:
-                # sum (t 4^s 2^-24) (x 4^-s) = 2^-24 sum t x: no 1024 to take out
-                xt = tl.load(xt_ptrs + xq_off + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
-            else:
-                xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16
-            part = tl.dot(w, xt)  # [BN, BM] = sum (1024 + q) x, or 2^-24 sum t x
+            xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16 x 2^-p
+            part = tl.dot(w, xt)  # [BN, BM] = 2^-24 sum t x (times the view's factor)
             scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
             offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-            if NF != 1:
-                offset = offset - 1024.0 * scale
             acc = acc + part * scale[:, None]
             acc = acc + offset[:, None] * xs[None, :]
         gs = ge
@@ -322,23 +386,23 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
 
 @triton.jit
 def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off,
+                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                      USE_ASM: tl.constexpr):
     """block_matmul specialised on the block's run-time field count nf (1..5)."""
     if nf == 1:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 1, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 1, BN, BM, USE_ASM)
     elif nf == 2:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 2, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 2, BN, BM, USE_ASM)
     elif nf == 3:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 3, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 3, BN, BM, USE_ASM)
     elif nf == 4:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 4, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 4, BN, BM, USE_ASM)
     else:
         acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, xq_off, XS_SUB, 5, BN, BM, USE_ASM)
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 5, BN, BM, USE_ASM)
     return acc

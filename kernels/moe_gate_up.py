@@ -1,8 +1,9 @@
 """Launch 2 of the fused MoE layer (kernels/moe_mixed.py): per (expert slot,
 BN rows of F, gate or up), the projection of the expert's tokens through the
 block's pages at its own bitwidth; the second of each gate/up pair to finish
-stores SiLU(gate) * up as fp16 h in sorted order, once more quarter-scaled
-for the down launch's 2-bit blocks, with per-tile sums of h."""
+stores SiLU(gate) * up as fp16 h in sorted order, in the three activation
+planes the down launch's views read (weight_layout.plane_scales), with
+per-tile sums of h."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import FP16_MAX, quarter_scale
+from kernels.moe_align import FP16_MAX, plane_scale
 from kernels.moe_decode import block_matmul_any
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
@@ -62,22 +63,25 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
         tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
         tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
         tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
-        _store_quarter_scaled(h_ptr + q_h, pos64, F, col, h16, keep, USE_ASM)
+        _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
         tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _store_quarter_scaled(hq_ptr, pos64, F, col, h16, keep, USE_ASM: tl.constexpr):
-    # hq = h16 * 4^-s by position: the plane the down projection's 2-bit
-    # blocks read (kernels/moe_align.py). The compiler hoisted the per-row
-    # factors above the K loop, where they took registers that every loop of
-    # the launch then lacked (local sm_90 SASS: 4-bit loop 449 -> 466
-    # instructions); a side-effecting copy of col pins them here.
+def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM: tl.constexpr):
+    # Planes 1 and 2 of h (q_h elements apart): h16 times 2^-p by virtual
+    # position (powers of two: exact but for subnormals). The compiler hoisted
+    # the per-row factors above the K loop, where they took registers that
+    # every loop of the launch then lacked (local sm_90 SASS: 4-bit loop
+    # 449 -> 466 instructions); a side-effecting copy of col pins them here.
     if USE_ASM:
         col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
                                         is_pure=False, pack=1)
-    hq = (h16.to(tl.float32) * quarter_scale(col % 128)[:, None]).to(tl.float16)
-    tl.store(hq_ptr + pos64[None, :] * F + col[:, None], hq, mask=keep)
+    at = pos64[None, :] * F + col[:, None]
+    h1 = (h16.to(tl.float32) * plane_scale(col % 128, 1)[:, None]).to(tl.float16)
+    tl.store(h_ptr + q_h + at, h1, mask=keep)
+    h2 = (h16.to(tl.float32) * plane_scale(col % 128, 2)[:, None]).to(tl.float16)
+    tl.store(h_ptr + 2 * q_h + at, h2, mask=keep)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
@@ -93,10 +97,10 @@ def _moe_gate_up_kernel(
     bf_ptr,  # [num_blocks] int32 resident field count per block
     gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
-    h_ptr,  # [2, T * top_k, F] fp16 out, sorted order, virtual in-group order; then quarter-scaled
+    h_ptr,  # [3, T * top_k, F] fp16 out, sorted order, virtual in-group order: the activation planes
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
-    q_x, q_h,  # element offsets of the second planes of xp and h
+    q_x, q_h,  # elements from one plane of xp (of h) to the next
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
@@ -118,8 +122,8 @@ def _moe_gate_up_kernel(
             pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
             # Where row n of h goes: its virtual position inside its group.
             a = n % 128
-            col = (n // 128) * 128 + ((a // 16) % 2) * 64 + (a % 4) * 16 + ((a // 4) % 2) * 8 \
-                + (a // 32) * 2 + (a // 8) % 2
+            col = (n // 128) * 128 + ((a // 16) % 2) * 64 + ((a // 8) % 2) * 32 + ((a // 2) % 2) * 16 \
+                + (a % 2) * 8 + (a // 32) * 2 + (a // 4) % 2
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
                     start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k, q_x, q_h)

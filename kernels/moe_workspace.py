@@ -13,7 +13,7 @@ import triton
 from kernels.moe_align import MoePrep, alloc_prep, check_planes
 from kernels.moe_tiles import PROGRAMS_PER_SM, MoeTiles, choose_tiles
 from kernels.smem_carveout import limit_carveout_once
-from kernels.weight_layout import GROUP
+from kernels.weight_layout import GROUP, NUM_PLANES
 
 
 @dataclass
@@ -21,9 +21,9 @@ class MoeWorkspace:
     prep: MoePrep
     gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
-    h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order
+    h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order: plane 0 of h_planes
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
-    hq: torch.Tensor  # h quarter-scaled (the plane after h in one buffer)
+    h_planes: torch.Tensor  # [NUM_PLANES, T * k, F] fp16: h and h times plane_scales(1), (2)
     down_plan: torch.Tensor  # [down programs, down_plan_width(E)] int32, the down launch's scratch
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
@@ -38,13 +38,13 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                     tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
     pairs = num_tokens * top_k
     m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
-    h = torch.empty(2, pairs, ffn, dtype=torch.float16, device=device)
+    h = torch.empty(NUM_PLANES, pairs, ffn, dtype=torch.float16, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
-        h=h[0], hq=h[1], hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
+        h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, down_plan_width(num_experts), dtype=torch.int32,
                               device=device),
     )
@@ -61,15 +61,16 @@ def workspace_bytes(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     ws = alloc_workspace(num_tokens, top_k, hidden, ffn, num_experts, tiles, "meta")
     parts = [getattr(ws.prep, f.name) for f in fields(ws.prep)]
     parts += [getattr(ws, f.name) for f in fields(ws)]
-    # Each plane (xp / xq, h / hq) is half of one buffer: counting both halves
-    # counts the buffer once.
-    return sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
+    # xp and h are plane 0 of x_planes and h_planes: count each buffer once.
+    planes = [ws.prep.xp, ws.h]
+    return sum(t.numel() * t.element_size() for t in parts
+               if isinstance(t, torch.Tensor) and not any(t is p for p in planes))
 
 
 def check_h_planes(ws: MoeWorkspace) -> None:
-    """h and hq must be the two planes of one buffer (the kernels reach hq
-    from h); the xp / xq planes are checked by moe_prepare."""
-    check_planes(ws.h, ws.hq, "h", "hq")
+    """h must be plane 0 of h_planes (the kernels reach the others from h);
+    the x planes are checked by moe_prepare."""
+    check_planes(ws.h_planes, ws.h, "h")
 
 
 def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:

@@ -23,18 +23,34 @@ _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + M - M rounds half to
 
 
 @triton.jit
-def _pack_field(q, SHIFT: tl.constexpr, WIDTH: tl.constexpr, BR: tl.constexpr):
-    # q: int32 [BR, 128] codes -> int32 [BR, 128 * WIDTH / 32] words of one field.
-    # Weight i of a word at bit 2i (2-bit) or 8 ((i % 16) // 4) + 4 (i // 16) + i % 4 (1-bit).
-    per_word: tl.constexpr = 32 // WIDTH
-    vals = (q >> SHIFT) & ((1 << WIDTH) - 1)
-    vals = tl.reshape(vals, (BR, 128 // per_word, per_word))
-    i = tl.arange(0, per_word)[None, None, :]
-    if WIDTH == 1:
-        bit = 8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4
+def _quarter_word(vals, LSB: tl.constexpr, WIDTH: tl.constexpr, WORD: tl.constexpr):
+    # vals: int32 [BR, 4, 32] field values of each quarter -> int32 [BR, 4]:
+    # word WORD of each quarter. Bit t of weight i = 8m + j lies at
+    # 4j + LSB + t - r (mod 32), r = 2 (m % 2) + m // 2, in word m // 2 of a
+    # 2-bit field (weight_layout.quarter_bit_positions).
+    i = tl.arange(0, 32)[None, None, :]
+    m = i // 8
+    r = 2 * (m % 2) + m // 2
+    if WIDTH == 2:
+        mine = (m // 2) == WORD
     else:
-        bit = i * WIDTH
-    return tl.sum(vals << bit, axis=2)  # disjoint bits: sum == OR
+        mine = i >= 0
+    word = tl.zeros((vals.shape[0], vals.shape[1]), tl.int32)
+    for t in tl.static_range(WIDTH):
+        bit = (4 * (i % 8) + LSB + t - r + 32) % 32
+        word += tl.sum(tl.where(mine, ((vals >> t) & 1) << bit, 0), axis=2)  # disjoint bits: sum == OR
+    return word
+
+
+@triton.jit
+def _pack_field(q, SHIFT: tl.constexpr, WIDTH: tl.constexpr, LSB: tl.constexpr, BR: tl.constexpr):
+    # q: int32 [BR, 128] codes -> int32 [BR, 128 * WIDTH / 32] words of one field (v4 in-word order).
+    vals = tl.reshape((q >> SHIFT) & ((1 << WIDTH) - 1), (BR, 4, 32))
+    if WIDTH == 2:
+        words = tl.join(_quarter_word(vals, LSB, 2, 0), _quarter_word(vals, LSB, 2, 1))  # [BR, 4, 2]
+        return tl.reshape(words, (BR, 8))
+    else:
+        return _quarter_word(vals, LSB, 1, 0)
 
 
 @triton.jit
@@ -73,11 +89,12 @@ def _quant_pack_kernel(
     t = tl.div_rn(w - lo[:, None], s[:, None])
     t = (t + _ROUND_MAGIC) - _ROUND_MAGIC
     q = tl.minimum(tl.maximum(t, 0.0), 255.0).to(tl.int32)
-    _store_view(out_ptr, c0, s0, _pack_field(q, 6, 2, BR), lo, s, r, gi, G, rmask, 8, 64.0)
-    _store_view(out_ptr, c1, s1, _pack_field(q, 5, 1, BR), lo, s, r, gi, G, rmask, 4, 32.0)
-    _store_view(out_ptr, c2, s2, _pack_field(q, 4, 1, BR), lo, s, r, gi, G, rmask, 4, 16.0)
-    _store_view(out_ptr, c3, s3, _pack_field(q, 2, 2, BR), lo, s, r, gi, G, rmask, 8, 4.0)
-    _store_view(out_ptr, c4, s4, _pack_field(q, 0, 2, BR), lo, s, r, gi, G, rmask, 8, 1.0)
+    # (field shift, width, nibble lsb) of fields 0..4 (weight_layout)
+    _store_view(out_ptr, c0, s0, _pack_field(q, 6, 2, 2, BR), lo, s, r, gi, G, rmask, 8, 64.0)
+    _store_view(out_ptr, c1, s1, _pack_field(q, 5, 1, 1, BR), lo, s, r, gi, G, rmask, 4, 32.0)
+    _store_view(out_ptr, c2, s2, _pack_field(q, 4, 1, 0, BR), lo, s, r, gi, G, rmask, 4, 16.0)
+    _store_view(out_ptr, c3, s3, _pack_field(q, 2, 2, 2, BR), lo, s, r, gi, G, rmask, 8, 4.0)
+    _store_view(out_ptr, c4, s4, _pack_field(q, 0, 2, 0, BR), lo, s, r, gi, G, rmask, 8, 1.0)
 
 
 def quant_pack(w: torch.Tensor) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Plain-torch reference of the multi-precision weight layout (docs/WEIGHT_LAYOUT.md, v3).
+"""Plain-torch reference of the multi-precision weight layout (docs/WEIGHT_LAYOUT.md, v4).
 
 The kernels' own reference: quantize one block W [N, K] to 8-bit codes, cut the
 codes into the five fields, pack each field into int32 words along K, append
@@ -6,7 +6,7 @@ the per-view (scale, offset) pairs, and place the fields' bytes in arena pages
 through a page table. Also the inverse (the b-bit view a kernel must compute)
 and the in-group K order the MoE kernels use for activations.
 
-Contract (v3): see docs/WEIGHT_LAYOUT.md. Rounding is round-half-to-even, the
+Contract (v4): see docs/WEIGHT_LAYOUT.md. Rounding is round-half-to-even, the
 per-view scales are the default midpoint of the truncated interval (no refit).
 """
 
@@ -100,26 +100,44 @@ def view_scales(lo: torch.Tensor, s: torch.Tensor, bits: int) -> tuple[torch.Ten
     return scale.to(torch.float16), offset.to(torch.float16)
 
 
-def word_bit_positions(width: int) -> torch.Tensor:
-    """int64 [32 / width]: bit of weight i of a word. 2-bit: 2i; 1-bit:
-    8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4 (v3: a byte lane's weights one
-    byte apart)."""
-    i = torch.arange(32 // width, dtype=torch.int64)
-    if width == 1:
-        return 8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4
-    return i * width
+# Bit of a 4-bit nibble where each field's least significant bit lands when a
+# kernel rebuilds the top (fields 0-2) or the bottom (fields 3-4) four bits of
+# a code (v4).
+NIBBLE_LSB = (2, 1, 0, 2, 0)
+QUARTER = 32  # weights per quarter of a group: what one kernel thread decodes per row
+
+
+def quarter_bit_positions(field: int) -> torch.Tensor:
+    """int64 [32, w]: where bit t of weight i of a quarter lies among the
+    quarter's 32 w bits of field ``field`` (bit p is bit p % 32 of the
+    quarter's word p // 32).
+
+    v4: weight i = 8m + j is nibble j of nibble word m, whose rotation is
+    r = 2 (m % 2) + m // 2; a 2-bit field keeps m in its word m // 2, a 1-bit
+    field all four in its one word, at bits 4j + NIBBLE_LSB[field] + t - r
+    (mod 32). A kernel takes each field where it lies (one mask) and rotates
+    the merged word left by r, which puts nibble j at bits 4j .. 4j + 3.
+    """
+    width = FIELD_WIDTHS[field]
+    i = torch.arange(QUARTER, dtype=torch.int64)[:, None]
+    t = torch.arange(width, dtype=torch.int64)[None, :]
+    m, j = i // 8, i % 8
+    r = 2 * (m % 2) + m // 2
+    word = m // 2 if width == 2 else torch.zeros_like(m)
+    return 32 * word + (4 * j + NIBBLE_LSB[field] + t - r) % 32
 
 
 def pack_field(q: torch.Tensor, field: int) -> torch.Tensor:
     """Field ``field`` of codes q [N, K] as int32 words [N, K * w / 32] (rows in
     order; the byte string stores them tile-major, see pack_block)."""
     width = FIELD_WIDTHS[field]
-    per_word = 32 // width
     n, k = q.shape
     vals = (q.to(torch.int64) >> FIELD_SHIFTS[field]) & ((1 << width) - 1)
-    vals = vals.reshape(n, k // per_word, per_word)  # [N, words, per_word]
-    shifts = word_bit_positions(width).to(q.device)
-    words = (vals << shifts).sum(dim=-1)  # disjoint bits: sum == OR
+    bits = (vals.reshape(n, k // QUARTER, QUARTER, 1) >> torch.arange(width, device=q.device)) & 1
+    pos = quarter_bit_positions(field).to(q.device).reshape(-1)  # a permutation of the quarter's bits
+    placed = torch.zeros(n, k // QUARTER, QUARTER * width, dtype=torch.int64, device=q.device)
+    placed[..., pos] = bits.reshape(n, k // QUARTER, -1)
+    words = (placed.reshape(n, -1, 32) << torch.arange(32, device=q.device)).sum(dim=-1)  # disjoint bits
     words = torch.where(words >= 2**31, words - 2**32, words)
     return words.to(torch.int32)
 
@@ -140,12 +158,12 @@ def pack_block(w: torch.Tensor) -> list[torch.Tensor]:
 def unpack_field(data: torch.Tensor, field: int, n: int, k: int) -> torch.Tensor:
     """Field values int64 [N, K] from one field's byte string."""
     width = FIELD_WIDTHS[field]
-    per_word = 32 // width
     nbytes = field_code_bytes(field, n, k)
     words = tiles_to_rows(data[:nbytes].view(torch.int32), n, k // GROUP).to(torch.int64) & 0xFFFFFFFF
-    words = words.reshape(n, k // per_word, 1)
-    shifts = word_bit_positions(width).to(data.device)
-    return ((words >> shifts) & ((1 << width) - 1)).reshape(n, k)
+    bits = (words.reshape(n, k // QUARTER, width, 1) >> torch.arange(32, device=data.device)) & 1
+    pos = quarter_bit_positions(field).to(data.device)  # [32, w]
+    held = bits.reshape(n, k // QUARTER, QUARTER * width)[..., pos.reshape(-1)].reshape(n, k // QUARTER, QUARTER, width)
+    return (held << torch.arange(width, device=data.device)).sum(dim=-1).reshape(n, k)
 
 
 def unpack_scales(data: torch.Tensor, field: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,27 +187,42 @@ def dequantize_view(fields: list[torch.Tensor], num_fields: int, n: int, k: int)
 
 
 # -- K order inside one group, as the MoE kernels decode it --------------------
-# The kernels decode, per row and per group of 128, 32 consecutive weights per
-# thread into fp16 pairs; the dot product does not care about K order, so the
-# activations are stored in the decoded ("virtual") order instead of moving
-# weights. Virtual index v = word*64 + s*16 + ab*8 + c*2 + e holds actual index
-# a = 32c + 16word + 4ab + s + 8e (c: quarter of the group, word: 2-bit word in
-# the quarter, s: shift step, ab: byte-lane pair, e: half of the pair).
+# The kernels decode, per row and per group of 128, one quarter (32 weights)
+# per thread into fp16 pairs, which is what the thread holds of the mma A
+# operand; the dot product does not care about K order, so the activations
+# are stored in the decoded ("virtual") order instead of moving weights.
+# Virtual index v = w*64 + h*32 + s*16 + ab*8 + c*2 + e holds actual index
+# a = 32c + 16w + 8h + 2s + ab + 4e: quarter c, nibble word m = 2w + h,
+# nibble j = 2s + ab + 4e (pair (s, ab) of the word, half e of the pair).
 def virtual_to_actual() -> torch.Tensor:
     """int64 [128]: actual in-group index of each virtual position."""
     v = torch.arange(GROUP)
-    word, s, ab, c, e = v // 64, (v // 16) % 4, (v // 8) % 2, (v // 2) % 4, v % 2
-    return 32 * c + 16 * word + 4 * ab + s + 8 * e
+    w, h, s, ab, c, e = v // 64, (v // 32) % 2, (v // 16) % 2, (v // 8) % 2, (v // 2) % 4, v % 2
+    return 32 * c + 16 * w + 8 * h + 2 * s + ab + 4 * e
 
 
-def quarter_scales() -> torch.Tensor:
-    """fp32 [128]: 4^-s of each virtual position, s = (v // 16) % 4 the place
-    of its weight inside a 2-bit field's byte lane. The 2-bit decode reads a
-    weight where it lies, as the subnormal fp16 t * 4^s * 2^-24
-    (kernels/moe_decode.py); its activations are staged pre-scaled by these
-    factors."""
+# Each view's decode reads a weight as the subnormal fp16 t 2^p 2^-24, its
+# code t at place p of its half (kernels/moe_decode.py); the activations of
+# that view are staged times 2^-p, in one of three planes: 6 and 8 bits read
+# bytes at p = 0 (plane 0, x itself), 3 and 4 bits nibbles at p = 4 ab
+# (plane 1), 2 bits field 0 in place at p = 4 ab + 2 (1 - h) (plane 2).
+NUM_PLANES = 3
+
+
+def view_plane(num_fields: int) -> int:
+    """Activation plane the view of ``num_fields`` fields reads."""
+    view_bits(num_fields)
+    return 2 if num_fields == 1 else 1 if num_fields <= 3 else 0
+
+
+def plane_scales(plane: int) -> torch.Tensor:
+    """fp32 [128]: 2^-p of each virtual position in activation plane ``plane``."""
+    if plane not in range(NUM_PLANES):
+        raise ValueError(f"plane must be in 0..{NUM_PLANES - 1}, got {plane}")
     v = torch.arange(GROUP)
-    return torch.pow(4.0, -((v // 16) % 4).float())
+    h, ab = (v // 32) % 2, (v // 8) % 2
+    p = torch.zeros(GROUP, dtype=torch.int64) if plane == 0 else 4 * ab if plane == 1 else 4 * ab + 2 * (1 - h)
+    return torch.pow(2.0, -p.float())
 
 
 def permute_groups(x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,9 @@ from dataplane.weights.layout import (
     CODE_BITS,
     FIELD_WIDTHS,
     GROUP,
+    NIBBLE_LSB,
     NUM_FIELDS,
+    QUARTER,
     SCALE_PAIR,
     TILE_ROWS,
     VIEW_BITS,
@@ -70,42 +72,56 @@ class EncodedBlock:
 
 
 # -- packing ------------------------------------------------------------------
-def word_bit_positions(width: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """int64 [32 / width]: bit position of weight i of a word (layout v3).
+def quarter_bit_positions(f: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """int64 [QUARTER, w]: the bit, among one quarter's QUARTER * w bits of field
+    ``f`` (bit p is bit p % 32 of the quarter's word p // 32), that holds bit t
+    of weight i of the quarter (layout v4).
 
-    2-bit: i * 2 (little end first). 1-bit: 8 * ((i % 16) // 4) + 4 * (i // 16)
-    + i % 4, so that the four weights a kernel puts in the four byte lanes of
-    one 32-bit word (i = 16h + 4l + s, lane l) sit one byte apart and move
-    there with one shift.
+    Weight i = 8m + j is nibble j of the kernels' nibble word m, rotated by
+    r = 2 (m % 2) + m // 2: its bit t sits at 4j + NIBBLE_LSB[f] + t - r
+    (mod 32), in word m // 2 of a 2-bit field. A kernel masks each field
+    where it lies and rotates the merged word left by r once, which puts the
+    nibble's four bits at 4j .. 4j + 3 (docs/WEIGHT_LAYOUT.md).
     """
-    i = torch.arange(WORD_BITS // width, device=device, dtype=torch.int64)
-    if width == 1:
-        return 8 * ((i % 16) // 4) + 4 * (i // 16) + i % 4
-    return i * width
+    width = FIELD_WIDTHS[f]
+    i = torch.arange(QUARTER, device=device, dtype=torch.int64).unsqueeze(1)  # [QUARTER, 1]
+    t = torch.arange(width, device=device, dtype=torch.int64).unsqueeze(0)  # [1, w]
+    m, j = i // 8, i % 8
+    rot = 2 * (m % 2) + m // 2
+    word = m // 2 if width == 2 else torch.zeros_like(m)
+    return WORD_BITS * word + (4 * j + NIBBLE_LSB[f] + t - rot) % WORD_BITS
 
 
-def pack_field(values: torch.Tensor, width: int) -> torch.Tensor:
-    """[N, K] integer codes < 2**width -> int32 [N, K * width / 32] words.
+def pack_field(values: torch.Tensor, f: int) -> torch.Tensor:
+    """[N, K] integer codes < 2**w of field ``f`` -> int32 [N, K * w / 32] words.
 
-    Weight i of a word sits at bit word_bit_positions(width)[i].
+    Bit t of weight i of each quarter sits at quarter_bit_positions(f)[i, t].
     """
+    width = FIELD_WIDTHS[f]
     n, k = values.shape
-    per_word = WORD_BITS // width
-    shifts = word_bit_positions(width, values.device)  # [per_word]
-    grouped = values.to(torch.int64).reshape(n, k // per_word, per_word)  # [N, words, per_word]
-    words = (grouped << shifts).sum(dim=-1)  # [N, words], in [0, 2**32): fields are disjoint bits
+    pos = quarter_bit_positions(f, values.device)  # [QUARTER, w]
+    vals = values.to(torch.int32).reshape(n, k // QUARTER, QUARTER)  # [N, Q, 32]
+    words = torch.zeros(n, k // QUARTER, width, dtype=torch.int64, device=values.device)
+    for t in range(width):
+        bit = ((vals >> t) & 1) << (pos[:, t] % WORD_BITS).to(torch.int32)  # [N, Q, 32]
+        for word in range(width):
+            hit = (pos[:, t] // WORD_BITS == word).to(torch.int32)
+            words[..., word] += (bit * hit).sum(dim=-1, dtype=torch.int64)  # disjoint bits: sum == OR
     words = torch.where(words >= _INT32_SIGN, words - (1 << WORD_BITS), words)
-    return words.to(torch.int32)
+    return words.reshape(n, -1).to(torch.int32)
 
 
-def unpack_field(words: torch.Tensor, width: int) -> torch.Tensor:
-    """int32 [N, J] words -> int64 [N, J * 32 / width] codes (inverse of pack_field)."""
+def unpack_field(words: torch.Tensor, f: int) -> torch.Tensor:
+    """int32 [N, J] words of field ``f`` -> int64 [N, J * 32 / w] codes (inverse of pack_field)."""
+    width = FIELD_WIDTHS[f]
     n, j = words.shape
-    per_word = WORD_BITS // width
-    shifts = word_bit_positions(width, words.device)  # [per_word]
-    unsigned = words.to(torch.int64) & _WORD_MASK  # [N, J]
-    codes = (unsigned.unsqueeze(-1) >> shifts) & ((1 << width) - 1)  # [N, J, per_word]
-    return codes.reshape(n, j * per_word)
+    pos = quarter_bit_positions(f, words.device)  # [QUARTER, w]
+    unsigned = (words.to(torch.int64) & _WORD_MASK).reshape(n, j // width, width)  # [N, Q, w]
+    codes = torch.zeros(n, j // width, QUARTER, dtype=torch.int64, device=words.device)
+    for t in range(width):
+        held = unsigned[..., pos[:, t] // WORD_BITS]  # [N, Q, 32]: the word holding bit t of each weight
+        codes |= ((held >> (pos[:, t] % WORD_BITS)) & 1) << t
+    return codes.reshape(n, -1)
 
 
 def _rows_to_tiles(x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +219,7 @@ def encode(w: torch.Tensor, scale_fit: ScaleFit = DEFAULT_SCALE_FIT) -> EncodedB
     fields = []
     for f, width in enumerate(FIELD_WIDTHS):
         values = (q >> field_shift(f)) & ((1 << width) - 1)  # [N, G, GROUP]
-        fields.append(pack_field(values.reshape(n, k), width))
+        fields.append(pack_field(values.reshape(n, k), f))
     scales = []
     for bits in VIEW_BITS:
         scale, offset = _midpoint_params(lo, s, bits)
@@ -224,7 +240,7 @@ def decode_view(codes: Sequence[torch.Tensor], scales: torch.Tensor, n: int, k: 
     bits = VIEW_BITS[len(codes) - 1]
     t = torch.zeros(n, k, dtype=torch.int64, device=scales.device)  # [N, K] b-bit codes
     for f, words in enumerate(codes):
-        t |= unpack_field(words, FIELD_WIDTHS[f]) << (field_shift(f) - (CODE_BITS - bits))
+        t |= unpack_field(words, f) << (field_shift(f) - (CODE_BITS - bits))
     sc = scales.to(torch.float32)  # [N, G, 2]
     tg = t.to(torch.float32).reshape(n, k // GROUP, GROUP)
     return (sc[..., 1:2] + sc[..., 0:1] * tg).reshape(n, k)

@@ -1,4 +1,4 @@
-"""Constants and byte sizes of the multi-precision weight layout (v3).
+"""Constants and byte sizes of the multi-precision weight layout (v4).
 
 The contract is docs/WEIGHT_LAYOUT.md; this module is its executable form and
 the only place the numbers live. Kernels import from here.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 GROUP = 128  # weights per quantization group, along the input dimension K
 # v2: a field's byte string holds its rows in tiles of TILE_ROWS (the last one
 # zero-padded); the bytes of one (tile, group) are contiguous (docs/WEIGHT_LAYOUT.md).
@@ -20,6 +20,11 @@ FIELD_WIDTHS: tuple[int, ...] = (2, 1, 1, 2, 2)
 NUM_FIELDS = len(FIELD_WIDTHS)
 VIEW_BITS: tuple[int, ...] = tuple(sum(FIELD_WIDTHS[: j + 1]) for j in range(NUM_FIELDS))
 WORD_BITS = 32  # fields are packed into int32 words
+# v4: the bit of a 4-bit nibble that each field's least significant bit takes
+# when a kernel merges fields 0-2 (the top four code bits) or 3-4 (the bottom
+# four) into nibble words; the in-word order follows from it (codec.py).
+NIBBLE_LSB: tuple[int, ...] = (2, 1, 0, 2, 0)
+QUARTER = 32  # weights per quarter of a group, the unit of the in-word order
 SCALE_BYTES = 2  # float16
 SCALE_PAIR = 2  # (scale, offset) per (row, group, view)
 NUM_PROJ = 3  # gate (w1), up (w3), down (w2)

@@ -77,7 +77,7 @@ def test_gate_up_writes_every_routed_row(device):
     ids = torch.tensor([[0, 3], [3, 1], [1, 0], [4, 3], [2, 4]])
     tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=1)
     ws = alloc_workspace(t, k, H, F, E, tiles, device)
-    for buf in (ws.prep.xp, ws.prep.xq, ws.prep.xsum, ws.prep.out, ws.h, ws.hq, ws.hsum):
+    for buf in (ws.prep.x_planes, ws.prep.xsum, ws.prep.out, ws.h_planes, ws.hsum):
         buf.fill_(float("nan"))
     prep = moe_prepare(x.to(device), ids.to(device), E, ws.prep)
     assert bool((prep.out == 0).all()) and bool(torch.isfinite(prep.xp).all())
@@ -97,9 +97,11 @@ def test_gate_up_writes_every_routed_row(device):
         assert rel_err(got, href) < 2e-3
         sums = got.reshape(-1, 64).sum(-1)  # tiles are 64 actual rows of F
         assert torch.allclose(ws.hsum[pos].cpu(), sums, rtol=1e-4, atol=1e-4)
-        # The plane the 2-bit decode reads: h at each virtual position times 4^-s.
-        quarter = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.quarter_scales()).to(torch.float16)
-        assert torch.equal(ws.hq[pos].cpu(), quarter.reshape(-1))
+        # The planes the 3/4-bit and 2-bit decodes read: h at each virtual
+        # position times 2^-p (exactly: powers of two).
+        for plane in (1, 2):
+            scaled = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.plane_scales(plane)).to(torch.float16)
+            assert torch.equal(ws.h_planes[plane, pos].cpu(), scaled.reshape(-1))
 
 
 @pytest.mark.parametrize("in_kernel_sort", [True, False])
@@ -115,13 +117,12 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort):
     ids = torch.randint(0, e, (t, k))
     ids[2, 1] = -1
     prep = moe_align.alloc_prep(t, k, h, e, device)
-    for buf in (prep.xp, prep.xq, prep.xsum, prep.out):
+    for buf in (prep.x_planes, prep.xsum, prep.out):
         buf.fill_(float("nan"))  # every element must be written
     got = moe_prepare(x.to(device), ids.to(device), e, prep)
     ref = moe_prepare_reference(x, ids, e)
     assert torch.equal(got.out.cpu(), ref.out)
-    assert torch.equal(got.xp.cpu(), ref.xp)
-    assert torch.equal(got.xq.cpu(), ref.xq)
+    assert torch.equal(got.x_planes.cpu(), ref.x_planes)
     assert torch.allclose(got.xsum.cpu(), ref.xsum, rtol=1e-5, atol=1e-3)
     assert torch.equal(got.sorted_ids[: int(ref.offsets[-1])].cpu(), ref.sorted_ids[: int(ref.offsets[-1])])
     assert torch.equal(got.offsets.cpu(), ref.offsets)

@@ -10,7 +10,7 @@ from kernels.moe_workspace import alloc_workspace, workspace_bytes
 
 
 def allocated_bytes(ws) -> int:
-    tensors = [ws.gu, ws.counts, ws.h, ws.hq, ws.hsum, ws.down_plan, ws.prep.xp, ws.prep.xq, ws.prep.xsum, ws.prep.out,
+    tensors = [ws.gu, ws.counts, ws.h_planes, ws.hsum, ws.down_plan, ws.prep.x_planes, ws.prep.xsum, ws.prep.out,
                ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
@@ -24,13 +24,14 @@ def test_count_matches_a_real_allocation():
 
 def test_planes_share_one_buffer_and_odd_shapes_count_nothing():
     ws = alloc_workspace(4, 2, 256, 384, 5, choose_tiles(4, 2, 5, 256, 384), "cpu")
-    assert ws.hq.data_ptr() == ws.h.data_ptr() + ws.h.numel() * ws.h.element_size()
-    assert ws.prep.xq.data_ptr() == ws.prep.xp.data_ptr() + ws.prep.xp.numel() * ws.prep.xp.element_size()
+    for first, planes in ((ws.h, ws.h_planes), (ws.prep.xp, ws.prep.x_planes)):
+        assert planes.shape == (3, *first.shape) and planes.is_contiguous()
+        assert first.data_ptr() == planes.data_ptr()
     assert workspace_bytes(4, 2, 200, 384, 5) == 0 and workspace_bytes(0, 2, 256, 384, 5) == 0
 
 
 def test_step_estimate_covers_the_fused_scratch():
-    # Mixtral-8x7B shapes: the fused kernels' scratch (fp32 gate/up, two h
+    # Mixtral-8x7B shapes: the fused kernels' scratch (fp32 gate/up, three h
     # planes) is about twice the torch path's three bf16 intermediates.
     spec = MixtralSpec(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                        num_kv_heads=8, head_dim=128, num_experts=8, top_k=2, rms_norm_eps=1e-5,

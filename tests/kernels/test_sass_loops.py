@@ -42,5 +42,8 @@ def test_down_launch_has_one_loop_per_view(tmp_path):
     loops = json.loads(out.read_text())["loops"]
     assert len(loops) == 5  # views of 2, 3, 4, 6 and 8 bits
     assert all(lp["HGMMA"] == 16 for lp in loops)  # 128 rows x 128 K: 2 x 8 products
-    # the 2-bit view is decoded in place; the others split byte lanes with PRMT
-    assert sorted(lp["PRMT"] >= 64 for lp in loops) == [False, True, True, True, True]
+    # v4: the 2-, 3- and 4-bit views mask their codes in place; the 6- and
+    # 8-bit views split byte lanes with PRMT
+    assert sorted(lp["PRMT"] >= 64 for lp in loops) == [False, False, False, True, True]
+    # the decoded tile is what each thread holds of the mma operand: no shuffles
+    assert all(lp["SHFL"] == 0 for lp in loops)

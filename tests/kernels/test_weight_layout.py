@@ -30,12 +30,31 @@ def test_fields_rebuild_codes_and_views_bound_the_error():
     assert bool((wl.dequantize_view(fields, 5, n, k)[2, :128] == 1.25).all())
 
 
-def test_view_word_layout_is_little_end_first():
+def test_field_words_hold_each_quarter_rotated_by_its_nibble_word():
+    # v4: weight i = 8m + j of a quarter sits at bits 4j + NIBBLE_LSB - r
+    # (mod 32) of its field word, r = 2 (m % 2) + m // 2; merging fields 0-2
+    # where they lie and rotating left by r gives nibble j = the top 4 bits.
     q = torch.zeros(1, 128, dtype=torch.uint8)
-    q[0, 1] = 0b11000000  # field 0 of weight 1 -> bits 2..3 of word 0
-    q[0, 33] = 0b00100000  # field 1 of weight 33 -> bit 1 of word 1
-    assert int(wl.pack_field(q, 0)[0, 0]) == 0b1100
-    assert int(wl.pack_field(q, 1)[0, 1]) == 0b10
+    q[0, 1] = 0b11000000  # field 0 of weight 1 (m 0, j 1, r 0): bits 6..7 of word 0
+    q[0, 8] = 0b01000000  # field 0 of weight 8 (m 1, j 0, r 2): bit 0 of word 0
+    q[0, 24] = 0b10000000  # field 0 of weight 24 (m 3, j 0, r 3): bit 0 of word 1 (wraps from bit 31)
+    q[0, 33] = 0b00100000  # field 1 of weight 33 (quarter 1, r 0): bit 5 of word 1
+    assert int(wl.pack_field(q, 0)[0, 0]) == 0b11000000 | 0b1
+    assert int(wl.pack_field(q, 0)[0, 1]) == 0b1
+    assert int(wl.pack_field(q, 1)[0, 1]) == 1 << 5
+    torch.manual_seed(3)
+    q = torch.randint(0, 256, (1, 128), dtype=torch.uint8)
+    words = {f: wl.pack_field(q, f)[0].tolist() for f in range(3)}
+    for m in range(4):
+        r = 2 * (m % 2) + m // 2
+        merged = 0
+        for f in range(3):
+            word = words[f][m // 2] if wl.FIELD_WIDTHS[f] == 2 else words[f][0]
+            mask = sum(1 << ((4 * j + wl.NIBBLE_LSB[f] + t - r) % 32) for j in range(8)
+                       for t in range(wl.FIELD_WIDTHS[f]))
+            merged |= (word & 0xFFFFFFFF) & mask
+        nibbles = ((merged << r) | (merged >> (32 - r))) & 0xFFFFFFFF if r else merged
+        assert [(nibbles >> (4 * j)) & 15 for j in range(8)] == [int(q[0, 8 * m + j]) >> 4 for j in range(8)]
 
 
 def test_virtual_order_is_a_permutation_of_each_group():
@@ -47,10 +66,12 @@ def test_virtual_order_is_a_permutation_of_each_group():
     assert torch.equal(xp[0, 128:], x[0, 128 + idx])
 
 
-def test_quarter_scales_follow_the_two_bit_lane_places():
-    # Virtual position v holds the weight at place s = (v // 16) % 4 of its
-    # byte lane (bits 2s, 2s + 1): its activation is staged times 4^-s.
-    q = wl.quarter_scales()
+def test_plane_scales_and_the_plane_of_each_view():
+    # Plane 1 (3/4 bits): nibble places 0 / 4 by ab; plane 2 (2 bits): field
+    # 0 read in place at 4 ab + 2 (1 - h); plane 0 (6/8 bits): bytes at 0.
     v = torch.arange(wl.GROUP)
-    assert q.shape == (wl.GROUP,)
-    assert torch.equal(q * 4.0 ** ((v // 16) % 4).float(), torch.ones(wl.GROUP))
+    ab, h = (v // 8) % 2, (v // 32) % 2
+    assert torch.equal(wl.plane_scales(0), torch.ones(wl.GROUP))
+    assert torch.equal(wl.plane_scales(1) * 2.0 ** (4 * ab).float(), torch.ones(wl.GROUP))
+    assert torch.equal(wl.plane_scales(2) * 2.0 ** (4 * ab + 2 * (1 - h)).float(), torch.ones(wl.GROUP))
+    assert [wl.view_plane(nf) for nf in range(1, 6)] == [2, 1, 1, 0, 0]

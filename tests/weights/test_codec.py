@@ -111,8 +111,8 @@ def test_fields_hold_the_truncated_codes() -> None:
     s = (hi - lo) / 255
     q = torch.clamp(torch.round((wg - lo) / s), 0, 255).to(torch.int64).reshape(40, 256)
     rebuilt = torch.zeros_like(q)
-    for f, width in enumerate(FIELD_WIDTHS):
-        rebuilt |= unpack_field(block.fields[f], width) << field_shift(f)
+    for f in range(len(FIELD_WIDTHS)):
+        rebuilt |= unpack_field(block.fields[f], f) << field_shift(f)
     assert torch.equal(rebuilt, q)
     for j, bits in enumerate(VIEW_BITS):
         drop = 1 << (CODE_BITS - bits)
@@ -123,22 +123,25 @@ def test_fields_hold_the_truncated_codes() -> None:
 
 def test_pack_round_trip_and_bit_order() -> None:
     gen = torch.Generator().manual_seed(5)
-    for width in (1, 2):
+    for f, width in enumerate(FIELD_WIDTHS):
         values = torch.randint(0, 1 << width, (3, 256), generator=gen)
-        words = pack_field(values, width)
+        words = pack_field(values, f)
         assert words.dtype == torch.int32 and words.shape == (3, 256 * width // 32)
-        assert torch.equal(unpack_field(words, width), values)
+        assert torch.equal(unpack_field(words, f), values)
+    # v4: bit t of weight i = 8m + j of a quarter at 4j + NIBBLE_LSB[f] + t - r
+    # (mod 32), r = 2 (m % 2) + m // 2, in word m // 2 of a 2-bit field.
     one = torch.zeros(1, 128, dtype=torch.int64)
-    one[0, 1] = 3  # weight 1 of word 0 sits at bits 2..3 for width 2
-    assert pack_field(one, 2)[0, 0].item() == 3 << 2
-    top = torch.zeros(1, 128, dtype=torch.int64)
-    top[0, 31] = 1  # the sign bit of an int32 word
-    assert pack_field(top, 1)[0, 0].item() == -(1 << 31)
-    # 1-bit: weights 16h + 4l + s sit at bit 8l + 4h + s (a lane's four weights one byte apart)
-    for i, bit in ((1, 1), (4, 8), (12, 24), (16, 4), (21, 13)):
+    one[0, 1] = 3  # field 0, weight 1 (m 0, j 1, r 0): bits 6..7 of word 0
+    assert pack_field(one, 0)[0, 0].item() == 3 << 6
+    assert pack_field(one, 4)[0, 0].item() == 3 << 4  # field 4 (nibble lsb 0): bits 4..5
+    wrap = torch.zeros(1, 128, dtype=torch.int64)
+    wrap[0, 24] = 3  # field 0, weight 24 (m 3, j 0, r 3): bits 31 and 0 of word 1
+    assert pack_field(wrap, 0)[0, 1].item() & 0xFFFFFFFF == (1 << 31) | 1
+    # 1-bit: weight (m, j) at bit 4j + lsb - r of the quarter's one word
+    for f, i, bit in ((1, 1, 5), (1, 8, 31), (1, 16, 0), (2, 0, 0), (2, 8, 30), (2, 31, 25)):
         one_bit = torch.zeros(1, 32, dtype=torch.int64)
         one_bit[0, i] = 1
-        assert pack_field(one_bit, 1)[0, 0].item() & 0xFFFFFFFF == 1 << bit
+        assert pack_field(one_bit, f)[0, 0].item() & 0xFFFFFFFF == 1 << bit, (f, i)
 
 
 def test_field_bytes_round_trip_with_padding() -> None:
