@@ -357,17 +357,17 @@ def main() -> None:
                   command=" ".join(sys.argv), git_commit=git_commit(args.commit), torch=torch.__version__,
                   triton=triton.__version__, copy_GBps=hbm, tuned=tune, moe=[], bf16=[],
                   attention=[])
-    tune_log = [] if args.autotune or args.tune_only else None
     shapes = [s for s in (MIXTRAL, QWEN) if s.name.split("-")[0].split("1")[0] in args.models]
     for shape in shapes:
+        # Each model is tuned on its own (the best shape differs with the expert count).
+        tune_log = [] if args.autotune or args.tune_only else None
         rows = moe_rows(shape, batches, bits, hbm, tune, deadline, stages=True, tune_log=tune_log,
                         tune_only=args.tune_only,
                         candidates=json.loads(args.candidates) if args.candidates else None,
                         tune_cases=tune_cases, route=args.routing, stage_bits=args.stage_bits.split(","))
-        tune = rows[0]["tune"]
         result["moe"] += rows
         if tune_log:
-            result["autotune"], tune_log = list(tune_log), None
+            result.setdefault("autotune", []).extend(dict(row, model=shape.name) for row in tune_log)
         Path(args.out).write_text(json.dumps(result, indent=1))
     for shape in shapes if not (args.tune_only or args.kernels_only) else []:
         if time.time() < deadline:
