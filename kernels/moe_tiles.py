@@ -23,6 +23,14 @@ PROGRAMS_PER_SM = 2
 # tile for all experts cut the layer from 570 to 441 us against 16, a
 # 64-token one took 680 us (benchmarks/results/moe_block_m_random_h200.json).
 WIDE_TOKEN_TILE = 32
+# The balanced down split (MoeTiles.balance_down) for at most this many
+# experts: every program walks the plan of all active experts first. Mixtral
+# (8 experts), B=16: mixed 2/6 329.6 us with it, 335.4 without, uniform views
+# within 1.3 %; Qwen1.5-MoE (60), B=16: 221.6 / 249.5 / 258.5 us (2-bit /
+# 4-bit / mixed) with it, 130.5 / 159.7 / 159.8 without
+# (benchmarks/results/moe_tune_*_s11_h200.json). 16 is the plan's narrowest
+# row (down_plan_width), not a measured crossing point.
+BALANCE_MAX_EXPERTS = 16
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     if balance_down is None:
         # Not with the wide tile: there Triton 3.6 keeps fewer address words
         # in registers and the 16-token loops grow (4-bit: 429 -> 461
-        # instructions per step in the SASS).
-        balance_down = block_m_wide == 0
+        # instructions per step in the SASS). Not for many experts either
+        # (BALANCE_MAX_EXPERTS).
+        balance_down = block_m_wide == 0 and num_experts <= BALANCE_MAX_EXPERTS
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active

@@ -142,6 +142,7 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert (wide.block_m, wide.block_m_wide) == (16, 32) and not wide.balance_down
     assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
     assert choose_tiles(64, 4, 60, 2048, 1408).block_m_wide == 0  # Qwen: mean 4.3 tokens per expert
+    assert not choose_tiles(16, 4, 60, 2048, 1408).balance_down  # 60 experts: the plan walk costs more
     assert choose_tiles(256, 2, 8, 4096, 14336).block_m_wide == 0  # 64-token tiles already
 
 
