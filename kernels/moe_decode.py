@@ -159,7 +159,8 @@ def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM:
     """fp16 [BN, 128] of one group in the virtual K order
     (weight_layout.virtual_to_actual): each weight masked where its code lies
     and read as the subnormal fp16 t 2^p 2^-24 (t the view's code, 2^p its
-    place, weight_layout.view_places; no offset to take out).
+    place, staged into the activations: weight_layout.plane_scales; no offset
+    to take out).
 
     f0, f3, f4: uint32 [BN, 4, 2] (2-bit fields: quarter c, word); f1, f2:
     uint32 [BN, 4] (1-bit fields: quarter c). Fields >= NF are ignored.
