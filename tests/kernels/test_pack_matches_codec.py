@@ -1,5 +1,5 @@
 """The Triton quant/pack kernel and the weight store's plain-torch codec
-(dataplane/weights/codec.py) write the same layout v1 bytes: identical codes
+(dataplane/weights/codec.py) write the same layout bytes: identical codes
 in every field, and with the midpoint fit the same view scales (within one
 fp16 rounding)."""
 
