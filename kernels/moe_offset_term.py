@@ -26,8 +26,10 @@ import triton.language as tl
 from kernels import weight_layout
 
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
-# Groups per product: the smallest K of an fp16 mma.
-GROUPS_PER_DOT = tl.constexpr(16)
+# Groups per product: one product per program for K <= 4096 (one round trip
+# of the loads, whose latency is what the term costs; 16 per product, two
+# round trips for Mixtral, made the layer 14-24 % slower: moe_h200_s12_*.json).
+GROUPS_PER_DOT = tl.constexpr(32)
 # |sum of 128 fp16| < 2^7 * 2^16 = 2^23; times 2^-8 it is < 2^15 < fp16 max.
 SUM_SHIFT = 8
 _SUM_DOWN = tl.constexpr(2.0 ** -SUM_SHIFT)
