@@ -37,7 +37,6 @@ import triton
 import triton.language as tl
 
 from kernels import weight_layout
-from kernels.moe_offset_term import add_offset_term, prefetch_offsets
 
 GROUP = 128
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
@@ -260,23 +259,29 @@ def _load_one_bit(arena_ptr, base, g, c4):
 
 
 @triton.jit
-def scale_pages(pt_blk_ptr, pt_field_stride, n_rows, n_groups, r64, nf, log2p):
-    """tile_pages of the (scale, offset) words of the nf-field view (nf a
-    constant or a run-time value): they sit after the codes of field nf - 1,
-    in whole tiles (the last one padded)."""
-    padded = ((n_rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS).to(tl.int64)
-    code_bytes = tl.where((nf == 1) | (nf >= 4), padded * (n_groups * 32), padded * (n_groups * 16))
-    return tile_pages(pt_blk_ptr + (nf - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
+def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
+    # -> fp32 [BM]: activation sums of group g (XS_SUB partial sums added).
+    xs = tl.load(xs_ptrs + g * xs_group_stride, mask=xs_mask, other=0.0)
+    for j in tl.static_range(1, XS_SUB):
+        xs += tl.load(xs_ptrs + g * xs_group_stride + j, mask=xs_mask, other=0.0)
+    return xs
 
 
 @triton.jit
-def _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                     xt_ptrs, xt_mask, plane_off, NF: tl.constexpr, BN: tl.constexpr,
-                     BM: tl.constexpr, USE_ASM: tl.constexpr):
-    """fp32 [BN, BM] = sum over groups g in [g0, g1) of scale[rows, g] *
-    (t @ x^T)[g] for one block stored as NF fields: block_matmul without its
-    offset term. Arguments as block_matmul's.
+def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
+                 XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
+                 BM: tl.constexpr, USE_ASM: tl.constexpr):
+    """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
 
+    arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
+    pt_blk_ptr: int32 [5, max_pages] the block's page-table rows (field stride
+    pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
+    pointers [128, BM] to group 0 of the activation tile (virtual order);
+    xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
+    partial sums per group, xs_group_stride apart per group (sums of plane 0).
+    plane_off: elements from one activation plane to the next (plane 1: times
+    weight_layout.view_scales(2 or 3 fields), plane 2: for one field).
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
     """
@@ -296,7 +301,14 @@ def _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0
         a3, b3, k3 = tile_pages(pt_blk_ptr + 3 * pt_field_stride, r64, 0, n_groups, 32, log2p)
     if NF >= 5:
         a4, b4, k4 = tile_pages(pt_blk_ptr + 4 * pt_field_stride, r64, 0, n_groups, 32, log2p)
-    sa, sb, sk = scale_pages(pt_blk_ptr, pt_field_stride, n_rows, n_groups, r64, NF, log2p)
+    # Scales of the NF-field view sit after the codes of field NF - 1 (whole
+    # tiles: the last one is padded).
+    padded = (n_rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+    if NF == 1 or NF >= 4:
+        code_bytes = padded.to(tl.int64) * (n_groups * 32)
+    else:
+        code_bytes = padded.to(tl.int64) * (n_groups * 16)
+    sa, sb, sk = tile_pages(pt_blk_ptr + (NF - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
     # The decode yields t 2^p 2^-24 against activations staged times 2^-p,
     # except for a constant factor per view (the 3-bit code sits one bit up
     # its nibble, the 6-bit code two bits up its byte): fold 2^24 / factor
@@ -313,14 +325,15 @@ def _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0
     elif NF <= 3:
         xt_ptrs += plane_off
     acc = tl.zeros((BN, BM), tl.float32)
-    # Latency of the per-group (scale, offset) load (ncu stall sampling on the
-    # H200: its global-load waits and the layout conversions it caused were
-    # the largest stalls of the loop): it is tied into the decode by a zero
-    # that the compiler cannot fold, so Triton's pipeliner treats it as an
-    # operand of the dot and streams it through shared memory with the
-    # fields, stages ahead. Only its scale is used in the loop; the offsets
-    # are applied after it (kernels/moe_offset_term.py).
+    # Latency of the two small per-group loads (ncu stall sampling on the H200:
+    # their global-load waits and the layout conversions they caused were the
+    # largest stalls of the loop). The (scale, offset) load is tied into the
+    # decode by a zero that the compiler cannot fold, so Triton's pipeliner
+    # treats it as an operand of the dot and streams it through shared memory
+    # with the fields, stages ahead; the activation sums of the next group are
+    # loaded one iteration ahead by hand.
     zero = K >> 31  # 0 at run time (K < 2^31), opaque to the compiler
+    xs_next = _group_sums(xs_ptrs, g0, xs_group_stride, xs_mask, XS_SUB)
     gs = g0
     while gs < g1:
         ge = _next_brk(k0, gs, g1)
@@ -345,6 +358,9 @@ def _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0
         ps = tl.where(gs < sk, sa, sb)
         for g in range(gs, ge):
             sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
+            xs = xs_next  # [BM] activation sums of group g
+            g_next = tl.minimum(g + 1, g1 - 1)
+            xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB)
             f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
             f1 = f0
             f2 = f0
@@ -362,38 +378,11 @@ def _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0
             xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16 x 2^-p
             part = tl.dot(w, xt)  # [BN, BM] = 2^-24 sum t x (times the view's factor)
             scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
+            offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
             acc = acc + part * scale[:, None]
+            acc = acc + offset[:, None] * xs[None, :]
         gs = ge
     return acc
-
-
-@triton.jit
-def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
-                 XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
-                 BM: tl.constexpr, USE_ASM: tl.constexpr):
-    """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block
-    stored as NF fields.
-
-    arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
-    pt_blk_ptr: int32 [5, max_pages] the block's page-table rows (field stride
-    pt_field_stride); n_rows, K: the block's shape; rows: int32 [BN] in-range
-    row indices; xt_ptrs: fp16 pointers [128, BM] to group 0 of the
-    activation tile (virtual order), xt_mask: its tokens that exist; xs_ptrs:
-    fp32 pointers [BM] to the activation sums of group 0, XS_SUB partial sums
-    per group, xs_group_stride apart per group (sums of plane 0), xs_mask as
-    xt_mask; plane_off: elements from one activation plane to the next
-    (plane 1: times weight_layout.view_scales(2 or 3 fields), plane 2: for
-    one field).
-    """
-    if USE_ASM:
-        sa, sb, sk = scale_pages(pt_blk_ptr, pt_field_stride, n_rows, K // 128, rows.to(tl.int64), NF, log2p)
-        prefetch_offsets(arena_ptr, sa, sb, sk, rows, g0, g1)
-    acc = _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                           xt_ptrs, xt_mask, plane_off, NF, BN, BM, USE_ASM)
-    # The page bases again (cheap), not kept in registers through the loop.
-    sa, sb, sk = scale_pages(pt_blk_ptr, pt_field_stride, n_rows, K // 128, rows.to(tl.int64), NF, log2p)
-    return add_offset_term(acc, arena_ptr, sa, sb, sk, g0, g1, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, BN, BM)
 
 
 @triton.jit
@@ -401,25 +390,20 @@ def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows
                      xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                      USE_ASM: tl.constexpr):
-    """block_matmul for the block's run-time field count nf (1..5): the K loop
-    specialised per view, the offset term (the same code for every view) once."""
-    if USE_ASM:
-        sa, sb, sk = scale_pages(pt_blk_ptr, pt_field_stride, n_rows, K // 128, rows.to(tl.int64), nf, log2p)
-        prefetch_offsets(arena_ptr, sa, sb, sk, rows, g0, g1)
+    """block_matmul specialised on the block's run-time field count nf (1..5)."""
     if nf == 1:
-        acc = _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                               xt_ptrs, xt_mask, plane_off, 1, BN, BM, USE_ASM)
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 1, BN, BM, USE_ASM)
     elif nf == 2:
-        acc = _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                               xt_ptrs, xt_mask, plane_off, 2, BN, BM, USE_ASM)
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 2, BN, BM, USE_ASM)
     elif nf == 3:
-        acc = _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                               xt_ptrs, xt_mask, plane_off, 3, BN, BM, USE_ASM)
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 3, BN, BM, USE_ASM)
     elif nf == 4:
-        acc = _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                               xt_ptrs, xt_mask, plane_off, 4, BN, BM, USE_ASM)
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 4, BN, BM, USE_ASM)
     else:
-        acc = _scaled_products(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                               xt_ptrs, xt_mask, plane_off, 5, BN, BM, USE_ASM)
-    sa, sb, sk = scale_pages(pt_blk_ptr, pt_field_stride, n_rows, K // 128, rows.to(tl.int64), nf, log2p)
-    return add_offset_term(acc, arena_ptr, sa, sb, sk, g0, g1, xs_ptrs, xs_mask, xs_group_stride, XS_SUB, BN, BM)
+        acc = block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                           xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, XS_SUB, 5, BN, BM, USE_ASM)
+    return acc
