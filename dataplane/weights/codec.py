@@ -26,7 +26,6 @@ from dataplane.weights.layout import (
     NIBBLE_LSB,
     NUM_FIELDS,
     QUARTER,
-    SCALE_PAIR,
     TILE_ROWS,
     VIEW_BITS,
     WORD_BITS,
