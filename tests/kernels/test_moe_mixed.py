@@ -49,6 +49,26 @@ def test_mixed_bits_in_one_launch(device, bn_up, split, balance):
     assert rel_err(out, ref) < 3e-3
 
 
+def test_scale_words_across_page_breaks(device):
+    # With H=384, F=640 and 16 KiB pages every view has a 64-row tile whose
+    # (scale, offset) words straddle a page (e.g. the down blocks' scales
+    # start 12 KiB into a page, 1280 bytes per tile: tile 3 spans the break),
+    # so the K loop must switch page bases inside that tile's group range.
+    # (PAGE above never breaks a tile's scales.)
+    h, f, e, page = 384, 640, 3, 16384
+    weights = random_moe(1, e, h, f, lambda l, x, p: [5, 2, 1, 3, 4, 5, 2, 3, 1][3 * x + p], page, device, seed=11)
+    torch.manual_seed(12)
+    t = 5
+    x = torch.randn(t, h)
+    ids = torch.stack([torch.randperm(e)[:2] for _ in range(t)])
+    tw = torch.rand(t, 2)
+    for balance in (True, False):
+        tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, balance_down=balance)
+        out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, e, f, tiles)
+        ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, e, f)
+        assert rel_err(out, ref) < 3e-3
+
+
 @pytest.mark.parametrize("t,wide,balance", [(20, 0, False), (20, 32, False), (40, 32, False), (40, 32, True)])
 def test_few_experts_host_only_and_token_loop(device, t, wide, balance):
     # t tokens on two experts (more than one 16-token tile each: several
