@@ -1,4 +1,4 @@
-"""Sweep of the paged decode loop (kernels/moe_decode.block_matmul) on one
+"""Sweep of the paged decode loop (kernels/moe_block_matmul.block_matmul) on one
 Mixtral gate block (14336 x 4096) at each view, M = 1 token, K split so that
 about 450 programs run (as the gate/up launch at B = 1). Writes JSON.
 
@@ -21,7 +21,7 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.moe_setup import MIXTRAL, block_bytes, build_store  # noqa: E402
-from kernels.moe_decode import block_matmul  # noqa: E402
+from kernels.moe_block_matmul import block_matmul  # noqa: E402
 from kernels.weight_layout import NUM_PLANES, permute_groups, plane_scales  # noqa: E402
 
 COPIES = 8  # 8 copies of the 3 blocks of one expert, gate blocks rotated

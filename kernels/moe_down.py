@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_decode import block_matmul_any
+from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, down_plan_width, settle_carveout

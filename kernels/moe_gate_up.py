@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from kernels.moe_align import FP16_MAX, plane_scale
-from kernels.moe_decode import block_matmul_any
+from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, settle_carveout

@@ -1,0 +1,243 @@
+"""Triton device functions: one block's product W_b @ x^T with W_b read through
+the weight store's page table at the block's own bitwidth (docs/WEIGHT_LAYOUT.md,
+v4); the decode of a group is kernels/moe_decode.py.
+
+How the reads stay whole: a field's byte string holds its rows in tiles of
+64 (since v2), so the words of one (tile, group) are one contiguous run
+(2 KiB for a 2-bit field); a program's step over 64 or 128 rows reads one or two runs
+instead of one 32-byte chunk from each of 128 rows 1 KiB apart (v1). Measured
+without any decode (benchmarks/bench_access.py): 48-56 % of the copy
+bandwidth in v1's order, 71-94 % tile-major.
+
+How the scales apply: the per-group scale and offset are applied to the dot
+product of the group, sum_k x_k (o + s t_k) = o * sum(x) + s * sum(x t),
+with the activation group sums precomputed once per token. (Taking the
+offset term out of the K loop as one product per program was measured
+slower: benchmarks/NOTES.md, session 12.)
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels import weight_layout
+from kernels.moe_decode import decode_tile
+
+TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
+
+
+@triton.jit
+def row_pages(pt_ptr, start, row_bytes, CHUNK: tl.constexpr, log2p):
+    """Per-row page bases of one field region.
+
+    pt_ptr: int32 [max_pages] page-table row of one (block, field); start:
+    int64 [BN] byte offset of each row inside the field's byte string. A row
+    spans at most two pages (page_bytes >= row_bytes, checked by wrappers).
+    Returns (base_a, base_b, brk): int32 word index of the row's first byte in
+    the arena for chunks < brk, and the same for the chunks after the page
+    boundary; chunks are CHUNK bytes and never straddle a page.
+    """
+    page_a = start >> log2p
+    page_b = (start + row_bytes - 1) >> log2p
+    entry_a = tl.load(pt_ptr + page_a).to(tl.int64)
+    entry_b = tl.load(pt_ptr + page_b).to(tl.int64)
+    in_page = start - (page_a << log2p)
+    brk = ((page_a + 1) << log2p) - start
+    base_a = ((entry_a << log2p) + in_page) >> 2
+    base_b = ((entry_b << log2p) - brk) >> 2
+    return base_a, base_b, (brk // CHUNK).to(tl.int32)
+
+
+@triton.jit
+def tile_pages(pt_ptr, r64, first_byte, n_groups, CB: tl.constexpr, log2p):
+    """row_pages for tile-major fields (v2): per-row word bases for group 0.
+
+    r64: int64 [BN] rows; first_byte: byte offset of the region (codes 0,
+    scales after the codes); CB: bytes per (row, group). A tile's groups are
+    runs of 64 * CB bytes, so chunks are runs and a row's word for group g is
+    base + g * 64 * CB / 4.
+    """
+    tile_bytes = TILE_ROWS * n_groups * CB
+    a, b, brk = row_pages(pt_ptr, first_byte + (r64 // TILE_ROWS) * tile_bytes, tile_bytes, TILE_ROWS * CB,
+                          log2p)
+    inside = (r64 % TILE_ROWS) * (CB // 4)
+    return a + inside, b + inside, brk
+
+
+@triton.jit
+def _seg_base(base_a, base_b, brk, gs, ALIGN: tl.constexpr):
+    # Row bases valid for the whole segment starting at chunk gs.
+    return tl.multiple_of(tl.where(gs < brk, base_a, base_b), ALIGN)
+
+
+@triton.jit
+def _next_brk(brk, gs, ge):
+    # First page boundary (in chunks) after gs over all rows, capped at ge.
+    return tl.minimum(tl.min(tl.where(brk > gs, brk, ge), axis=0), ge)
+
+
+@triton.jit
+def _field_segment(base_a, base_b, brk, gs, ge, ALIGN: tl.constexpr):
+    # One field's part of the segment starting at chunk gs: the segment's end
+    # cut at the field's next page break, and the field's row bases.
+    return _next_brk(brk, gs, ge), _seg_base(base_a, base_b, brk, gs, ALIGN)
+
+
+@triton.jit
+def _load_two_bit(arena_ptr, base, g):
+    # -> uint32 [BN, 4, 2]: group g, quarter c (8 bytes), word. Loaded as the
+    # row's 8 contiguous words so that the copies are 16 bytes wide.
+    off = base[:, None] + (g * (TILE_ROWS * 8) + tl.arange(0, 8)[None, :])
+    words = tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
+    return tl.reshape(words, (words.shape[0], 4, 2))
+
+
+@triton.jit
+def _load_one_bit(arena_ptr, base, g, c4):
+    # -> uint32 [BN, 4]: group g, quarter c (4 bytes).
+    off = base[:, None] + (g * (TILE_ROWS * 4) + c4[None, :])
+    return tl.load(arena_ptr + off).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
+    # -> fp32 [BM]: activation sums of group g (XS_SUB partial sums added).
+    xs = tl.load(xs_ptrs + g * xs_group_stride, mask=xs_mask, other=0.0)
+    for j in tl.static_range(1, XS_SUB):
+        xs += tl.load(xs_ptrs + g * xs_group_stride + j, mask=xs_mask, other=0.0)
+    return xs
+
+
+@triton.jit
+def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
+                 XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
+                 BM: tl.constexpr, USE_ASM: tl.constexpr):
+    """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
+
+    arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
+    pt_blk_ptr: int32 [5, max_pages] the block's page-table rows (field stride
+    pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
+    pointers [128, BM] to group 0 of the activation tile (virtual order);
+    xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
+    partial sums per group, xs_group_stride apart per group (sums of plane 0).
+    plane_off: elements from one activation plane to the next (plane 1: times
+    weight_layout.view_scales(2 or 3 fields), plane 2: for one field).
+    The group range is cut into segments at the page boundaries of the tile's
+    rows, so inside a segment every row reads through one fixed page base.
+    """
+    n_groups = K // 128
+    r64 = rows.to(tl.int64)
+    c4 = tl.arange(0, 4)
+    a0, b0, k0 = tile_pages(pt_blk_ptr, r64, 0, n_groups, 32, log2p)
+    a1, b1, k1 = a0, b0, k0
+    a2, b2, k2 = a0, b0, k0
+    a3, b3, k3 = a0, b0, k0
+    a4, b4, k4 = a0, b0, k0
+    if NF >= 2:
+        a1, b1, k1 = tile_pages(pt_blk_ptr + pt_field_stride, r64, 0, n_groups, 16, log2p)
+    if NF >= 3:
+        a2, b2, k2 = tile_pages(pt_blk_ptr + 2 * pt_field_stride, r64, 0, n_groups, 16, log2p)
+    if NF >= 4:
+        a3, b3, k3 = tile_pages(pt_blk_ptr + 3 * pt_field_stride, r64, 0, n_groups, 32, log2p)
+    if NF >= 5:
+        a4, b4, k4 = tile_pages(pt_blk_ptr + 4 * pt_field_stride, r64, 0, n_groups, 32, log2p)
+    # Scales of the NF-field view sit after the codes of field NF - 1 (whole
+    # tiles: the last one is padded).
+    padded = (n_rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+    if NF == 1 or NF >= 4:
+        code_bytes = padded.to(tl.int64) * (n_groups * 32)
+    else:
+        code_bytes = padded.to(tl.int64) * (n_groups * 16)
+    sa, sb, sk = tile_pages(pt_blk_ptr + (NF - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
+    # The decode yields t 2^p 2^-24 against activations staged times 2^-p,
+    # except for a constant factor per view (the 3-bit code sits one bit up
+    # its nibble, the 6-bit code two bits up its byte): fold 2^24 / factor
+    # into the scale. The activations' plane of the view sits plane * plane_off
+    # elements after plane 0 (weight_layout.view_plane).
+    if NF == 2:
+        inv_step = 8388608.0  # 2^23
+    elif NF == 4:
+        inv_step = 4194304.0  # 2^22
+    else:
+        inv_step = 16777216.0  # 2^24
+    if NF == 1:
+        xt_ptrs += 2 * plane_off
+    elif NF <= 3:
+        xt_ptrs += plane_off
+    acc = tl.zeros((BN, BM), tl.float32)
+    # Latency of the two small per-group loads (ncu stall sampling on the H200:
+    # their global-load waits and the layout conversions they caused were the
+    # largest stalls of the loop). The (scale, offset) load is tied into the
+    # decode by a zero that the compiler cannot fold, so Triton's pipeliner
+    # treats it as an operand of the dot and streams it through shared memory
+    # with the fields, stages ahead; the activation sums of the next group are
+    # loaded one iteration ahead by hand.
+    zero = K >> 31  # 0 at run time (K < 2^31), opaque to the compiler
+    xs_next = _group_sums(xs_ptrs, g0, xs_group_stride, xs_mask, XS_SUB)
+    gs = g0
+    while gs < g1:
+        ge, p0 = _field_segment(a0, b0, k0, gs, g1, 8)
+        ge = _next_brk(sk, gs, ge)
+        p1 = p0
+        p2 = p0
+        p3 = p0
+        p4 = p0
+        if NF >= 2:
+            ge, p1 = _field_segment(a1, b1, k1, gs, ge, 4)
+        if NF >= 3:
+            ge, p2 = _field_segment(a2, b2, k2, gs, ge, 4)
+        if NF >= 4:
+            ge, p3 = _field_segment(a3, b3, k3, gs, ge, 8)
+        if NF >= 5:
+            ge, p4 = _field_segment(a4, b4, k4, gs, ge, 8)
+        ps = tl.where(gs < sk, sa, sb)
+        for g in range(gs, ge):
+            sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
+            xs = xs_next  # [BM] activation sums of group g
+            g_next = tl.minimum(g + 1, g1 - 1)
+            xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB)
+            f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
+            f1 = f0
+            f2 = f0
+            f3 = f0
+            f4 = f0
+            if NF >= 2:
+                f1 = _load_one_bit(arena_ptr, p1, g, c4)
+            if NF >= 3:
+                f2 = _load_one_bit(arena_ptr, p2, g, c4)
+            if NF >= 4:
+                f3 = _load_two_bit(arena_ptr, p3, g)
+            if NF >= 5:
+                f4 = _load_two_bit(arena_ptr, p4, g)
+            w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
+            xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16 x 2^-p
+            part = tl.dot(w, xt)  # [BN, BM] = 2^-24 sum t x (times the view's factor)
+            scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
+            offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            acc = acc + part * scale[:, None]
+            acc = acc + offset[:, None] * xs[None, :]
+        gs = ge
+    return acc
+
+
+@triton.jit
+def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
+                     XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                     USE_ASM: tl.constexpr):
+    """block_matmul specialised on the block's run-time field count nf (1..5)."""
+    args = (arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
+            xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off)
+    if nf == 1:
+        acc = block_matmul(*args, XS_SUB, 1, BN, BM, USE_ASM)
+    elif nf == 2:
+        acc = block_matmul(*args, XS_SUB, 2, BN, BM, USE_ASM)
+    elif nf == 3:
+        acc = block_matmul(*args, XS_SUB, 3, BN, BM, USE_ASM)
+    elif nf == 4:
+        acc = block_matmul(*args, XS_SUB, 4, BN, BM, USE_ASM)
+    else:
+        acc = block_matmul(*args, XS_SUB, 5, BN, BM, USE_ASM)
+    return acc
