@@ -1,0 +1,170 @@
+"""Does an asynchronous wgmma, waited one step later, lift the MoE kernels'
+per-step floor? A probe in Gluon (triton.experimental.gluon, Triton 3.6),
+not a kernel of the engine.
+
+The fused MoE loops (kernels/moe_block_matmul.py) run each 128 x 128 group
+step as a serial chain: decode the A operand in registers, 16 wgmma, wait for
+them, scale the group's product into the accumulator. Triton's tl.dot waits
+for a register-A wgmma right after issuing it (benchmarks/NOTES.md, session
+12). This probe runs the same shape of step — A decoded in registers from
+32-bit words, B (16 tokens x 128) in shared memory, a fresh product per step
+scaled into an fp32 accumulator — in two ways:
+
+  sync:  wgmma, wait, scale the product (what Triton emits);
+  async: wgmma issued, the previous step's product (the other of two
+         alternating accumulators) waited for and scaled, so the tensor cores
+         run while the next step decodes.
+
+The words come from a small buffer that stays in L1/L2, so the probe times
+the chain, not HBM. DECODE sets how many dependent LOP3-like rounds each
+32-bit pair takes (the real 2- and 4-bit decodes cost ~1.2 and ~1.9 per
+pair). Output: ns per step per program, with 2 programs per multiprocessor
+as in the real launches.
+
+    python3 benchmarks/gluon_overlap_probe.py --out benchmarks/results/gluon_overlap_h200.json
+
+STATUS (session 12): compiles for sm_90 but does not yet measure the
+overlap, and has not been run. ptxas serializes the wgmma of both variants:
+in the async one it reports C7514 ("wgmma.mma_async instructions are
+serialized due to non wgmma instructions reading accumulator registers ...")
+and C7517, because the loop-carried in-flight accumulators reach the PTX as
+phi copies (mov of the wgmma's output registers at the preheader and the
+latch); in both it reuses one set of A registers for every K chunk and waits
+after each wgmma. Check `ptxas -v` on the PTX for C7514 before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.provenance import git_commit  # noqa: E402
+
+# Rows, group width and tokens of a step, as in the MoE launches.
+BN, BK, BM = gl.constexpr(128), gl.constexpr(128), gl.constexpr(16)
+# Word buffers the steps cycle through (all L2-resident: 4 x 32 KiB).
+COPIES = gl.constexpr(4)
+
+
+@gluon.jit
+def _decode(words, DECODE: gl.constexpr):
+    # DECODE dependent bit-op rounds per 32-bit pair, ending in two fp16
+    # subnormal-like halves; the values do not matter, the chain does.
+    for _ in gl.static_range(DECODE):
+        words = (words ^ 0x00050005) & 0x03FF03FF
+    lo = (words & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
+    hi = (words >> 16).to(gl.int16).to(gl.float16, bitcast=True)
+    return gl.reshape(gl.join(lo, hi), [BN, BK])
+
+
+@gluon.jit
+def _probe_kernel(w_ptr, x_ptr, s_ptr, out_ptr, steps, ASYNC: gl.constexpr, DECODE: gl.constexpr):
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    pair_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=1)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
+    x_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+
+    xk = gl.arange(0, BK, layout=gl.SliceLayout(1, blk))
+    xm = gl.arange(0, BM, layout=gl.SliceLayout(0, blk))
+    x_s = gl.allocate_shared_memory(gl.float16, [BK, BM], x_sl, gl.load(x_ptr + xk[:, None] * BM + xm[None, :]))
+    fence_async_shared()
+
+    rn = gl.arange(0, BN, layout=gl.SliceLayout(1, pair_l))
+    rk = gl.arange(0, BK // 2, layout=gl.SliceLayout(0, pair_l))
+    offs = rn[:, None] * (BK // 2) + rk[None, :]  # [BN, BK/2] int32 pairs, each thread its own A slots
+    scale = gl.load(s_ptr + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l)))  # [BN]
+    acc = gl.zeros([BN, BM], gl.float32, acc_l)
+    zero = gl.zeros([BN, BM], gl.float32, acc_l)
+    if ASYNC:
+        # Step 0 issued before the loop; then per step: issue it, wait until
+        # only it is in flight (the previous step's product is done), scale
+        # that one in. Two accumulators alternate (tok_a, tok_b).
+        # Each product is issued with the registers of the one it replaces as
+        # its (ignored: use_acc=False) accumulator, so that a chain keeps one
+        # register set and no copy of an in-flight accumulator is needed (with
+        # a fresh zero each time, the loop's register copies made ptxas
+        # serialize every wgmma: C7514).
+        a = gl.convert_layout(_decode(gl.load(w_ptr + offs), DECODE), a_l, assert_trivial=True)
+        tok_a = warpgroup_mma(a, x_s, zero, use_acc=False, is_async=True)
+        part_b = zero
+        for i in range(1, steps, 2):
+            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + (i % COPIES) * (BN * BK // 2)), DECODE), a_l,
+                                  assert_trivial=True)
+            tok_b = warpgroup_mma(a, x_s, part_b, use_acc=False, is_async=True)
+            part_a = warpgroup_mma_wait(num_outstanding=1, deps=[tok_a])
+            acc += part_a * scale[:, None]
+            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + ((i + 1) % COPIES) * (BN * BK // 2)), DECODE),
+                                  a_l, assert_trivial=True)
+            tok_a = warpgroup_mma(a, x_s, part_a, use_acc=False, is_async=True)
+            part_b = warpgroup_mma_wait(num_outstanding=1, deps=[tok_b])
+            acc += part_b * scale[:, None]
+        part = warpgroup_mma_wait(num_outstanding=0, deps=[tok_a])
+        acc += part * scale[:, None]
+    else:
+        for i in range(steps):
+            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + (i % COPIES) * (BN * BK // 2)), DECODE), a_l,
+                                  assert_trivial=True)
+            part = warpgroup_mma(a, x_s, zero, use_acc=False)
+            acc += part * scale[:, None]
+    on = gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
+    om = gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+    gl.store(out_ptr + gl.program_id(0) * (BN * BM) + on[:, None] * BM + om[None, :], acc)
+
+
+def run(steps: int, decode: int, asynchronous: bool, programs: int) -> float:
+    """ns per step per program (median of timed launches)."""
+    w = torch.randint(0, 2**31 - 1, (COPIES, BN, BK // 2), dtype=torch.int32, device="cuda")
+    x = (torch.randn(BK, BM, device="cuda") * 1e-2).to(torch.float16)
+    s = torch.rand(BN, device="cuda")
+    out = torch.empty(programs, BN, BM, device="cuda")
+    launch = lambda: _probe_kernel[(programs,)](w, x, s, out, steps, ASYNC=asynchronous, DECODE=decode,  # noqa: E731
+                                                num_warps=4)
+    launch()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e6 / steps)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=2048)
+    ap.add_argument("--decode", default="0,1,2,4")
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args()
+    programs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for decode in map(int, args.decode.split(",")):
+        sync_ns = run(args.steps, decode, False, programs)
+        async_ns = run(args.steps, decode, True, programs)
+        rows.append(dict(decode_rounds=decode, sync_ns_per_step=sync_ns, async_ns_per_step=async_ns,
+                         speedup=sync_ns / async_ns))
+        print(f"decode {decode}: sync {sync_ns:7.1f} ns/step, async {async_ns:7.1f} ns/step, "
+              f"x{sync_ns / async_ns:.2f}", flush=True)
+    meta = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                command=" ".join(sys.argv), git_commit=git_commit(args.commit), torch=torch.__version__,
+                triton=triton.__version__)
+    args.out.write_text(json.dumps(dict(**meta, programs=programs, steps=args.steps, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
