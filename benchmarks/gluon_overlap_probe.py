@@ -18,7 +18,7 @@ scaled into an fp32 accumulator — in two ways:
 The words come from a small buffer that stays in L1/L2, so the probe times
 the chain, not HBM. DECODE sets how many dependent LOP3-like rounds each
 32-bit pair takes (the real 2- and 4-bit decodes cost ~1.2 and ~1.9 per
-pair). Output: ns per step per program, with 2 programs per multiprocessor
+pair, in these rounds of two: ~0.6 and ~1). Output: ns per step per program, with 2 programs per multiprocessor
 as in the real launches.
 
     python3 benchmarks/gluon_overlap_probe.py --out benchmarks/results/gluon_overlap_h200.json
@@ -55,21 +55,25 @@ from benchmarks.provenance import git_commit  # noqa: E402
 BN, BK, BM = gl.constexpr(128), gl.constexpr(128), gl.constexpr(16)
 # Word buffers the steps cycle through (all L2-resident: 4 x 32 KiB).
 COPIES = gl.constexpr(4)
+# Steps per loop iteration of the async form (a multiple of it is timed).
+UNROLL = gl.constexpr(4)
 
 
 @gluon.jit
-def _decode(words, DECODE: gl.constexpr):
-    # DECODE dependent bit-op rounds per 32-bit pair, ending in two fp16
-    # subnormal-like halves; the values do not matter, the chain does.
+def _decode(words, salt, DECODE: gl.constexpr):
+    # DECODE dependent rounds of two integer ops per 32-bit pair (salt is a
+    # run-time value, so the compiler cannot fold the chain), then a mask
+    # to two small fp16 halves; the values do not matter, the chain does.
     for _ in gl.static_range(DECODE):
-        words = (words ^ 0x00050005) & 0x03FF03FF
+        words = (words ^ salt) + salt
+    words = words & 0x03FF03FF
     lo = (words & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
     hi = (words >> 16).to(gl.int16).to(gl.float16, bitcast=True)
     return gl.reshape(gl.join(lo, hi), [BN, BK])
 
 
 @gluon.jit
-def _probe_kernel(w_ptr, x_ptr, s_ptr, out_ptr, steps, ASYNC: gl.constexpr, DECODE: gl.constexpr):
+def _probe_kernel(w_ptr, x_ptr, s_ptr, out_ptr, steps, salt, ASYNC: gl.constexpr, DECODE: gl.constexpr):
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     pair_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=1)
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -88,33 +92,28 @@ def _probe_kernel(w_ptr, x_ptr, s_ptr, out_ptr, steps, ASYNC: gl.constexpr, DECO
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
     zero = gl.zeros([BN, BM], gl.float32, acc_l)
     if ASYNC:
-        # Step 0 issued before the loop; then per step: issue it, wait until
-        # only it is in flight (the previous step's product is done), scale
-        # that one in. Two accumulators alternate (tok_a, tok_b).
-        # Each product is issued with the registers of the one it replaces as
-        # its (ignored: use_acc=False) accumulator, so that a chain keeps one
-        # register set and no copy of an in-flight accumulator is needed (with
-        # a fresh zero each time, the loop's register copies made ptxas
-        # serialize every wgmma: C7514).
-        a = gl.convert_layout(_decode(gl.load(w_ptr + offs), DECODE), a_l, assert_trivial=True)
-        tok_a = warpgroup_mma(a, x_s, zero, use_acc=False, is_async=True)
-        part_b = zero
-        for i in range(1, steps, 2):
-            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + (i % COPIES) * (BN * BK // 2)), DECODE), a_l,
+        # UNROLL steps per iteration, none in flight across the loop's back
+        # edge: an in-flight accumulator carried around the loop reaches the
+        # PTX as phi copies, and ptxas then serializes every wgmma (C7514).
+        # Per step: issue it, wait until only it is in flight, scale the
+        # previous one in; the iteration's last product is waited for fully.
+        for i in range(0, steps, UNROLL):
+            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + (i % COPIES) * (BN * BK // 2)), salt, DECODE), a_l,
                                   assert_trivial=True)
-            tok_b = warpgroup_mma(a, x_s, part_b, use_acc=False, is_async=True)
-            part_a = warpgroup_mma_wait(num_outstanding=1, deps=[tok_a])
-            acc += part_a * scale[:, None]
-            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + ((i + 1) % COPIES) * (BN * BK // 2)), DECODE),
-                                  a_l, assert_trivial=True)
-            tok_a = warpgroup_mma(a, x_s, part_a, use_acc=False, is_async=True)
-            part_b = warpgroup_mma_wait(num_outstanding=1, deps=[tok_b])
-            acc += part_b * scale[:, None]
-        part = warpgroup_mma_wait(num_outstanding=0, deps=[tok_a])
-        acc += part * scale[:, None]
+            tok = warpgroup_mma(a, x_s, zero, use_acc=False, is_async=True)
+            for j in gl.static_range(1, UNROLL):
+                a = gl.convert_layout(_decode(gl.load(w_ptr + offs + ((i + j) % COPIES) * (BN * BK // 2)), salt,
+                                              DECODE),
+                                      a_l, assert_trivial=True)
+                nxt = warpgroup_mma(a, x_s, zero, use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(num_outstanding=1, deps=[tok])
+                acc += part * scale[:, None]
+                tok = nxt
+            part = warpgroup_mma_wait(num_outstanding=0, deps=[tok])
+            acc += part * scale[:, None]
     else:
         for i in range(steps):
-            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + (i % COPIES) * (BN * BK // 2)), DECODE), a_l,
+            a = gl.convert_layout(_decode(gl.load(w_ptr + offs + (i % COPIES) * (BN * BK // 2)), salt, DECODE), a_l,
                                   assert_trivial=True)
             part = warpgroup_mma(a, x_s, zero, use_acc=False)
             acc += part * scale[:, None]
@@ -129,8 +128,8 @@ def run(steps: int, decode: int, asynchronous: bool, programs: int) -> float:
     x = (torch.randn(BK, BM, device="cuda") * 1e-2).to(torch.float16)
     s = torch.rand(BN, device="cuda")
     out = torch.empty(programs, BN, BM, device="cuda")
-    launch = lambda: _probe_kernel[(programs,)](w, x, s, out, steps, ASYNC=asynchronous, DECODE=decode,  # noqa: E731
-                                                num_warps=4)
+    launch = lambda: _probe_kernel[(programs,)](w, x, s, out, steps, 0x00050005, ASYNC=asynchronous,  # noqa: E731
+                                                DECODE=decode, num_warps=4)
     launch()
     torch.cuda.synchronize()
     times = []
