@@ -11,16 +11,17 @@ for a register-A wgmma right after issuing it (benchmarks/NOTES.md, session
 scaled into an fp32 accumulator — in two ways:
 
   sync:  wgmma, wait, scale the product (what Triton emits);
-  async: wgmma issued, the previous step's product (the other of two
-         alternating accumulators) waited for and scaled, so the tensor cores
-         run while the next step decodes.
+  async: issue step i's wgmma, wait until only it is in flight, scale step
+         i - 1's product, so the tensor cores run while the next step
+         decodes (UNROLL steps per loop iteration; --steps a multiple of it).
 
 The words are loaded once into registers and each step's pairs are derived
 from the previous step's (xor with the step index, then the rounds), so the
-probe times the chain alone: no loads, no HBM. DECODE sets how many dependent LOP3-like rounds each
-32-bit pair takes (the real 2- and 4-bit decodes cost ~1.2 and ~1.9 per
-pair, in these rounds of two: ~0.6 and ~1). Output: ns per step per program, with 2 programs per multiprocessor
-as in the real launches.
+probe times the chain alone: no loads, no HBM. DECODE sets how many
+dependent rounds of two integer ops each 32-bit pair takes (the real 2- and
+4-bit decodes are ~1.2 and ~1.9 instructions per pair in the Triton 3.6
+SASS: ~0.6 and ~1 round). Output: ns per step per program, with 2 programs
+per multiprocessor as in the real launches.
 
     python3 benchmarks/gluon_overlap_probe.py --out benchmarks/results/gluon_overlap_h200.json
 
@@ -153,6 +154,8 @@ def main() -> None:
     ap.add_argument("--decode", default="0,1,2,4")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args()
+    if args.steps <= 0 or args.steps % UNROLL.value:
+        ap.error(f"--steps must be a positive multiple of {UNROLL.value}")
     programs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for decode in map(int, args.decode.split(",")):

@@ -65,6 +65,14 @@ def _virtual_to_actual(v):
 
 
 @triton.jit
+def actual_to_virtual(a):
+    # Inverse of _virtual_to_actual: the virtual position of actual in-group
+    # index a = 32c + 16w + 8h + 2s + ab + 4e.
+    return ((a // 16) % 2) * 64 + ((a // 8) % 2) * 32 + ((a // 2) % 2) * 16 + (a % 2) * 8 + (a // 32) * 2 \
+        + (a // 4) % 2
+
+
+@triton.jit
 def plane_scale(v, PLANE: tl.constexpr):
     # 2^-p of virtual position v in activation plane PLANE (fp32), as
     # weight_layout.plane_scales: plane 1 16^-ab, plane 2 2^-(4 ab + 2 (1 - h)).

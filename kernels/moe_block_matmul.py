@@ -122,8 +122,8 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     pointers [128, BM] to group 0 of the activation tile (virtual order);
     xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
     partial sums per group, xs_group_stride apart per group (sums of plane 0).
-    plane_off: elements from one activation plane to the next (plane 1: times
-    weight_layout.view_scales(2 or 3 fields), plane 2: for one field).
+    plane_off: elements from one activation plane to the next (the view's
+    plane: weight_layout.view_plane, its factors weight_layout.plane_scales).
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
     """

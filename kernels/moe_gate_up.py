@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import FP16_MAX, plane_scale
+from kernels.moe_align import FP16_MAX, actual_to_virtual, plane_scale
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
@@ -121,9 +121,7 @@ def _moe_gate_up_kernel(
             rows = tl.minimum(n, F - 1)
             pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
             # Where row n of h goes: its virtual position inside its group.
-            a = n % 128
-            col = (n // 128) * 128 + ((a // 16) % 2) * 64 + ((a // 8) % 2) * 32 + ((a // 2) % 2) * 16 \
-                + (a % 2) * 8 + (a // 32) * 2 + (a // 4) % 2
+            col = (n // 128) * 128 + actual_to_virtual(n % 128)
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
                     start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k, q_x, q_h)
