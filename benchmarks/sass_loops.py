@@ -11,8 +11,9 @@ session 10 found a kernel that compiled well with the local 3.9 and badly with
         /opt/pypi/files/triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
     PYTHONPATH=/tmp/t36:. .venv/bin/python benchmarks/sass_loops.py down --balance
 
-Prints, per inner loop (a backward branch around tensor-core products; one
-per view the launch is specialised for), its instructions and the counts of
+Prints, per inner loop (a backward branch around tensor-core products, or
+FFMA for the CUDA-core tile, --block-m 1; one per view the launch is
+specialised for), its instructions and the counts of
 the opcodes that mattered so far, then the kernel's registers and stack.
 """
 
@@ -35,15 +36,18 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import moe_down, moe_gate_up  # noqa: E402
+from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
 KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
-FP16_POINTERS = {"xp_ptr", "h_ptr"}
+FP16_POINTERS = {"xp_ptr", "h_ptr"}  # the activation planes
 FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr"}
 # Integer arguments the launches pass as multiples of 16 (Triton specialises
 # those as divisible by 16; the counts differ without it).
 DIVISIBLE_INTS = {"H", "F", "pt_block_stride", "pt_field_stride", "q_x", "q_h"}
-COUNTED = ("HGMMA", "LOP3", "SHF", "SHFL", "PRMT", "IMAD.U32", "R2UR", "LDS", "LDGSTS", "BAR.SYNC", "STL", "LDL")
+COUNTED = ("HGMMA", "FFMA", "HADD2", "LOP3", "SHF", "SHFL", "PRMT", "IMAD.U32", "R2UR", "LDS", "LDGSTS", "BAR.SYNC",
+           "STL", "LDL")
+TENSOR_CORE = ("HGMMA", "HMMA")
 SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH_TARGET = re.compile(r"BRA (?:`\()?[^0-9]*?(0x[0-9a-f]+)")
 RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
@@ -59,11 +63,13 @@ class Loop:
 def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int):
     kernel = KERNELS[name]
     signature, attrs = {}, {}
+    # The activation planes: fp32 for the CUDA-core tile (MoeTiles.activation_dtype).
+    planes = "*fp32" if constexprs["BM"] == CUDA_CORE_TOKEN_TILE else "*fp16"
     for i, arg in enumerate(kernel.arg_names):
         if arg in constexprs:
             signature[arg] = "constexpr"
         elif arg.endswith("_ptr"):
-            signature[arg] = "*fp16" if arg in FP16_POINTERS else "*fp32" if arg in FP32_POINTERS else "*i32"
+            signature[arg] = planes if arg in FP16_POINTERS else "*fp32" if arg in FP32_POINTERS else "*i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[arg] = "i32"
@@ -79,10 +85,10 @@ def cuobjdump(*args: str) -> str:
     return subprocess.run([str(tool), *args], capture_output=True, text=True, check=True).stdout
 
 
-def inner_loops(sass: str) -> list[Loop]:
-    """Innermost backward-branch loops that hold tensor-core products."""
+def inner_loops(sass: str, products: tuple[str, ...] = TENSOR_CORE) -> list[Loop]:
+    """Innermost backward-branch loops that hold products (opcodes named in products)."""
     code = [(int(m.group(1), 16), m.group(2).strip()) for m in map(SASS_LINE.match, sass.splitlines()) if m]
-    mma = [addr for addr, text in code if "HGMMA" in text or "HMMA" in text]
+    mma = [addr for addr, text in code if any(op in text for op in products)]
     loops = set()
     for addr, text in code:
         target = BRANCH_TARGET.search(text)
@@ -120,7 +126,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
         cubin = Path(tmp) / f"{args.kernel}.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        loops = inner_loops(cuobjdump("-sass", str(cubin)))
+        loops = inner_loops(cuobjdump("-sass", str(cubin)),
+                            ("FFMA",) if args.block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE)
         regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
     print(f"triton {triton.__version__}, {args.kernel}, {constexprs}")
     for loop in loops:

@@ -3,7 +3,7 @@
 Program 0 sorts the T * top_k (token, slot) pairs by expert (stable), writes
 the expert offsets and the compacted list of experts that got tokens. The
 other programs each take GROUPS_PER_STEP groups of one token's row: copy them
-to fp16 in the MoE kernels' in-group K order, store their sums, zero the same
+(rounded to fp16) in the MoE kernels' in-group K order, store their sums, zero the same
 part of the output row. One chunk per program, not one row: at decode sizes a
 row per program left a few programs looping over their row one chunk after
 another (Mixtral B=1: two programs, four dependent chunks each). Nothing here
@@ -11,10 +11,12 @@ needs a host sync, so the step can run under CUDA graphs.
 
 Outputs (all device tensors):
 * xp        fp16  [T, H]   x in virtual in-group order (weight_layout), clamped to fp16
+                  and rounded to it (fp32 planes hold the same values)
 * xsum      fp32  [T, H / 128]  sums of xp per group
 * x_planes  fp16  [3, T, H] xp (plane 0) and xp times weight_layout.plane_scales(1)
             and (2) at each position: the activations each view's decode reads
-            (weight_layout.view_plane)
+            (weight_layout.view_plane); fp32 for the CUDA-core tile
+            (MoeTiles.activation_dtype), where planes 1 and 2 are exact
 * out       fp32  [T, H]   zeroed (the down kernel accumulates into it)
 * sorted    int32 [T * top_k]  flat indices t * top_k + j sorted by expert
 * offsets   int32 [E + 1]  sorted[offsets[e]:offsets[e + 1]] go to expert e
@@ -111,13 +113,14 @@ def _moe_prep_kernel(
         xv = tl.load(x_ptr + row * stride_x + gg[:, None] * 128 + act[None, :], mask=gm[:, None], other=0.0)
         xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
         dst = row * H + gg[:, None] * 128 + v[None, :]
-        tl.store(xp_ptr + dst, xv, mask=gm[:, None])
+        plane_ty = xp_ptr.dtype.element_ty  # fp16, or fp32 for the CUDA-core tile
+        tl.store(xp_ptr + dst, xv.to(plane_ty), mask=gm[:, None])
         tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
         tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
-        # powers of two: exact but for subnormals
-        x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(tl.float16)
+        # powers of two: exact but for fp16 subnormals
+        x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(plane_ty)
         tl.store(xp_ptr + T * H + dst, x1, mask=gm[:, None])
-        x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(tl.float16)
+        x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(plane_ty)
         tl.store(xp_ptr + 2 * T * H + dst, x2, mask=gm[:, None])
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
@@ -159,10 +162,16 @@ def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep) -> None
     prep.num_active.copy_(has.sum().to(torch.int32).reshape(1))
 
 
+PLANE_DTYPES = (torch.float16, torch.float32)
+
+
 def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
-               device: torch.device | str) -> MoePrep:
-    """Uninitialised buffers for moe_prepare (reuse them across steps / graphs)."""
-    planes = torch.empty(NUM_PLANES, num_tokens, hidden, dtype=torch.float16, device=device)
+               device: torch.device | str, plane_dtype: torch.dtype = torch.float16) -> MoePrep:
+    """Uninitialised buffers for moe_prepare (reuse them across steps / graphs).
+    plane_dtype: of x_planes (MoeTiles.activation_dtype)."""
+    if plane_dtype not in PLANE_DTYPES:
+        raise ValueError(f"activation planes must be fp16 or fp32, got {plane_dtype}")
+    planes = torch.empty(NUM_PLANES, num_tokens, hidden, dtype=plane_dtype, device=device)
     return MoePrep(
         xp=planes[0], x_planes=planes,
         xsum=torch.empty(num_tokens, hidden // GROUP, dtype=torch.float32, device=device),
@@ -178,8 +187,10 @@ def check_planes(planes: torch.Tensor, first: torch.Tensor, name: str) -> None:
     """The kernels reach plane p as `first` + p * numel: `planes` must be one
     contiguous [NUM_PLANES, ...] buffer whose plane 0 is `first`."""
     if not (planes.is_contiguous() and planes.shape[0] == NUM_PLANES and planes.shape[1:] == first.shape
-            and first.data_ptr() == planes.data_ptr()):
+            and first.data_ptr() == planes.data_ptr() and first.dtype == planes.dtype):
         raise ValueError(f"{name} must be plane 0 of one contiguous [{NUM_PLANES}, ...] buffer")
+    if planes.dtype not in PLANE_DTYPES:
+        raise ValueError(f"{name} planes must be fp16 or fp32, got {planes.dtype}")
 
 
 def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
@@ -219,13 +230,14 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
     return prep
 
 
-def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MoePrep:
+def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                          plane_dtype: torch.dtype = torch.float16) -> MoePrep:
     """Plain-torch version of moe_prepare (same outputs)."""
     t, h = x.shape
     xp = permute_groups(x.float().clamp(-FP16_MAX, FP16_MAX)).to(torch.float16)
     ids = topk_ids.reshape(-1).to(torch.int32)
     groups = xp.float().reshape(t, h // GROUP, GROUP)
-    planes = torch.stack([(groups * plane_scales(p).to(x.device)).to(torch.float16).reshape(t, h)
+    planes = torch.stack([(groups * plane_scales(p).to(x.device)).to(plane_dtype).reshape(t, h)
                           for p in range(NUM_PLANES)])
     prep = MoePrep(
         xp=planes[0],

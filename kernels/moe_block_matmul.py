@@ -25,6 +25,7 @@ from kernels import weight_layout
 from kernels.moe_decode import decode_tile
 
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
+FMA_STAGES = tl.constexpr(3)
 
 
 @triton.jit
@@ -110,6 +111,49 @@ def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
 
 
 @triton.jit
+def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero, inv_step,
+                xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                USE_ASM: tl.constexpr):
+    # Group g of one segment: acc [BN, BM] += its product, scaled, plus its
+    # offset term; returns (acc, the activation sums of group g + 1).
+    sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
+    xs = xs_next  # [BM] activation sums of group g
+    g_next = tl.minimum(g + 1, g1 - 1)
+    xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB)
+    f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
+    f1 = f0
+    f2 = f0
+    f3 = f0
+    f4 = f0
+    if NF >= 2:
+        f1 = _load_one_bit(arena_ptr, p1, g, c4)
+    if NF >= 3:
+        f2 = _load_one_bit(arena_ptr, p2, g, c4)
+    if NF >= 4:
+        f3 = _load_two_bit(arena_ptr, p3, g)
+    if NF >= 5:
+        f4 = _load_two_bit(arena_ptr, p4, g)
+    w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
+    xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] x 2^-p
+    if BM >= 16:
+        part = tl.dot(w, xt)  # [BN, BM] = 2^-24 sum t x (times the view's factor)
+    else:
+        # One token on the CUDA cores (tl.dot needs 16): with one row per
+        # thread (MoeTiles: num_warps = BN / 32) the sum is one FFMA chain
+        # per row, no shuffles; fp32 activations save a conversion per weight
+        # (every thread reads the whole group of x; fp16 planes also work).
+        tl.static_assert(BM == 1, "the CUDA-core product takes one token per tile")
+        x = tl.reshape(xt, (128,)).to(tl.float32)
+        part = tl.sum(w.to(tl.float32) * x[None, :], axis=1)[:, None]  # [BN, 1]
+    scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
+    offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    acc = acc + part * scale[:, None]
+    acc = acc + offset[:, None] * xs[None, :]
+    return acc, xs_next
+
+
+@triton.jit
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                  xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
@@ -119,7 +163,8 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
     pt_blk_ptr: int32 [5, max_pages] the block's page-table rows (field stride
     pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
-    pointers [128, BM] to group 0 of the activation tile (virtual order);
+    pointers [128, BM] to group 0 of the activation tile (virtual order; fp32
+    for the CUDA-core product, BM = 1);
     xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
     partial sums per group, xs_group_stride apart per group (sums of plane 0).
     plane_off: elements from one activation plane to the next (the view's
@@ -193,31 +238,19 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
         if NF >= 5:
             ge, p4 = _field_segment(a4, b4, k4, gs, ge, 8)
         ps = tl.where(gs < sk, sa, sb)
-        for g in range(gs, ge):
-            sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
-            xs = xs_next  # [BM] activation sums of group g
-            g_next = tl.minimum(g + 1, g1 - 1)
-            xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB)
-            f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
-            f1 = f0
-            f2 = f0
-            f3 = f0
-            f4 = f0
-            if NF >= 2:
-                f1 = _load_one_bit(arena_ptr, p1, g, c4)
-            if NF >= 3:
-                f2 = _load_one_bit(arena_ptr, p2, g, c4)
-            if NF >= 4:
-                f3 = _load_two_bit(arena_ptr, p3, g)
-            if NF >= 5:
-                f4 = _load_two_bit(arena_ptr, p4, g)
-            w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
-            xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] fp16 x 2^-p
-            part = tl.dot(w, xt)  # [BN, BM] = 2^-24 sum t x (times the view's factor)
-            scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
-            offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-            acc = acc + part * scale[:, None]
-            acc = acc + offset[:, None] * xs[None, :]
+        if BM >= 16:
+            for g in range(gs, ge):
+                acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
+                                           inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                                           XS_SUB, NF, BN, BM, USE_ASM)
+        else:
+            # The CUDA-core product has no tensor-core operand for Triton's
+            # pipeliner to stream the loads through; ask for the stages (2,
+            # 3 and 4 ran alike on the H200: the loop is bound by its issue).
+            for g in tl.range(gs, ge, num_stages=FMA_STAGES):
+                acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
+                                           inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                                           XS_SUB, NF, BN, BM, USE_ASM)
         gs = ge
     return acc
 

@@ -87,7 +87,7 @@ def _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "split", "groups_per_split"])
 def _moe_down_kernel(
-    h_ptr,  # [2, T * top_k, F] fp16, sorted order, virtual in-group order; then quarter-scaled
+    h_ptr,  # [3, T * top_k, F] fp16 (fp32: CUDA-core tile), sorted order, virtual in-group order: the planes
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
     offsets_ptr,  # [E + 1] int32
@@ -174,7 +174,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         raise ValueError("workspace was allocated for other tiles")
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
-    check_h_planes(ws)
+    check_h_planes(ws, tiles)
     kernel = _moe_down_kernel[(row_tiles, progs_per_tile)](
         ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out, ws.down_plan,

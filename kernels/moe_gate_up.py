@@ -1,8 +1,8 @@
 """Launch 2 of the fused MoE layer (kernels/moe_mixed.py): per (expert slot,
 BN rows of F, gate or up), the projection of the expert's tokens through the
 block's pages at its own bitwidth; the second of each gate/up pair to finish
-stores SiLU(gate) * up as fp16 h in sorted order, in the three activation
-planes the down launch's views read (weight_layout.plane_scales), with
+stores SiLU(gate) * up, rounded to fp16, as h in sorted order, in the three
+activation planes (fp16, or fp32 for the CUDA-core tile) the down launch's views read (weight_layout.plane_scales), with
 per-tile sums of h."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
         up = tl.where(which == 0, other, acc)
         h = gate / (1.0 + tl.exp(-gate)) * up
         h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-        tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
+        tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16.to(h_ptr.dtype.element_ty), mask=keep)
         tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
         tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
         _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
@@ -78,15 +78,15 @@ def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM: tl.const
         col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
                                         is_pure=False, pack=1)
     at = pos64[None, :] * F + col[:, None]
-    h1 = (h16.to(tl.float32) * plane_scale(col % 128, 1)[:, None]).to(tl.float16)
+    h1 = (h16.to(tl.float32) * plane_scale(col % 128, 1)[:, None]).to(h_ptr.dtype.element_ty)
     tl.store(h_ptr + q_h + at, h1, mask=keep)
-    h2 = (h16.to(tl.float32) * plane_scale(col % 128, 2)[:, None]).to(tl.float16)
+    h2 = (h16.to(tl.float32) * plane_scale(col % 128, 2)[:, None]).to(h_ptr.dtype.element_ty)
     tl.store(h_ptr + 2 * q_h + at, h2, mask=keep)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
 def _moe_gate_up_kernel(
-    xp_ptr,  # [2, T, H] fp16, x in virtual in-group order; then quarter-scaled
+    xp_ptr,  # [3, T, H] fp16 (fp32: CUDA-core tile), x in virtual in-group order: the activation planes
     xsum_ptr,  # [T, H / 128] fp32 group sums of xp
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
     offsets_ptr,  # [E + 1] int32
@@ -97,7 +97,7 @@ def _moe_gate_up_kernel(
     bf_ptr,  # [num_blocks] int32 resident field count per block
     gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
-    h_ptr,  # [3, T * top_k, F] fp16 out, sorted order, virtual in-group order: the activation planes
+    h_ptr,  # [3, T * top_k, F] fp16 (fp32: CUDA-core tile) out, sorted, virtual in-group order: the planes
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
@@ -145,7 +145,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     pt = weights.page_table
     if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
         raise ValueError("workspace was allocated for other tiles")
-    check_h_planes(ws)
+    check_h_planes(ws, tiles)
     kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
         ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,

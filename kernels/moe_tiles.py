@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import triton
 
 from kernels.weight_layout import GROUP
@@ -15,6 +16,17 @@ DEFAULT_SMS = 132
 # Smallest token tile: 8 (wgmma n8) ran much slower on the device's Triton
 # (benchmarks/results/moe_tile8_h200.json); the largest is four times this.
 BASE_TOKEN_TILE = 16
+# The one-token tile: its products run on the CUDA cores in fp32
+# (kernels/moe_block_matmul.py), one weight row per thread, against fp32
+# activation planes. For launches where no expert can get a second token
+# (one token). us per layer at B=1, 2 / 4 / 8 bits / mixed 2-6, tensor cores
+# -> this tile: Mixtral 88.3 / 106.2 / 134.0 / 113.8 -> 77.2 / 89.7 / 126.8 /
+# 100.1 (128 rows, 4 warps), Qwen1.5-MoE 24.9 / 28.2 / 32.9 / 30.0 -> 23.9 /
+# 26.1 / 33.3 / 27.5 (64 rows, 2 warps) (benchmarks/results/moe_h200_s13_b1*.json).
+# A thread on half a row (64 rows on 4 warps, 128 on 8) ran 1.1-2.2x slower
+# than the tensor cores (benchmarks/results/moe_cuda_core_tile_h200.json).
+CUDA_CORE_TOKEN_TILE = 1
+CUDA_CORE_ROWS_PER_WARP = 32
 # Resident programs per multiprocessor: both weight kernels use 255 registers
 # per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
@@ -44,6 +56,10 @@ class MoeTiles:
     limit_carveout: after loading a launch over 48 KiB of shared memory, ask
     the driver for only the carveout that PROGRAMS_PER_SM programs need, so
     that L1 keeps the rest (kernels/smem_carveout.py); GPU only.
+    block_m: tokens per tile: a power of two >= BASE_TOKEN_TILE (tensor
+    cores, fp16 activation planes) or CUDA_CORE_TOKEN_TILE (CUDA cores, fp32
+    activation planes: activation_dtype); any token count is correct with
+    either, the tile only sets the speed.
     block_m_wide: token tile for experts with more than block_m tokens (0 =
     none). Such an expert then streams its weights once per block_m_wide
     tokens instead of once per block_m; the others keep the cheaper block_m
@@ -74,11 +90,19 @@ class MoeTiles:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
             value = getattr(self, name)
+            if name == "block_m" and value == CUDA_CORE_TOKEN_TILE:
+                continue
             if value < BASE_TOKEN_TILE or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= {BASE_TOKEN_TILE}, got {value}")
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """Element type of the activation planes both weight launches read
+        (x planes from the prep launch, h planes from gate/up)."""
+        return torch.float32 if self.block_m == CUDA_CORE_TOKEN_TILE else torch.float16
 
     def down_grid(self, num_tokens: int, top_k: int, num_experts: int, hidden: int,
                   ffn: int) -> tuple[int, int]:
@@ -100,7 +124,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
                  limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
-    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs.
+    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs;
+    one token: the CUDA-core tile, one row per thread (num_warps follows the
+    rows, 64 where 128 would leave multiprocessors idle in gate/up).
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
@@ -112,6 +138,15 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
+    half = GROUP // 2
+    if block_m is None and num_tokens == 1:
+        rows = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
+        split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // (triton.cdiv(hidden, rows) * active)))
+        return MoeTiles(block_n_up=rows, block_n_down=rows, block_m=CUDA_CORE_TOKEN_TILE, split_k=split,
+                        num_stages=num_stages, num_warps=rows // CUDA_CORE_ROWS_PER_WARP, use_asm=use_asm,
+                        maxnreg=maxnreg, block_m_wide=0, limit_carveout=limit_carveout,
+                        balance_down=balance_down if balance_down is not None
+                        else num_experts <= BALANCE_MAX_EXPERTS)
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
@@ -129,7 +164,6 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # instructions per step in the SASS). Not for many experts either
         # (BALANCE_MAX_EXPERTS).
         balance_down = block_m_wide == 0 and num_experts <= BALANCE_MAX_EXPERTS
-    half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     tiles_down = triton.cdiv(hidden, block_n) * active
     # One wave: a split that overfills the multiprocessors by a few programs

@@ -21,9 +21,9 @@ class MoeWorkspace:
     prep: MoePrep
     gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
-    h: torch.Tensor  # [T * k, F] fp16, sorted order, virtual in-group order: plane 0 of h_planes
+    h: torch.Tensor  # [T * k, F] fp16 (fp32: tiles.activation_dtype), sorted, virtual in-group order: plane 0
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
-    h_planes: torch.Tensor  # [NUM_PLANES, T * k, F] fp16: h and h times plane_scales(1), (2)
+    h_planes: torch.Tensor  # [NUM_PLANES, T * k, F] as h: h and h times plane_scales(1), (2)
     down_plan: torch.Tensor  # [down programs, down_plan_width(E)] int32, the down launch's scratch
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
@@ -38,10 +38,10 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                     tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
     pairs = num_tokens * top_k
     m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
-    h = torch.empty(NUM_PLANES, pairs, ffn, dtype=torch.float16, device=device)
+    h = torch.empty(NUM_PLANES, pairs, ffn, dtype=tiles.activation_dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
-        prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device),
+        prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
@@ -67,10 +67,16 @@ def workspace_bytes(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                if isinstance(t, torch.Tensor) and not any(t is p for p in planes))
 
 
-def check_h_planes(ws: MoeWorkspace) -> None:
+def check_h_planes(ws: MoeWorkspace, tiles: MoeTiles) -> None:
     """h must be plane 0 of h_planes (the kernels reach the others from h);
-    the x planes are checked by moe_prepare."""
+    the x planes are checked by moe_prepare. Both must be of the tiles'
+    activation_dtype (the tensor cores take fp16, the CUDA-core tile is
+    built for fp32)."""
     check_planes(ws.h_planes, ws.h, "h")
+    for name, planes in (("x", ws.prep.x_planes), ("h", ws.h_planes)):
+        if planes.dtype != tiles.activation_dtype:
+            raise ValueError(f"{name} planes are {planes.dtype}; tiles with block_m {tiles.block_m} "
+                             f"read {tiles.activation_dtype}: allocate the workspace for these tiles")
 
 
 def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:

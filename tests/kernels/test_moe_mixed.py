@@ -32,17 +32,20 @@ def mixed_fields(layer, e, proj):
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-@pytest.mark.parametrize("bn_up,split,balance", [(128, 2, True), (64, 3, True), (128, 2, False), (64, 3, False)])
-def test_mixed_bits_in_one_launch(device, bn_up, split, balance):
+@pytest.mark.parametrize("bn_up,split,balance,block_m", [(128, 2, True, 16), (64, 3, True, 16), (128, 2, False, 16),
+                                                        (64, 3, False, 16), (128, 2, True, 1), (64, 3, False, 1)])
+def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m):
     # balance: the down launch shares each row tile's work by view cost, so
     # programs start and end inside an expert's K range; else equal K splits.
+    # block_m 1: the CUDA-core product, one token per tile (here up to 6 tiles
+    # per expert).
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     t = 6
     x = torch.randn(t, H)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=split, balance_down=balance)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=block_m, split_k=split, balance_down=balance)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
@@ -89,13 +92,17 @@ def test_few_experts_host_only_and_token_loop(device, t, wide, balance):
     assert rel_err(out, ref) < 3e-3
 
 
-def test_gate_up_writes_every_routed_row(device):
+@pytest.mark.parametrize("block_m", [16, 1])
+def test_gate_up_writes_every_routed_row(device, block_m):
+    # block_m 1: the CUDA-core tile, fp32 planes.
     weights = random_moe(1, E, H, F, lambda l, e, p: 1 + (e + p) % 5, PAGE, device, seed=7)
     torch.manual_seed(8)
     t, k = 5, 2
     x = torch.randn(t, H)
     ids = torch.tensor([[0, 3], [3, 1], [1, 0], [4, 3], [2, 4]])
-    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=1)
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=block_m, split_k=1,
+                     num_warps=2 if block_m == 1 else 4)
+    assert ws_dtype_of(tiles) == (torch.float32 if block_m == 1 else torch.float16)
     ws = alloc_workspace(t, k, H, F, E, tiles, device)
     for buf in (ws.prep.x_planes, ws.prep.xsum, ws.prep.out, ws.h_planes, ws.hsum):
         buf.fill_(float("nan"))
@@ -117,15 +124,24 @@ def test_gate_up_writes_every_routed_row(device):
         assert rel_err(got, href) < 2e-3
         sums = got.reshape(-1, 64).sum(-1)  # tiles are 64 actual rows of F
         assert torch.allclose(ws.hsum[pos].cpu(), sums, rtol=1e-4, atol=1e-4)
-        # The planes the 3/4-bit and 2-bit decodes read: h at each virtual
-        # position times 2^-p (exactly: powers of two).
+        # h rounded to fp16 on either tile; the planes the 3/4-bit and 2-bit
+        # decodes read: h at each virtual position times 2^-p (exactly:
+        # powers of two; below fp16's normal range only in fp32 planes).
+        assert torch.equal(ws.h[pos].cpu(), ws.h[pos].cpu().to(torch.float16).to(ws.h.dtype))
         for plane in (1, 2):
-            scaled = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.plane_scales(plane)).to(torch.float16)
+            scaled = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.plane_scales(plane)).to(ws.h.dtype)
             assert torch.equal(ws.h_planes[plane, pos].cpu(), scaled.reshape(-1))
 
 
-@pytest.mark.parametrize("in_kernel_sort", [True, False])
-def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort):
+def ws_dtype_of(tiles):
+    ws = alloc_workspace(1, 2, H, F, E, tiles, "meta")
+    assert ws.prep.x_planes.dtype == ws.h_planes.dtype == tiles.activation_dtype
+    return ws.h_planes.dtype
+
+
+@pytest.mark.parametrize("in_kernel_sort,plane_dtype", [(True, torch.float16), (False, torch.float16),
+                                                         (True, torch.float32)])
+def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dtype):
     if not in_kernel_sort:
         monkeypatch.setattr(moe_align, "MAX_PAIRS_IN_KERNEL", 4)
     torch.manual_seed(9)
@@ -136,11 +152,12 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort):
     x[0, 0] = 1e6  # clamped to fp16 max
     ids = torch.randint(0, e, (t, k))
     ids[2, 1] = -1
-    prep = moe_align.alloc_prep(t, k, h, e, device)
+    x[1, 5] = 1e-6  # times 2^-p: an fp16 subnormal, exact in fp32 planes
+    prep = moe_align.alloc_prep(t, k, h, e, device, plane_dtype)
     for buf in (prep.x_planes, prep.xsum, prep.out):
         buf.fill_(float("nan"))  # every element must be written
     got = moe_prepare(x.to(device), ids.to(device), e, prep)
-    ref = moe_prepare_reference(x, ids, e)
+    ref = moe_prepare_reference(x, ids, e, plane_dtype)
     assert torch.equal(got.out.cpu(), ref.out)
     assert torch.equal(got.x_planes.cpu(), ref.x_planes)
     assert torch.allclose(got.xsum.cpu(), ref.xsum, rtol=1e-5, atol=1e-3)
@@ -164,6 +181,31 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert choose_tiles(64, 4, 60, 2048, 1408).block_m_wide == 0  # Qwen: mean 4.3 tokens per expert
     assert not choose_tiles(16, 4, 60, 2048, 1408).balance_down  # 60 experts: the plan walk costs more
     assert choose_tiles(256, 2, 8, 4096, 14336).block_m_wide == 0  # 64-token tiles already
+    # One token: the CUDA-core tile, one row per thread, fp32 planes; 64 rows
+    # where 128 would leave multiprocessors idle in gate/up (Qwen).
+    one = choose_tiles(1, 2, 8, 4096, 14336)
+    assert (one.block_m, one.block_n_up, one.block_n_down, one.num_warps) == (1, 128, 128, 4)
+    assert one.activation_dtype == torch.float32 and one.block_m_wide == 0
+    qwen = choose_tiles(1, 4, 60, 2048, 1408)
+    assert (qwen.block_m, qwen.block_n_up, qwen.block_n_down, qwen.num_warps) == (1, 64, 64, 2)
+    assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16
+    assert choose_tiles(1, 2, 8, 4096, 14336, block_m=16).block_m == 16
+
+
+def test_workspace_must_match_the_tiles(device):
+    weights = random_moe(1, E, H, F, lambda l, e, p: 3, PAGE, device, seed=2)
+    x = torch.randn(1, H, device=device)
+    ids = torch.tensor([[1]], device=device)  # one pair: one token tile on either tile
+    tw = torch.ones(1, 1, device=device)
+    tensor_core = MoeTiles(block_m=16, split_k=1)
+    cuda_core = MoeTiles(block_m=1, split_k=1)
+    for alloc_for, run_with in ((tensor_core, cuda_core), (cuda_core, tensor_core)):
+        ws = alloc_workspace(1, 1, H, F, E, alloc_for, device)
+        with pytest.raises(ValueError, match="allocate the workspace for these tiles"):
+            fused_moe_mixed(x, ids, tw, weights, 0, E, F, run_with, ws)
+    ws = alloc_workspace(1, 1, H, F, E, cuda_core, device)
+    out = fused_moe_mixed(x, ids, tw, weights, 0, E, F, cuda_core, ws)
+    assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, E, F)) < 3e-3
 
 
 def test_rejects_small_pages(device):
@@ -210,6 +252,17 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm):
     ids, new_ids = (torch.randint(0, 8, (33, 2), generator=gen) for _ in range(2))
     tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=4, use_asm=use_asm)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=10, demote_first_block=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [128, 64])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows):
+    # The one-token launches as choose_tiles builds them (one row per
+    # thread); the captured step replays with other experts and a demoted block.
+    gen = torch.Generator().manual_seed(13)
+    ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
+    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32)
+    check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
 @pytest.mark.gpu
