@@ -140,13 +140,14 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     per_expert = pairs / active
     half = GROUP // 2
     if block_m is None and num_tokens == 1:
+        # One row per thread in both launches (num_warps follows the rows).
         rows = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
         split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // (triton.cdiv(hidden, rows) * active)))
+        if balance_down is None:
+            balance_down = num_experts <= BALANCE_MAX_EXPERTS
         return MoeTiles(block_n_up=rows, block_n_down=rows, block_m=CUDA_CORE_TOKEN_TILE, split_k=split,
                         num_stages=num_stages, num_warps=rows // CUDA_CORE_ROWS_PER_WARP, use_asm=use_asm,
-                        maxnreg=maxnreg, block_m_wide=0, limit_carveout=limit_carveout,
-                        balance_down=balance_down if balance_down is not None
-                        else num_experts <= BALANCE_MAX_EXPERTS)
+                        maxnreg=maxnreg, block_m_wide=0, limit_carveout=limit_carveout, balance_down=balance_down)
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
