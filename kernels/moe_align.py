@@ -3,8 +3,8 @@
 Program 0 sorts the T * top_k (token, slot) pairs by expert (stable), writes
 the expert offsets and the compacted list of experts that got tokens. The
 other programs each take GROUPS_PER_STEP groups of one token's row: copy them
-(rounded to fp16) in the MoE kernels' in-group K order, store their sums, zero the same
-part of the output row. One chunk per program, not one row: at decode sizes a
+(rounded to fp16) in the MoE kernels' in-group K order, store their sums,
+zero the same part of the output row. One chunk per program, not one row: at decode sizes a
 row per program left a few programs looping over their row one chunk after
 another (Mixtral B=1: two programs, four dependent chunks each). Nothing here
 needs a host sync, so the step can run under CUDA graphs.

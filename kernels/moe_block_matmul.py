@@ -25,7 +25,7 @@ from kernels import weight_layout
 from kernels.moe_decode import decode_tile
 
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
-FMA_STAGES = tl.constexpr(3)
+CUDA_CORE_STAGES = tl.constexpr(3)
 
 
 @triton.jit
@@ -247,7 +247,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             # The CUDA-core product has no tensor-core operand for Triton's
             # pipeliner to stream the loads through; ask for the stages (2,
             # 3 and 4 ran alike on the H200: the loop is bound by its issue).
-            for g in tl.range(gs, ge, num_stages=FMA_STAGES):
+            for g in tl.range(gs, ge, num_stages=CUDA_CORE_STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                                            XS_SUB, NF, BN, BM, USE_ASM)

@@ -2,8 +2,8 @@
 BN rows of F, gate or up), the projection of the expert's tokens through the
 block's pages at its own bitwidth; the second of each gate/up pair to finish
 stores SiLU(gate) * up, rounded to fp16, as h in sorted order, in the three
-activation planes (fp16, or fp32 for the CUDA-core tile) the down launch's views read (weight_layout.plane_scales), with
-per-tile sums of h."""
+activation planes the down launch's views read (weight_layout.plane_scales;
+fp16, or fp32 for the CUDA-core tile), with per-tile sums of h."""
 
 from __future__ import annotations
 

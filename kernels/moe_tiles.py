@@ -138,16 +138,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
-    half = GROUP // 2
-    if block_m is None and num_tokens == 1:
-        # One row per thread in both launches (num_warps follows the rows).
-        rows = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
-        split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // (triton.cdiv(hidden, rows) * active)))
-        if balance_down is None:
-            balance_down = num_experts <= BALANCE_MAX_EXPERTS
-        return MoeTiles(block_n_up=rows, block_n_down=rows, block_m=CUDA_CORE_TOKEN_TILE, split_k=split,
-                        num_stages=num_stages, num_warps=rows // CUDA_CORE_ROWS_PER_WARP, use_asm=use_asm,
-                        maxnreg=maxnreg, block_m_wide=0, limit_carveout=limit_carveout, balance_down=balance_down)
+    one_token = block_m is None and num_tokens == 1
+    if one_token:
+        block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
@@ -165,7 +158,11 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # instructions per step in the SASS). Not for many experts either
         # (BALANCE_MAX_EXPERTS).
         balance_down = block_m_wide == 0 and num_experts <= BALANCE_MAX_EXPERTS
+    half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
+    if one_token:
+        # One row per thread in both launches: num_warps follows the rows.
+        block_n, num_warps = block_n_up, block_n_up // CUDA_CORE_ROWS_PER_WARP
     tiles_down = triton.cdiv(hidden, block_n) * active
     # One wave: a split that overfills the multiprocessors by a few programs
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
