@@ -41,11 +41,11 @@ from kernels.moe_workspace import down_plan_width  # noqa: E402
 
 KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
 FP16_POINTERS = {"xp_ptr", "h_ptr"}  # the activation planes
-FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr"}
+FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr", "xq_scale_ptr", "hq_scale_ptr"}
 # Integer arguments the launches pass as multiples of 16 (Triton specialises
 # those as divisible by 16; the counts differ without it).
 DIVISIBLE_INTS = {"H", "F", "pt_block_stride", "pt_field_stride", "q_x", "q_h"}
-COUNTED = ("HGMMA", "FFMA", "HADD2", "LOP3", "SHF", "SHFL", "PRMT", "IMAD.U32", "R2UR", "LDS", "LDGSTS", "BAR.SYNC",
+COUNTED = ("HGMMA", "IDP", "FFMA", "HADD2", "LOP3", "IADD3", "IMAD", "SHF", "SHFL", "PRMT", "IMAD.U32", "R2UR", "LDS", "LDGSTS", "BAR.SYNC",
            "STL", "LDL")
 TENSOR_CORE = ("HGMMA", "HMMA")
 SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
@@ -63,8 +63,8 @@ class Loop:
 def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int):
     kernel = KERNELS[name]
     signature, attrs = {}, {}
-    # The activation planes: fp32 for the CUDA-core tile (MoeTiles.activation_dtype).
-    planes = "*fp32" if constexprs["BM"] == CUDA_CORE_TOKEN_TILE else "*fp16"
+    # The activation planes: int16 for the CUDA-core tile (MoeTiles.activation_dtype).
+    planes = "*i16" if constexprs["BM"] == CUDA_CORE_TOKEN_TILE else "*fp16"
     for i, arg in enumerate(kernel.arg_names):
         if arg in constexprs:
             signature[arg] = "constexpr"
@@ -127,7 +127,7 @@ def main() -> None:
         cubin = Path(tmp) / f"{args.kernel}.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         loops = inner_loops(cuobjdump("-sass", str(cubin)),
-                            ("FFMA",) if args.block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE)
+                            ("IDP",) if args.block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE)
         regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
     print(f"triton {triton.__version__}, {args.kernel}, {constexprs}")
     for loop in loops:

@@ -11,12 +11,14 @@ needs a host sync, so the step can run under CUDA graphs.
 
 Outputs (all device tensors):
 * xp        fp16  [T, H]   x in virtual in-group order (weight_layout), clamped to fp16
-                  and rounded to it (fp32 planes hold the same values)
+                  and rounded to it
 * xsum      fp32  [T, H / 128]  sums of xp per group
 * x_planes  fp16  [3, T, H] xp (plane 0) and xp times weight_layout.plane_scales(1)
             and (2) at each position: the activations each view's decode reads
-            (weight_layout.view_plane); fp32 for the CUDA-core tile
-            (MoeTiles.activation_dtype), where planes 1 and 2 are exact
+            (weight_layout.view_plane). For the CUDA-core tile
+            (MoeTiles.activation_dtype int16) one plane instead: xp quantized
+            to int16 (weight_layout.quantize_activations, pair order), and
+* xq_scale  fp32  [T, H / 64] its scales (int16 planes only)
 * out       fp32  [T, H]   zeroed (the down kernel accumulates into it)
 * sorted    int32 [T * top_k]  flat indices t * top_k + j sorted by expert
 * offsets   int32 [E + 1]  sorted[offsets[e]:offsets[e + 1]] go to expert e
@@ -32,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.weight_layout import GROUP, NUM_PLANES, permute_groups, plane_scales
+from kernels.weight_layout import ACT_QMAX, ACT_SPAN, GROUP, NUM_PLANES, permute_groups, plane_scales, \
+    quantize_activations
 
 FP16_MAX = 65504.0
 # The single-program sort handles up to this many (token, slot) pairs; larger
@@ -40,6 +43,10 @@ FP16_MAX = 65504.0
 MAX_PAIRS_IN_KERNEL = 1024
 GROUPS_PER_STEP = 8
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
+_QMAX = tl.constexpr(float(ACT_QMAX))
+SPAN = tl.constexpr(ACT_SPAN)
+# fp32 additions round to integers (half to even) below 2^22 once this is added.
+_ROUNDER = tl.constexpr(1.5 * 2.0**23)
 
 
 @dataclass
@@ -47,6 +54,7 @@ class MoePrep:
     xp: torch.Tensor  # plane 0 of x_planes
     xsum: torch.Tensor
     x_planes: torch.Tensor
+    xq_scale: torch.Tensor
     out: torch.Tensor
     sorted_ids: torch.Tensor
     offsets: torch.Tensor
@@ -87,10 +95,32 @@ def plane_scale(v, PLANE: tl.constexpr):
 
 
 @triton.jit
+def pair_position(a):
+    # Where in-group index a sits in the pair order (weight_layout.pair_order).
+    return (a // 8) * 8 + 4 * (a % 2) + (a % 8) // 2
+
+
+@triton.jit
+def quantize_spans(xf, NR: tl.constexpr, L: tl.constexpr):
+    """fp32 [NR, L] (L a multiple of 64, in K order) -> (int16 [NR, L] q,
+    fp32 [NR, L / 64] scales of the spans), as
+    weight_layout.quantize_activations (the product and the rounding may
+    fuse: q can differ by one)."""
+    amax = tl.max(tl.abs(tl.reshape(xf, (NR, L // SPAN, SPAN))), axis=2)  # [NR, L / 64]
+    ratio = tl.math.div_rn(tl.full(amax.shape, _QMAX, tl.float32), tl.where(amax > 0, amax, 1.0))
+    ratio = tl.where(amax > 0, ratio, 0.0)
+    ratio = tl.reshape(tl.broadcast_to(ratio[:, :, None], (NR, L // SPAN, SPAN)), (NR, L))
+    q = (xf * ratio + _ROUNDER) - _ROUNDER
+    q = tl.minimum(tl.maximum(q, -_QMAX), _QMAX).to(tl.int16)
+    return q, tl.math.div_rn(amax, tl.full(amax.shape, _QMAX, tl.float32))
+
+
+@triton.jit
 def _moe_prep_kernel(
     x_ptr,  # [T, H] float (row stride stride_x)
     ids_ptr,  # [T * TOPK] int32 expert of each (token, slot)
-    xp_ptr,  # [3, T, H] fp16 out: the activation planes
+    xp_ptr,  # [3, T, H] fp16 out: the activation planes ([1, T, H] int16: QUANTIZE)
+    xq_scale_ptr,  # [T, H / 64] fp32 out (QUANTIZE)
     xsum_ptr,  # [T, H / 128] fp32 out
     out_ptr,  # [T, H] fp32 out, zeroed
     sorted_ptr,  # [T * TOPK] int32 out
@@ -99,6 +129,7 @@ def _moe_prep_kernel(
     num_active_ptr,  # [1] int32 out
     T, H, stride_x, E, n_pairs, n_chunks,
     GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, DO_SORT: tl.constexpr,
+    QUANTIZE: tl.constexpr,
 ):
     # Program 0 sorts (it has the longest chain); program 1 + r * n_chunks + c
     # stages chunk c (GB groups) of token row r.
@@ -106,22 +137,29 @@ def _moe_prep_kernel(
     if pid > 0:
         n_groups = H // 128
         v = tl.arange(0, 128)
-        act = _virtual_to_actual(v)
         row = ((pid - 1) // n_chunks).to(tl.int64)
         gg = ((pid - 1) % n_chunks) * GB + tl.arange(0, GB)
         gm = gg < n_groups
+        # virtual in-group order for the fp16 planes, K order to quantize
+        act = v if QUANTIZE else _virtual_to_actual(v)
         xv = tl.load(x_ptr + row * stride_x + gg[:, None] * 128 + act[None, :], mask=gm[:, None], other=0.0)
         xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
         dst = row * H + gg[:, None] * 128 + v[None, :]
-        plane_ty = xp_ptr.dtype.element_ty  # fp16, or fp32 for the CUDA-core tile
-        tl.store(xp_ptr + dst, xv.to(plane_ty), mask=gm[:, None])
         tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
         tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
-        # powers of two: exact but for fp16 subnormals
-        x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(plane_ty)
-        tl.store(xp_ptr + T * H + dst, x1, mask=gm[:, None])
-        x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(plane_ty)
-        tl.store(xp_ptr + 2 * T * H + dst, x2, mask=gm[:, None])
+        if QUANTIZE:
+            q, scale = quantize_spans(xv.to(tl.float32), GB, 128)
+            tl.store(xp_ptr + row * H + gg[:, None] * 128 + pair_position(v)[None, :], q, mask=gm[:, None])
+            span = tl.arange(0, 2)
+            tl.store(xq_scale_ptr + row * (2 * n_groups) + gg[:, None] * 2 + span[None, :], scale,
+                     mask=gm[:, None])
+        else:
+            tl.store(xp_ptr + dst, xv, mask=gm[:, None])
+            # powers of two: exact but for fp16 subnormals
+            x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(tl.float16)
+            tl.store(xp_ptr + T * H + dst, x1, mask=gm[:, None])
+            x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(tl.float16)
+            tl.store(xp_ptr + 2 * T * H + dst, x2, mask=gm[:, None])
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
         ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
@@ -162,18 +200,25 @@ def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep) -> None
     prep.num_active.copy_(has.sum().to(torch.int32).reshape(1))
 
 
-PLANE_DTYPES = (torch.float16, torch.float32)
+PLANE_DTYPES = (torch.float16, torch.int16)
+
+
+def planes_of(dtype: torch.dtype) -> int:
+    """Activation planes staged in this element type: three fp16 planes for
+    the tensor cores, one int16 plane for the CUDA-core tile."""
+    if dtype not in PLANE_DTYPES:
+        raise ValueError(f"activation planes must be fp16 or int16, got {dtype}")
+    return NUM_PLANES if dtype == torch.float16 else 1
 
 
 def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
                device: torch.device | str, plane_dtype: torch.dtype = torch.float16) -> MoePrep:
     """Uninitialised buffers for moe_prepare (reuse them across steps / graphs).
     plane_dtype: of x_planes (MoeTiles.activation_dtype)."""
-    if plane_dtype not in PLANE_DTYPES:
-        raise ValueError(f"activation planes must be fp16 or fp32, got {plane_dtype}")
-    planes = torch.empty(NUM_PLANES, num_tokens, hidden, dtype=plane_dtype, device=device)
+    planes = torch.empty(planes_of(plane_dtype), num_tokens, hidden, dtype=plane_dtype, device=device)
     return MoePrep(
         xp=planes[0], x_planes=planes,
+        xq_scale=torch.empty(num_tokens, hidden // ACT_SPAN, dtype=torch.float32, device=device),
         xsum=torch.empty(num_tokens, hidden // GROUP, dtype=torch.float32, device=device),
         out=torch.empty(num_tokens, hidden, dtype=torch.float32, device=device),
         sorted_ids=torch.empty(num_tokens * top_k, dtype=torch.int32, device=device),
@@ -185,12 +230,11 @@ def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
 
 def check_planes(planes: torch.Tensor, first: torch.Tensor, name: str) -> None:
     """The kernels reach plane p as `first` + p * numel: `planes` must be one
-    contiguous [NUM_PLANES, ...] buffer whose plane 0 is `first`."""
-    if not (planes.is_contiguous() and planes.shape[0] == NUM_PLANES and planes.shape[1:] == first.shape
+    contiguous [planes_of(dtype), ...] buffer whose plane 0 is `first`."""
+    count = planes_of(planes.dtype)
+    if not (planes.is_contiguous() and planes.shape[0] == count and planes.shape[1:] == first.shape
             and first.data_ptr() == planes.data_ptr() and first.dtype == planes.dtype):
-        raise ValueError(f"{name} must be plane 0 of one contiguous [{NUM_PLANES}, ...] buffer")
-    if planes.dtype not in PLANE_DTYPES:
-        raise ValueError(f"{name} planes must be fp16 or fp32, got {planes.dtype}")
+        raise ValueError(f"{name} must be plane 0 of one contiguous [{count}, ...] buffer")
 
 
 def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
@@ -220,10 +264,11 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
     do_sort = n_pairs <= MAX_PAIRS_IN_KERNEL
     n_chunks = triton.cdiv(h // GROUP, GROUPS_PER_STEP)
     _moe_prep_kernel[(1 + t * n_chunks,)](
-        x, ids, prep.xp, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active,
+        x, ids, prep.xp, prep.xq_scale, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active,
         prep.num_active, t, h, x.stride(0), num_experts, n_pairs, n_chunks,
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
-        E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort, num_warps=4,
+        E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort,
+        QUANTIZE=prep.xp.dtype == torch.int16, num_warps=4,
     )
     if not do_sort:
         _sort_with_torch(ids, num_experts, prep)
@@ -234,15 +279,21 @@ def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: 
                           plane_dtype: torch.dtype = torch.float16) -> MoePrep:
     """Plain-torch version of moe_prepare (same outputs)."""
     t, h = x.shape
-    xp = permute_groups(x.float().clamp(-FP16_MAX, FP16_MAX)).to(torch.float16)
+    x16 = x.float().clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
     ids = topk_ids.reshape(-1).to(torch.int32)
-    groups = xp.float().reshape(t, h // GROUP, GROUP)
-    planes = torch.stack([(groups * plane_scales(p).to(x.device)).to(plane_dtype).reshape(t, h)
-                          for p in range(NUM_PLANES)])
+    groups = permute_groups(x16).float().reshape(t, h // GROUP, GROUP)
+    xq_scale = torch.zeros(t, h // ACT_SPAN, dtype=torch.float32, device=x.device)
+    if planes_of(plane_dtype) == 1:
+        q, xq_scale = quantize_activations(x16)
+        planes = q[None]
+    else:
+        planes = torch.stack([(groups * plane_scales(p).to(x.device)).to(plane_dtype).reshape(t, h)
+                              for p in range(NUM_PLANES)])
     prep = MoePrep(
         xp=planes[0],
         xsum=groups.sum(-1),
         x_planes=planes,
+        xq_scale=xq_scale,
         out=torch.zeros(t, h, dtype=torch.float32, device=x.device),
         sorted_ids=torch.empty(ids.numel(), dtype=torch.int32, device=x.device),
         offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=x.device),

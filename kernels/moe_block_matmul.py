@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import weight_layout
+from kernels.moe_cuda_core import group_dot, view_place
 from kernels.moe_decode import decode_tile
 
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
@@ -112,7 +113,7 @@ def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
 
 @triton.jit
 def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero, inv_step,
-                xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
+                xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, qs_ptrs,
                 XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                 USE_ASM: tl.constexpr):
     # Group g of one segment: acc [BN, BM] += its product, scaled, plus its
@@ -134,18 +135,19 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
         f3 = _load_two_bit(arena_ptr, p3, g)
     if NF >= 5:
         f4 = _load_two_bit(arena_ptr, p4, g)
-    w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
-    xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] x 2^-p
     if BM >= 16:
+        w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
+        xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] x 2^-p
         part = tl.dot(w, xt)  # [BN, BM] = 2^-24 sum t x (times the view's factor)
     else:
-        # One token on the CUDA cores (tl.dot needs 16): with one row per
-        # thread (MoeTiles: num_warps = BN / 32) the sum is one FFMA chain
-        # per row, no shuffles; fp32 activations save a conversion per weight
-        # (every thread reads the whole group of x; fp16 planes also work).
+        # One token on the CUDA cores (tl.dot needs 16), by dp2a against the
+        # token's int16 activations (kernels/moe_cuda_core.py); with one row
+        # per thread (MoeTiles: num_warps = BN / 32) each row's sum stays in
+        # its thread. Every thread reads the whole group of activations.
         tl.static_assert(BM == 1, "the CUDA-core product takes one token per tile")
-        x = tl.reshape(xt, (128,)).to(tl.float32)
-        part = tl.sum(w.to(tl.float32) * x[None, :], axis=1)[:, None]  # [BN, 1]
+        act = tl.load(xt_ptrs + g * 64)  # [64] int32: int16 pairs, pair order
+        act_scale = tl.load(qs_ptrs + g * 2)  # [2] fp32 scales of the group's spans
+        part = group_dot(f0, f1, f2, f3, f4, act, act_scale, NF, BN, USE_ASM)[:, None]  # [BN, 1] sum t x * place
     scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
     offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     acc = acc + part * scale[:, None]
@@ -155,7 +157,7 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
 
 @triton.jit
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
+                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
                  BM: tl.constexpr, USE_ASM: tl.constexpr):
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
@@ -163,12 +165,15 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
     pt_blk_ptr: int32 [5, max_pages] the block's page-table rows (field stride
     pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
-    pointers [128, BM] to group 0 of the activation tile (virtual order; fp32
-    for the CUDA-core product, BM = 1);
+    pointers [128, BM] to group 0 of the activation tile (virtual order);
     xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB
     partial sums per group, xs_group_stride apart per group (sums of plane 0).
     plane_off: elements from one activation plane to the next (the view's
     plane: weight_layout.view_plane, its factors weight_layout.plane_scales).
+    The CUDA-core product (BM = 1, one valid token) reads instead int16
+    activations (weight_layout.quantize_activations): xt_ptrs int32 pointers
+    [64] to the words of group 0, qs_ptrs fp32 pointers [2] to the scales of
+    its spans (unused for BM >= 16), xt_mask and plane_off unused.
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
     """
@@ -201,16 +206,19 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     # its nibble, the 6-bit code two bits up its byte): fold 2^24 / factor
     # into the scale. The activations' plane of the view sits plane * plane_off
     # elements after plane 0 (weight_layout.view_plane).
-    if NF == 2:
+    if BM == 1:
+        inv_step = view_place(NF)
+    elif NF == 2:
         inv_step = 8388608.0  # 2^23
     elif NF == 4:
         inv_step = 4194304.0  # 2^22
     else:
         inv_step = 16777216.0  # 2^24
-    if NF == 1:
-        xt_ptrs += 2 * plane_off
-    elif NF <= 3:
-        xt_ptrs += plane_off
+    if BM >= 16:
+        if NF == 1:
+            xt_ptrs += 2 * plane_off
+        elif NF <= 3:
+            xt_ptrs += plane_off
     acc = tl.zeros((BN, BM), tl.float32)
     # Latency of the two small per-group loads (ncu stall sampling on the H200:
     # their global-load waits and the layout conversions they caused were the
@@ -242,7 +250,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             for g in range(gs, ge):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
-                                           XS_SUB, NF, BN, BM, USE_ASM)
+                                           qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM)
         else:
             # The CUDA-core product has no tensor-core operand for Triton's
             # pipeliner to stream the loads through; ask for the stages (2,
@@ -250,19 +258,19 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             for g in tl.range(gs, ge, num_stages=CUDA_CORE_STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
-                                           XS_SUB, NF, BN, BM, USE_ASM)
+                                           qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM)
         gs = ge
     return acc
 
 
 @triton.jit
 def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off,
+                     xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                      USE_ASM: tl.constexpr):
     """block_matmul specialised on the block's run-time field count nf (1..5)."""
     args = (arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
-            xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off)
+            xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs)
     if nf == 1:
         acc = block_matmul(*args, XS_SUB, 1, BN, BM, USE_ASM)
     elif nf == 2:

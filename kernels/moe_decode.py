@@ -29,7 +29,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotl(x, r, USE_ASM: tl.constexpr):
+def rotl(x, r, USE_ASM: tl.constexpr):
     # uint32 x rotated left by r (int32 in [0, 32), a constant per element
     # after unrolling): one funnel shift.
     if USE_ASM:
@@ -40,7 +40,7 @@ def _rotl(x, r, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _select(a, m, b, USE_ASM: tl.constexpr):
+def select_bits(a, m, b, USE_ASM: tl.constexpr):
     # a where m, b elsewhere (uint32): one LOP3 with m as its immediate. Written
     # as and/or, ptxas takes m and ~m as two immediates and issues two.
     if USE_ASM:
@@ -76,7 +76,7 @@ def _rot_masks(r):
     return m_top.to(tl.uint32, bitcast=True), m_low.to(tl.uint32, bitcast=True)
 
 
-# What _nibble_words merges into each nibble (KIND): the top pair alone (the
+# What nibble_words merges into each nibble (KIND): the top pair alone (the
 # low nibble of the 6-bit view), top pair + one bit (3-bit view; nibble bit 0
 # is left over and masked by the caller), top pair + two bits (4-bit), top
 # pair + bottom pair (the low nibble of the 8-bit view).
@@ -87,7 +87,7 @@ TOP_PAIR: tl.constexpr = tl.constexpr(3)
 
 
 @triton.jit
-def _nibble_words(top, mid, low, r, KIND: tl.constexpr, USE_ASM: tl.constexpr):
+def nibble_words(top, mid, low, r, KIND: tl.constexpr, USE_ASM: tl.constexpr):
     """uint32 [BN, 4, 2, 2] nibble words (quarter c, word w, half h; rotation
     r = 2 h + w): nibble j (bits 4j..4j+3) of word (c, w, h) holds four code
     bits of weight 32c + 16w + 8h + j. top: 2-bit field words [BN, 4, 2];
@@ -98,14 +98,14 @@ def _nibble_words(top, mid, low, r, KIND: tl.constexpr, USE_ASM: tl.constexpr):
     m_top, m_low = _rot_masks(r)
     a = top[:, :, :, None]
     if KIND == TOP_PAIR:
-        t = _select(a, m_top, mid[:, :, :, None], USE_ASM)
+        t = select_bits(a, m_top, mid[:, :, :, None], USE_ASM)
     elif KIND == TOP_ONLY:
         t = a & m_top
     else:
-        t = _select(a, m_top, mid[:, :, None, None], USE_ASM)
+        t = select_bits(a, m_top, mid[:, :, None, None], USE_ASM)
         if KIND == TOP_ONE_ONE:
-            t = _select(low[:, :, None, None], m_low, t, USE_ASM)
-    return _rotl(t, r, USE_ASM)
+            t = select_bits(low[:, :, None, None], m_low, t, USE_ASM)
+    return rotl(t, r, USE_ASM)
 
 
 @triton.jit
@@ -133,8 +133,8 @@ def _byte_pairs(hi, lo, USE_ASM: tl.constexpr):
     # Nibble words of the top and bottom four code bits -> [.., s, ab] uint32:
     # the 8-bit lane codes of weights j = 2s + ab and j + 4 in the two halves.
     high = tl.full(hi.shape, _HIGH_NIBBLES, tl.int32).to(tl.uint32, bitcast=True)
-    b_even = _select(hi << 4, high, lo, USE_ASM)  # byte k: weight 2k
-    b_odd = _select(hi, high, lo >> 4, USE_ASM)  # byte k: weight 2k + 1
+    b_even = select_bits(hi << 4, high, lo, USE_ASM)  # byte k: weight 2k
+    b_odd = select_bits(hi, high, lo >> 4, USE_ASM)  # byte k: weight 2k + 1
     even = tl.join(_prmt(b_even, 0x4240, USE_ASM), _prmt(b_even, 0x4341, USE_ASM))  # [.., s]
     odd = tl.join(_prmt(b_odd, 0x4240, USE_ASM), _prmt(b_odd, 0x4341, USE_ASM))
     return tl.join(even, odd)  # [.., s, ab]
@@ -154,24 +154,24 @@ def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM:
     if NF == 1:
         # Field 0 alone, read in place: word 1 rotated by one so that both
         # words hold half 0 at nibble bits 2-3 and half 1 at bits 0-1.
-        words = _rotl(f0, tl.arange(0, 2)[None, None, :], USE_ASM)[:, :, :, None]  # [BN, 4, 2, 1]
+        words = rotl(f0, tl.arange(0, 2)[None, None, :], USE_ASM)[:, :, :, None]  # [BN, 4, 2, 1]
         src = tl.join(words, words >> 8)  # [BN, c, w, 1, s]
         hv = tl.arange(0, 2)[None, None, None, :, None]
         pairs = _nibble_pairs(src & tl.where(hv == 0, 0x00CC00CC, 0x00330033), 0x000F000F)  # [BN, c, w, h, s, ab]
     else:
         r = 2 * tl.arange(0, 2)[None, None, None, :] + tl.arange(0, 2)[None, None, :, None]  # [1, 1, w, h]
         if NF == 2:
-            nib = _nibble_words(f0, f1, f1, r, TOP_ONE, USE_ASM)
+            nib = nibble_words(f0, f1, f1, r, TOP_ONE, USE_ASM)
         else:
-            nib = _nibble_words(f0, f1, f2, r, TOP_ONE_ONE, USE_ASM)  # [BN, c, w, h]
+            nib = nibble_words(f0, f1, f2, r, TOP_ONE_ONE, USE_ASM)  # [BN, c, w, h]
         if NF <= 3:
             src = tl.join(nib, nib >> 8)  # [BN, c, w, h, s]
             pairs = _nibble_pairs(src, 0x000F000F if NF == 3 else 0x000E000E)  # [BN, c, w, h, s, ab]
         else:
             if NF == 5:
-                low = _nibble_words(f3, f4, f4, r, TOP_PAIR, USE_ASM)
+                low = nibble_words(f3, f4, f4, r, TOP_PAIR, USE_ASM)
             else:
-                low = _nibble_words(f3, f3, f3, r, TOP_ONLY, USE_ASM)
+                low = nibble_words(f3, f3, f3, r, TOP_ONLY, USE_ASM)
             pairs = _byte_pairs(nib, low, USE_ASM)  # [BN, c, w, h, s, ab]
     halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [BN, c, w, h, s, ab, e]
     halves = tl.permute(halves, (0, 2, 3, 4, 5, 1, 6))  # [BN, w, h, s, ab, c, e]

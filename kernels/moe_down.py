@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any
+from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, down_plan_width, settle_carveout
@@ -17,29 +18,34 @@ from kernels.weight_layout import GROUP
 
 
 @triton.jit
-def _down_tiles(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
-                g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
+def _down_tiles(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end,
+                n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
                 BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
     # Tokens [start, end), BM at a time, through BN rows of the down block
     # over groups [g0, g1), weighted and added into out.
     for m0 in range(start, end, BM):
-        _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
-                   g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM)
+        _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
+                   n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM)
 
 
 @triton.jit
-def _down_tile(h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end, n, rows,
-               g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
+def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
+               n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
     valid = pos < end
     pos64 = pos.to(tl.int64)
-    xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
+    if BM == 1:
+        # one token, valid (m0 < end)
+        xt_ptrs, qs_ptrs = int16_row_pointers(h_ptr, hq_scale_ptr, tl.cast(m0, tl.int64), F)
+    else:
+        xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
+        qs_ptrs = hq_scale_ptr
     xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
     acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
-                           log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB, q_x,
+                           log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB, q_x, qs_ptrs,
                            HS_SUB, BN, BM, USE_ASM)
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
     tok = (flat // top_k).to(tl.int64)
@@ -63,8 +69,8 @@ def _group_cost(nf):
 
 
 @triton.jit
-def _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr,
-                  out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
+def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr,
+                  bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
                   q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
                   USE_ASM: tl.constexpr):
     # Groups [g0, g1) of the down block of the expert in `slot`, rows n, all
@@ -74,8 +80,8 @@ def _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, 
         start = tl.load(offsets_ptr + expert)
         end = tl.load(offsets_ptr + expert + 1)
         pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
-        args = (h_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end, n, rows,
-                g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
+        args = (h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end,
+                n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
         if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
             if end - start <= BM:
                 _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
@@ -87,7 +93,8 @@ def _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "split", "groups_per_split"])
 def _moe_down_kernel(
-    h_ptr,  # [3, T * top_k, F] fp16 (fp32: CUDA-core tile), sorted order, virtual in-group order: the planes
+    h_ptr,  # [3, T * top_k, F] fp16, sorted order, virtual in-group order: the planes (int16 [1, ...]: BM 1)
+    hq_scale_ptr,  # [T * top_k, F / 64] fp32 scales of the int16 h (BM 1)
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
     offsets_ptr,  # [E + 1] int32
@@ -150,16 +157,17 @@ def _moe_down_kernel(
                 g0 = tl.maximum(lo - begin + c - 1, 0) // c
                 g1 = tl.minimum(tl.maximum(hi - begin + c - 1, 0) // c, n_groups)
                 if g0 < g1:
-                    _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr,
-                                  bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride,
-                                  pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM)
+                    _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr,
+                                  arena_ptr, pt_ptr, bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F,
+                                  pt_block_stride, pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB,
+                                  USE_ASM)
     else:
         slot = pid_p // split
         g0 = (pid_p % split) * groups_per_split
         g1 = tl.minimum(g0 + groups_per_split, n_groups)
         if (slot < n_act) & (g0 < g1):
-            _down_segment(h_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr,
-                          bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride,
+            _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr,
+                          arena_ptr, pt_ptr, bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride,
                           pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM)
 
 
@@ -176,7 +184,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     pt = weights.page_table
     check_h_planes(ws, tiles)
     kernel = _moe_down_kernel[(row_tiles, progs_per_tile)](
-        ws.h, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
+        ws.h, ws.hq_scale, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out, ws.down_plan,
         layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         split, triton.cdiv(ffn // GROUP, split), top_k, ws.h.numel(),

@@ -2,8 +2,9 @@
 BN rows of F, gate or up), the projection of the expert's tokens through the
 block's pages at its own bitwidth; the second of each gate/up pair to finish
 stores SiLU(gate) * up, rounded to fp16, as h in sorted order, in the three
-activation planes the down launch's views read (weight_layout.plane_scales;
-fp16, or fp32 for the CUDA-core tile), with per-tile sums of h."""
+activation planes the down launch's views read (weight_layout.plane_scales),
+or for the CUDA-core tile quantized to int16 per span of 64 rows
+(weight_layout.quantize_activations), with per-tile sums of h."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import FP16_MAX, actual_to_virtual, plane_scale
+from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any
+from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, settle_carveout
@@ -21,21 +23,21 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 
 
 @triton.jit
-def _gate_up_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr, hsum_ptr,
-                   start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                   q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
+                   hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
+                   top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows; per tile, the second of the gate/up pair to arrive
     # (counters[tile index]) combines SiLU(gate) * up.
     for m0 in range(start, end, BM):
-        _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
-                      counters + (m0 - start) // BM, h_ptr, hsum_ptr, m0, end, n, rows, col, tile, which,
-                      H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM)
+        _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
+                      counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
+                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM)
 
 
 @triton.jit
-def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr, hsum_ptr,
-                  m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
+                  hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
                   q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
@@ -43,10 +45,15 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
     valid = pos < end
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
     tok = (flat // top_k).to(tl.int64)
-    xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
     xs_ptrs = xsum_ptr + tok * (H // 128)
+    if BM == 1:
+        tok1 = (tl.load(sorted_ptr + m0) // top_k).to(tl.int64)  # one token, valid (m0 < end)
+        xt_ptrs, qs_ptrs = int16_row_pointers(xp_ptr, xq_scale_ptr, tok1, H)
+    else:
+        xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
+        qs_ptrs = xq_scale_ptr
     acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
-                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x,
+                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
                            1, BN, BM, USE_ASM)
     keep = (n < F)[:, None] & valid[None, :]
     pos64 = pos.to(tl.int64)
@@ -60,10 +67,18 @@ def _gate_up_tile(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr
         up = tl.where(which == 0, other, acc)
         h = gate / (1.0 + tl.exp(-gate)) * up
         h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-        tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16.to(h_ptr.dtype.element_ty), mask=keep)
         tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
         tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
-        _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
+        if BM == 1:
+            # BN rows = BN / SPAN whole spans (F and BN are multiples of 64)
+            q, scale = quantize_spans(tl.reshape(h16.to(tl.float32), (1, BN)), 1, BN)
+            row = tl.cast(m0, tl.int64)
+            tl.store(h_ptr + row * F + pair_position(n), tl.reshape(q, (BN,)))
+            spans = tile * (BN // SPAN) + tl.arange(0, BN // SPAN)
+            tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
+        else:
+            tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
+            _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
         tl.atomic_xchg(counter, 0)
 
 
@@ -78,15 +93,16 @@ def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM: tl.const
         col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
                                         is_pure=False, pack=1)
     at = pos64[None, :] * F + col[:, None]
-    h1 = (h16.to(tl.float32) * plane_scale(col % 128, 1)[:, None]).to(h_ptr.dtype.element_ty)
+    h1 = (h16.to(tl.float32) * plane_scale(col % 128, 1)[:, None]).to(tl.float16)
     tl.store(h_ptr + q_h + at, h1, mask=keep)
-    h2 = (h16.to(tl.float32) * plane_scale(col % 128, 2)[:, None]).to(h_ptr.dtype.element_ty)
+    h2 = (h16.to(tl.float32) * plane_scale(col % 128, 2)[:, None]).to(tl.float16)
     tl.store(h_ptr + 2 * q_h + at, h2, mask=keep)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
 def _moe_gate_up_kernel(
-    xp_ptr,  # [3, T, H] fp16 (fp32: CUDA-core tile), x in virtual in-group order: the activation planes
+    xp_ptr,  # [3, T, H] fp16, x in virtual in-group order: the activation planes (int16 [1, T, H]: BM 1)
+    xq_scale_ptr,  # [T, H / 64] fp32 scales of the int16 x (BM 1)
     xsum_ptr,  # [T, H / 128] fp32 group sums of xp
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
     offsets_ptr,  # [E + 1] int32
@@ -97,7 +113,8 @@ def _moe_gate_up_kernel(
     bf_ptr,  # [num_blocks] int32 resident field count per block
     gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
-    h_ptr,  # [3, T * top_k, F] fp16 (fp32: CUDA-core tile) out, sorted, virtual in-group order: the planes
+    h_ptr,  # [3, T * top_k, F] fp16 out, sorted, virtual in-group order: the planes (int16 [1, ...]: BM 1)
+    hq_scale_ptr,  # [T * top_k, F / 64] fp32 out, scales of the int16 h (BM 1)
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
@@ -123,8 +140,9 @@ def _moe_gate_up_kernel(
             # Where row n of h goes: its virtual position inside its group.
             col = (n // 128) * 128 + actual_to_virtual(n % 128)
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
-            args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr, hsum_ptr,
-                    start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k, q_x, q_h)
+            args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
+                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
+                    top_k, q_x, q_h)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
@@ -147,9 +165,9 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
     kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
-        ws.prep.xp, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+        ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
-        ws.gu, ws.counts, ws.h, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
+        ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
         ws.prep.xp.numel(), ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m,

@@ -16,15 +16,16 @@ DEFAULT_SMS = 132
 # Smallest token tile: 8 (wgmma n8) ran much slower on the device's Triton
 # (benchmarks/results/moe_tile8_h200.json); the largest is four times this.
 BASE_TOKEN_TILE = 16
-# The one-token tile: its products run on the CUDA cores in fp32
-# (kernels/moe_block_matmul.py), one weight row per thread, against fp32
-# activation planes. For launches where no expert can get a second token
-# (one token). us per layer at B=1, 2 / 4 / 8 bits / mixed 2-6, tensor cores
-# -> this tile: Mixtral 88.3 / 106.2 / 134.0 / 113.8 -> 77.2 / 89.7 / 126.8 /
-# 100.1 (128 rows, 4 warps), Qwen1.5-MoE 24.9 / 28.2 / 32.9 / 30.0 -> 23.9 /
-# 26.1 / 33.3 / 27.5 (64 rows, 2 warps) (benchmarks/results/moe_h200_s13_b1*.json).
-# A thread on half a row (64 rows on 4 warps, 128 on 8) ran 1.1-2.2x slower
-# than the tensor cores (benchmarks/results/moe_cuda_core_tile_h200.json).
+# The one-token tile: its products run on the CUDA cores
+# (kernels/moe_cuda_core.py), one weight row per thread, against int16
+# activations. For launches where no expert can get a second token (one
+# token). us per layer at B=1, 2 / 4 / 8 bits / mixed 2-6, tensor cores ->
+# this tile with fp32 products (session 13): Mixtral 88.3 / 106.2 / 134.0 /
+# 113.8 -> 77.2 / 89.7 / 126.8 / 100.1 (128 rows, 4 warps), Qwen1.5-MoE 24.9
+# / 28.2 / 32.9 / 30.0 -> 23.9 / 26.1 / 33.3 / 27.5 (64 rows, 2 warps)
+# (benchmarks/results/moe_h200_s13_b1*.json). A thread on half a row (64
+# rows on 4 warps, 128 on 8) ran 1.1-2.2x slower than the tensor cores
+# (benchmarks/results/moe_cuda_core_tile_h200.json).
 CUDA_CORE_TOKEN_TILE = 1
 CUDA_CORE_ROWS_PER_WARP = 32
 # Resident programs per multiprocessor: both weight kernels use 255 registers
@@ -57,9 +58,9 @@ class MoeTiles:
     the driver for only the carveout that PROGRAMS_PER_SM programs need, so
     that L1 keeps the rest (kernels/smem_carveout.py); GPU only.
     block_m: tokens per tile: a power of two >= BASE_TOKEN_TILE (tensor
-    cores, fp16 activation planes) or CUDA_CORE_TOKEN_TILE (CUDA cores, fp32
-    activation planes: activation_dtype); any token count is correct with
-    either, the tile only sets the speed.
+    cores, fp16 activation planes) or CUDA_CORE_TOKEN_TILE (CUDA cores, int16
+    activations: activation_dtype); any token count is correct with either,
+    the tile only sets the speed.
     block_m_wide: token tile for experts with more than block_m tokens (0 =
     none). Such an expert then streams its weights once per block_m_wide
     tokens instead of once per block_m; the others keep the cheaper block_m
@@ -102,7 +103,7 @@ class MoeTiles:
     def activation_dtype(self) -> torch.dtype:
         """Element type of the activation planes both weight launches read
         (x planes from the prep launch, h planes from gate/up)."""
-        return torch.float32 if self.block_m == CUDA_CORE_TOKEN_TILE else torch.float16
+        return torch.int16 if self.block_m == CUDA_CORE_TOKEN_TILE else torch.float16
 
     def down_grid(self, num_tokens: int, top_k: int, num_experts: int, hidden: int,
                   ffn: int) -> tuple[int, int]:

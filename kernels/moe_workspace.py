@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields
 import torch
 import triton
 
-from kernels.moe_align import MoePrep, alloc_prep, check_planes
+from kernels.moe_align import MoePrep, alloc_prep, check_planes, planes_of
 from kernels.moe_tiles import PROGRAMS_PER_SM, MoeTiles, choose_tiles
 from kernels.smem_carveout import limit_carveout_once
-from kernels.weight_layout import GROUP, NUM_PLANES
+from kernels.weight_layout import ACT_SPAN, GROUP
 
 
 @dataclass
@@ -21,9 +21,12 @@ class MoeWorkspace:
     prep: MoePrep
     gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
-    h: torch.Tensor  # [T * k, F] fp16 (fp32: tiles.activation_dtype), sorted, virtual in-group order: plane 0
+    h: torch.Tensor  # [T * k, F] fp16, sorted, virtual in-group order: plane 0
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
     h_planes: torch.Tensor  # [NUM_PLANES, T * k, F] as h: h and h times plane_scales(1), (2)
+    # The CUDA-core tile (tiles.activation_dtype int16): h is h quantized
+    # (weight_layout.quantize_activations, pair order), h_planes [1, T * k, F].
+    hq_scale: torch.Tensor  # [T * k, F / 64] fp32 scales of the int16 h
     down_plan: torch.Tensor  # [down programs, down_plan_width(E)] int32, the down launch's scratch
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
@@ -38,13 +41,15 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                     tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
     pairs = num_tokens * top_k
     m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
-    h = torch.empty(NUM_PLANES, pairs, ffn, dtype=tiles.activation_dtype, device=device)
+    dtype = tiles.activation_dtype
+    h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
+        hq_scale=torch.empty(pairs, ffn // ACT_SPAN, dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, down_plan_width(num_experts), dtype=torch.int32,
                               device=device),
     )
@@ -70,8 +75,8 @@ def workspace_bytes(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
 def check_h_planes(ws: MoeWorkspace, tiles: MoeTiles) -> None:
     """h must be plane 0 of h_planes (the kernels reach the others from h);
     the x planes are checked by moe_prepare. Both must be of the tiles'
-    activation_dtype (the tensor cores take fp16, the CUDA-core tile is
-    built for fp32)."""
+    activation_dtype (the tensor cores take fp16 planes, the CUDA-core tile
+    int16 activations)."""
     check_planes(ws.h_planes, ws.h, "h")
     for name, planes in (("x", ws.prep.x_planes), ("h", ws.h_planes)):
         if planes.dtype != tiles.activation_dtype:

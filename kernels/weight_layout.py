@@ -270,3 +270,43 @@ def place_blocks(fields: list[list[torch.Tensor]], resident: list[int], storage:
             table[b, f, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
     counts = torch.tensor(resident, dtype=torch.int32)
     return table.to(storage.device), counts.to(storage.device)
+
+
+# -- activations of the one-token (CUDA-core) product --------------------------
+# The one-token tile (kernels/moe_cuda_core.py) multiplies code bytes with
+# int16 activations by the integer dot product dp2a (two int16 times two
+# bytes, accumulated in int32). Activations are quantized per span of 64
+# (half a group; one gate/up program of 64 rows sees a whole span of h):
+# q = round(x * ACT_QMAX / amax) with one fp32 scale amax / ACT_QMAX per
+# span, and stored in "pair order": inside each 8 consecutive K the even ones
+# first, then the odd ones (x0 x2 x4 x6 x1 x3 x5 x7), so that each 32-bit word
+# of activations meets the two bytes of a code word dp2a pairs it with.
+ACT_QMAX = 32767
+ACT_SPAN = 64
+
+
+def pair_order() -> torch.Tensor:
+    """int64 [8]: the in-8 index stored at each position of the pair order."""
+    pos = torch.arange(8)
+    return 2 * (pos % 4) + pos // 4
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (q int16 [..., K] in pair order, scale fp32 [..., K / 64]):
+    x ~ q * scale (round half to even; a span of zeros gets scale 0)."""
+    k = x.shape[-1]
+    if k % ACT_SPAN:
+        raise ValueError(f"last dim must be a multiple of {ACT_SPAN}, got {k}")
+    spans = x.float().reshape(*x.shape[:-1], k // ACT_SPAN, ACT_SPAN)
+    amax = spans.abs().amax(dim=-1)
+    ratio = torch.where(amax > 0, ACT_QMAX / amax, torch.zeros_like(amax))
+    q = torch.round(spans * ratio[..., None]).clamp(-ACT_QMAX, ACT_QMAX).reshape(*x.shape[:-1], k // 8, 8)
+    return q[..., pair_order().to(x.device)].reshape(x.shape).to(torch.int16), amax / ACT_QMAX
+
+
+def dequantize_activations(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of quantize_activations up to rounding: fp32 [..., K] in K order."""
+    k = q.shape[-1]
+    inverse = torch.argsort(pair_order()).to(q.device)
+    x = q.float().reshape(*q.shape[:-1], k // 8, 8)[..., inverse].reshape(*q.shape[:-1], k // ACT_SPAN, ACT_SPAN)
+    return (x * scale[..., None]).reshape(q.shape)

@@ -52,6 +52,24 @@ def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m):
     assert rel_err(out, ref) < 3e-3
 
 
+@pytest.mark.parametrize("bits", wl.VIEW_BITS)
+def test_cuda_core_tile_each_view(device, bits):
+    # Every view's code bytes and class places (kernels/moe_cuda_core.py) on
+    # their own, 64- and 128-row tiles, against the fp32 reference.
+    nf = wl.fields_for_bits(bits)
+    weights = random_moe(1, 3, H, F, lambda l, e, p: nf, PAGE, device, seed=20 + nf)
+    torch.manual_seed(21)
+    x = torch.randn(2, H)
+    x[1, :64] *= 100  # one span far larger than the others
+    ids = torch.tensor([[0, 2], [1, 2]])
+    tw = torch.rand(2, 2)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F)
+    for rows in (64, 128):
+        tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=2, num_warps=rows // 32)
+        out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F, tiles)
+        assert rel_err(out, ref) < 3e-3, (bits, rows)
+
+
 def test_scale_words_across_page_breaks(device):
     # With H=384, F=640 and 16 KiB pages every view has a 64-row tile whose
     # (scale, offset) words straddle a page (e.g. the down blocks' scales
@@ -94,7 +112,7 @@ def test_few_experts_host_only_and_token_loop(device, t, wide, balance):
 
 @pytest.mark.parametrize("block_m", [16, 1])
 def test_gate_up_writes_every_routed_row(device, block_m):
-    # block_m 1: the CUDA-core tile, fp32 planes.
+    # block_m 1: the CUDA-core tile, h quantized to int16 per span of 64 rows.
     weights = random_moe(1, E, H, F, lambda l, e, p: 1 + (e + p) % 5, PAGE, device, seed=7)
     torch.manual_seed(8)
     t, k = 5, 2
@@ -102,15 +120,17 @@ def test_gate_up_writes_every_routed_row(device, block_m):
     ids = torch.tensor([[0, 3], [3, 1], [1, 0], [4, 3], [2, 4]])
     tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=block_m, split_k=1,
                      num_warps=2 if block_m == 1 else 4)
-    assert ws_dtype_of(tiles) == (torch.float32 if block_m == 1 else torch.float16)
+    assert ws_dtype_of(tiles) == (torch.int16 if block_m == 1 else torch.float16)
     ws = alloc_workspace(t, k, H, F, E, tiles, device)
-    for buf in (ws.prep.x_planes, ws.prep.xsum, ws.prep.out, ws.h_planes, ws.hsum):
+    for buf in (ws.prep.xsum, ws.prep.out, ws.prep.xq_scale, ws.hsum, ws.hq_scale):
         buf.fill_(float("nan"))
+    for buf in (ws.prep.x_planes, ws.h_planes):
+        buf.fill_(float("nan") if block_m > 1 else -(2**15))  # -2^15: outside the int16 codes
     prep = moe_prepare(x.to(device), ids.to(device), E, ws.prep)
-    assert bool((prep.out == 0).all()) and bool(torch.isfinite(prep.xp).all())
+    assert bool((prep.out == 0).all()) and bool(torch.isfinite(prep.xp.float()).all())
     run_gate_up(ws, weights, 0, E, k, F, tiles, PAGE.bit_length() - 1)
     order = prep.sorted_ids.cpu().long()
-    assert bool(torch.isfinite(ws.h).all()) and bool(torch.isfinite(ws.hsum).all())
+    assert bool(torch.isfinite(ws.hsum).all())
     idx = wl.virtual_to_actual()
     cols = (torch.arange(F // 128)[:, None] * 128 + idx[None, :]).reshape(-1)
     for pos, flat in enumerate(order.tolist()):
@@ -119,18 +139,26 @@ def test_gate_up_writes_every_routed_row(device, block_m):
         w3 = dequantized_block(weights, e * 3 + 1, F, H).cpu()
         xe = x[tok].to(torch.float16).float()
         href = torch.nn.functional.silu(xe @ w1.T) * (xe @ w3.T)
-        got = torch.empty(F)
-        got[cols] = ws.h[pos].float().cpu()
+        if block_m == 1:
+            q, scale = ws.h[pos].cpu(), ws.hq_scale[pos].cpu()
+            assert int(q.abs().max()) <= wl.ACT_QMAX  # every code written
+            # each span's largest |h| is the largest code
+            spans = wl.dequantize_activations(q, torch.ones_like(scale)).reshape(-1, wl.ACT_SPAN)
+            assert torch.equal(spans.abs().amax(-1), torch.full((F // wl.ACT_SPAN,), float(wl.ACT_QMAX)))
+            got = wl.dequantize_activations(q, scale)
+        else:
+            assert bool(torch.isfinite(ws.h_planes).all())
+            got = torch.empty(F)
+            got[cols] = ws.h[pos].float().cpu()
         assert rel_err(got, href) < 2e-3
         sums = got.reshape(-1, 64).sum(-1)  # tiles are 64 actual rows of F
-        assert torch.allclose(ws.hsum[pos].cpu(), sums, rtol=1e-4, atol=1e-4)
-        # h rounded to fp16 on either tile; the planes the 3/4-bit and 2-bit
-        # decodes read: h at each virtual position times 2^-p (exactly:
-        # powers of two; below fp16's normal range only in fp32 planes).
-        assert torch.equal(ws.h[pos].cpu(), ws.h[pos].cpu().to(torch.float16).to(ws.h.dtype))
-        for plane in (1, 2):
-            scaled = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.plane_scales(plane)).to(ws.h.dtype)
-            assert torch.equal(ws.h_planes[plane, pos].cpu(), scaled.reshape(-1))
+        assert torch.allclose(ws.hsum[pos].cpu(), sums, rtol=1e-3, atol=1e-3)
+        if block_m > 1:
+            # h rounded to fp16; the planes the 3/4-bit and 2-bit decodes
+            # read: h at each virtual position times 2^-p (exactly: powers of two).
+            for plane in (1, 2):
+                scaled = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.plane_scales(plane)).to(ws.h.dtype)
+                assert torch.equal(ws.h_planes[plane, pos].cpu(), scaled.reshape(-1))
 
 
 def ws_dtype_of(tiles):
@@ -140,7 +168,7 @@ def ws_dtype_of(tiles):
 
 
 @pytest.mark.parametrize("in_kernel_sort,plane_dtype", [(True, torch.float16), (False, torch.float16),
-                                                         (True, torch.float32)])
+                                                         (True, torch.int16)])
 def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dtype):
     if not in_kernel_sort:
         monkeypatch.setattr(moe_align, "MAX_PAIRS_IN_KERNEL", 4)
@@ -152,14 +180,22 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dt
     x[0, 0] = 1e6  # clamped to fp16 max
     ids = torch.randint(0, e, (t, k))
     ids[2, 1] = -1
-    x[1, 5] = 1e-6  # times 2^-p: an fp16 subnormal, exact in fp32 planes
+    x[1, 5] = 1e-6  # times 2^-p: an fp16 subnormal
+    x[3, 64:128] = 0  # a span of zeros: scale 0
     prep = moe_align.alloc_prep(t, k, h, e, device, plane_dtype)
-    for buf in (prep.x_planes, prep.xsum, prep.out):
+    for buf in (prep.xsum, prep.out, prep.xq_scale):
         buf.fill_(float("nan"))  # every element must be written
+    prep.x_planes.fill_(float("nan") if plane_dtype == torch.float16 else -(2**15))
     got = moe_prepare(x.to(device), ids.to(device), e, prep)
     ref = moe_prepare_reference(x, ids, e, plane_dtype)
     assert torch.equal(got.out.cpu(), ref.out)
-    assert torch.equal(got.x_planes.cpu(), ref.x_planes)
+    if plane_dtype == torch.float16:
+        assert torch.equal(got.x_planes.cpu(), ref.x_planes)
+    else:
+        # the kernel's product and rounding may fuse: codes within one
+        assert int((got.x_planes.cpu().int() - ref.x_planes.int()).abs().max()) <= 1
+        assert torch.equal(got.xq_scale.cpu(), ref.xq_scale)
+        assert float(ref.xq_scale[3, 1]) == 0 and not bool(got.x_planes[0, 3, 64:128].any())
     assert torch.allclose(got.xsum.cpu(), ref.xsum, rtol=1e-5, atol=1e-3)
     assert torch.equal(got.sorted_ids[: int(ref.offsets[-1])].cpu(), ref.sorted_ids[: int(ref.offsets[-1])])
     assert torch.equal(got.offsets.cpu(), ref.offsets)
@@ -181,11 +217,11 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert choose_tiles(64, 4, 60, 2048, 1408).block_m_wide == 0  # Qwen: mean 4.3 tokens per expert
     assert not choose_tiles(16, 4, 60, 2048, 1408).balance_down  # 60 experts: the plan walk costs more
     assert choose_tiles(256, 2, 8, 4096, 14336).block_m_wide == 0  # 64-token tiles already
-    # One token: the CUDA-core tile, one row per thread, fp32 planes; 64 rows
-    # where 128 would leave multiprocessors idle in gate/up (Qwen).
+    # One token: the CUDA-core tile, one row per thread, int16 activations;
+    # 64 rows where 128 would leave multiprocessors idle in gate/up (Qwen).
     one = choose_tiles(1, 2, 8, 4096, 14336)
     assert (one.block_m, one.block_n_up, one.block_n_down, one.num_warps) == (1, 128, 128, 4)
-    assert one.activation_dtype == torch.float32 and one.block_m_wide == 0
+    assert one.activation_dtype == torch.int16 and one.block_m_wide == 0
     qwen = choose_tiles(1, 4, 60, 2048, 1408)
     assert (qwen.block_m, qwen.block_n_up, qwen.block_n_down, qwen.num_warps) == (1, 64, 64, 2)
     assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16

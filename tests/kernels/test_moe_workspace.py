@@ -10,8 +10,9 @@ from kernels.moe_workspace import alloc_workspace, workspace_bytes
 
 
 def allocated_bytes(ws) -> int:
-    tensors = [ws.gu, ws.counts, ws.h_planes, ws.hsum, ws.down_plan, ws.prep.x_planes, ws.prep.xsum, ws.prep.out,
-               ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active]
+    tensors = [ws.gu, ws.counts, ws.h_planes, ws.hsum, ws.hq_scale, ws.down_plan, ws.prep.x_planes, ws.prep.xsum,
+               ws.prep.xq_scale, ws.prep.out, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+               ws.prep.num_active]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
 
@@ -26,6 +27,10 @@ def test_planes_share_one_buffer_and_odd_shapes_count_nothing():
     ws = alloc_workspace(4, 2, 256, 384, 5, choose_tiles(4, 2, 5, 256, 384), "cpu")
     for first, planes in ((ws.h, ws.h_planes), (ws.prep.xp, ws.prep.x_planes)):
         assert planes.shape == (3, *first.shape) and planes.is_contiguous()
+        assert first.data_ptr() == planes.data_ptr()
+    one = alloc_workspace(1, 2, 256, 384, 5, choose_tiles(1, 2, 5, 256, 384), "cpu")  # the CUDA-core tile
+    for first, planes in ((one.h, one.h_planes), (one.prep.xp, one.prep.x_planes)):
+        assert planes.shape == (1, *first.shape) and planes.dtype == torch.int16
         assert first.data_ptr() == planes.data_ptr()
     assert workspace_bytes(4, 2, 200, 384, 5) == 0 and workspace_bytes(0, 2, 256, 384, 5) == 0
 

@@ -1,5 +1,6 @@
 """The torch reference of the weight layout (kernels/weight_layout.py)."""
 
+import pytest
 import torch
 
 from kernels import weight_layout as wl
@@ -75,3 +76,22 @@ def test_plane_scales_and_the_plane_of_each_view():
     assert torch.equal(wl.plane_scales(1) * 2.0 ** (4 * ab).float(), torch.ones(wl.GROUP))
     assert torch.equal(wl.plane_scales(2) * 2.0 ** (4 * ab + 2 * (1 - h)).float(), torch.ones(wl.GROUP))
     assert [wl.view_plane(nf) for nf in range(1, 6)] == [2, 1, 1, 0, 0]
+
+
+def test_int16_activations_in_pair_order_round_trip():
+    # The one-token tile's activations: per span of 64 the largest |x| maps to
+    # ACT_QMAX; stored even K first in each 8; a zero span has scale 0.
+    assert wl.pair_order().tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    torch.manual_seed(3)
+    x = torch.randn(3, 256)
+    x[1, 64:128] = 0
+    x[2, :64] *= 1000
+    q, scale = wl.quantize_activations(x)
+    assert q.dtype == torch.int16 and scale.shape == (3, 4)
+    assert float(scale[1, 1]) == 0 and not bool(q[1, 64:128].any())
+    assert int(q[0, :8].float().argmax()) == int(wl.pair_order().tolist().index(int(x[0, :8].argmax())))
+    back = wl.dequantize_activations(q, scale)
+    err = (back - x).abs().reshape(3, 4, 64).amax(-1)
+    assert bool((err <= scale / 2 + 1e-6).all())  # within half a step per span
+    with pytest.raises(ValueError, match="multiple of 64"):
+        wl.quantize_activations(torch.zeros(2, 96))
