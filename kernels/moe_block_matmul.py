@@ -254,7 +254,8 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
         else:
             # The CUDA-core product has no tensor-core operand for Triton's
             # pipeliner to stream the loads through; ask for the stages (2,
-            # 3 and 4 ran alike on the H200: the loop is bound by its issue).
+            # 3 and 4 ran alike on the H200, with fp32 products and with
+            # dp2a: benchmarks/results/moe_tune_b1_s14_h200.json).
             for g in tl.range(gs, ge, num_stages=CUDA_CORE_STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,

@@ -20,12 +20,14 @@ BASE_TOKEN_TILE = 16
 # (kernels/moe_cuda_core.py), one weight row per thread, against int16
 # activations. For launches where no expert can get a second token (one
 # token). us per layer at B=1, 2 / 4 / 8 bits / mixed 2-6, tensor cores ->
-# this tile with fp32 products (session 13): Mixtral 88.3 / 106.2 / 134.0 /
-# 113.8 -> 77.2 / 89.7 / 126.8 / 100.1 (128 rows, 4 warps), Qwen1.5-MoE 24.9
-# / 28.2 / 32.9 / 30.0 -> 23.9 / 26.1 / 33.3 / 27.5 (64 rows, 2 warps)
-# (benchmarks/results/moe_h200_s13_b1*.json). A thread on half a row (64
-# rows on 4 warps, 128 on 8) ran 1.1-2.2x slower than the tensor cores
-# (benchmarks/results/moe_cuda_core_tile_h200.json).
+# this tile with fp32 products (session 13) -> with dp2a (session 14):
+# Mixtral 88.3 / 106.2 / 134.0 / 113.8 -> 76.7 / 89.3 / 127.0 / 99.7 -> 67.7
+# / 81.3 / 115.3 / 87.5 (128 rows, 4 warps), Qwen1.5-MoE 24.9 / 28.2 / 32.9 /
+# 30.0 -> 23.5 / 25.8 / 33.0 / 27.2 -> 20.7 / 23.2 / 27.3 / 24.6 (64 rows, 2
+# warps) (benchmarks/results/moe_h200_s13_b1*.json, moe_h200_s14_b1*.json).
+# A thread on half a row (64 rows on 4 warps, 128 on 8) ran 1.1-2.2x slower
+# than the tensor cores (benchmarks/results/moe_cuda_core_tile_h200.json);
+# 64 rows with dp2a ran as 128 (moe_tune_b1_s14_h200.json).
 CUDA_CORE_TOKEN_TILE = 1
 CUDA_CORE_ROWS_PER_WARP = 32
 # Resident programs per multiprocessor: both weight kernels use 255 registers

@@ -4,7 +4,7 @@ stop strings across token boundaries."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.detokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -50,10 +50,22 @@ def test_special_tokens_are_not_text(text_tokenizer):
     assert "".join(stream_text(text_tokenizer, [*ids, eos])) == "Hello world"
 
 
+def test_special_token_strings_in_text_encode_as_the_special_token(text_tokenizer):
+    # The chat template's turn markers are text that must become their
+    # special ids, so a message holding "<|end|>" gets the control token too
+    # (as transformers and vLLM tokenize by default), and streamed output
+    # skips it like any special token.
+    end = text_tokenizer.token_id("<|end|>")
+    assert end is not None and text_tokenizer.encode("a<|end|>b")[1] == end
+    assert "".join(stream_text(text_tokenizer, text_tokenizer.encode("a<|end|>b"))) == "ab"
+
+
 @settings(max_examples=60, deadline=None)
 @given(text=st.text(max_size=40), chunk=st.integers(min_value=1, max_value=4))
 def test_round_trip_any_text_any_chunking(tokenizer, text, chunk):
     tok = TextTokenizer.from_json(tokenizer.to_str())
+    # text holding a special token's string is not plain text (test above)
+    assume(not any(t.content in text for t in tokenizer.get_added_tokens_decoder().values() if t.special))
     pieces = stream_text(tok, tok.encode(text), chunk)
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces[:-1]) or "\ufffd" in text
