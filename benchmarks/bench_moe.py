@@ -94,16 +94,17 @@ def rotations(shape: MoeShape, smallest_bytes: int, cap: int) -> int:
     return max(1, min(cap, math.ceil(ROTATE_TARGET / max(1, smallest_bytes))))
 
 
-def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None) -> float:
-    """Relative error of the kernel against the fp32 reference (mixed bits, B = 2)."""
+def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None, batch: int = 2) -> float:
+    """Relative error of the kernel against the fp32 reference (mixed bits;
+    B = 2 takes the tensor-core tile, B = 1 the CUDA-core one)."""
     weights.block_fields.copy_(fields_config(shape, layers, "mixed"))
-    ids, tw = routing(shape, 2, "cuda")
-    x = torch.randn(2, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    tiles = choose_tiles(2, shape.top_k, shape.experts, shape.hidden, shape.ffn, **(tune or DEFAULT_TUNE))
+    ids, tw = routing(shape, batch, "cuda")
+    x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    tiles = choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, **(tune or DEFAULT_TUNE))
     out = fused_moe_mixed(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn, tiles)
     ref = moe_mixed_reference(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn)
     err = float((out - ref).norm() / ref.norm())
-    print(f"{shape.name}: kernel vs fp32 reference, relative error {err:.2e}", flush=True)
+    print(f"{shape.name}: kernel vs fp32 reference at B={batch}, relative error {err:.2e}", flush=True)
     return err
 
 
@@ -165,7 +166,8 @@ def moe_rows(shape: MoeShape, batches, bits_list, hbm: float, tune: dict | None,
         print(f"chosen launch shape: {tune}", flush=True)
         if tune_only:
             return [dict(model=shape.name, tune=tune)]
-    rows = [dict(model=shape.name, check_rel_err=check(shape, weights, layers, tune), tune=tune)]
+    rows = [dict(model=shape.name, check_rel_err=check(shape, weights, layers, tune),
+                 check_rel_err_b1=check(shape, weights, layers, tune, batch=1), tune=tune)]
     for batch in batches:
         for bits in bits_list:
             if time.time() > deadline:
