@@ -26,16 +26,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.moe_decode import TOP_ONE, TOP_ONE_ONE, TOP_ONLY, TOP_PAIR, nibble_words, rotl, select_bits
-from kernels.moe_decode import _HIGH_NIBBLES
+from kernels.moe_decode import HIGH_NIBBLES, TOP_ONE, TOP_ONE_ONE, TOP_ONLY, TOP_PAIR, nibble_words, rotl, \
+    select_bits
 from kernels.weight_layout import ACT_SPAN
 
 # Place of each view's highest class (2-bit: codes at bits 6-7 of a byte;
 # 3-bit: the odd nibble one bit up; 4-bit: the odd nibble; 6-bit: two bits
 # up): the product of the merged classes is sum(t x) times this.
 PLACE_1, PLACE_2, PLACE_3, PLACE_4, PLACE_5 = (tl.constexpr(p) for p in (64, 32, 16, 4, 1))
-
-
 SPAN_C = tl.constexpr(ACT_SPAN)
 
 
@@ -95,7 +93,7 @@ def code_words(f0, f1, f2, f3, f4, NF: tl.constexpr, USE_ASM: tl.constexpr):
             else:
                 bottom = nibble_words(f3, f3, f3, r, TOP_ONLY, USE_ASM)  # 6 bits: two bits up
             bottom = tl.permute(bottom, (0, 1, 3, 2))
-            high = tl.full(top.shape, _HIGH_NIBBLES, tl.int32).to(tl.uint32, bitcast=True)
+            high = tl.full(top.shape, HIGH_NIBBLES, tl.int32).to(tl.uint32, bitcast=True)
             even = select_bits(top << 4, high, bottom, USE_ASM)  # byte i: weight 2i
             odd = select_bits(top, high, bottom >> 4, USE_ASM)  # byte i: weight 2i + 1
             codes = tl.permute(tl.join(even, odd), (0, 1, 2, 4, 3))  # [BN, c, h, p, w]

@@ -65,7 +65,7 @@ _TOP = [tl.constexpr(_signed(_rotr32(0xCCCCCCCC, r))) for r in range(4)]
 _LOW = [tl.constexpr(_signed(_rotr32(0x11111111, r))) for r in range(4)]
 _TOP0, _TOP1, _TOP2, _TOP3 = _TOP
 _LOW0, _LOW1, _LOW2, _LOW3 = _LOW
-_HIGH_NIBBLES = tl.constexpr(_signed(0xF0F0F0F0))
+HIGH_NIBBLES = tl.constexpr(_signed(0xF0F0F0F0))
 
 
 @triton.jit
@@ -132,7 +132,7 @@ def _prmt(x, SELECTOR: tl.constexpr, USE_ASM: tl.constexpr):
 def _byte_pairs(hi, lo, USE_ASM: tl.constexpr):
     # Nibble words of the top and bottom four code bits -> [.., s, ab] uint32:
     # the 8-bit lane codes of weights j = 2s + ab and j + 4 in the two halves.
-    high = tl.full(hi.shape, _HIGH_NIBBLES, tl.int32).to(tl.uint32, bitcast=True)
+    high = tl.full(hi.shape, HIGH_NIBBLES, tl.int32).to(tl.uint32, bitcast=True)
     b_even = select_bits(hi << 4, high, lo, USE_ASM)  # byte k: weight 2k
     b_odd = select_bits(hi, high, lo >> 4, USE_ASM)  # byte k: weight 2k + 1
     even = tl.join(_prmt(b_even, 0x4240, USE_ASM), _prmt(b_even, 0x4341, USE_ASM))  # [.., s]
