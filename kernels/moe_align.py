@@ -18,7 +18,7 @@ Outputs (all device tensors):
             (weight_layout.view_plane). For the CUDA-core tile
             (MoeTiles.activation_dtype int16) one plane instead: xp quantized
             to int16 (weight_layout.quantize_activations, pair order), and
-* xq_scale  fp32  [T, H / 64] its scales (int16 planes only)
+* xq_scale  fp32  [T, H / 64] its scales ([T, 0] with fp16 planes: act_scale_columns)
 * out       fp32  [T, H]   zeroed (the down kernel accumulates into it)
 * sorted    int32 [T * top_k]  flat indices t * top_k + j sorted by expert
 * offsets   int32 [E + 1]  sorted[offsets[e]:offsets[e + 1]] go to expert e
@@ -211,6 +211,12 @@ def planes_of(dtype: torch.dtype) -> int:
     return NUM_PLANES if dtype == torch.float16 else 1
 
 
+def act_scale_columns(dtype: torch.dtype, k: int) -> int:
+    """Scales per row of activations [.., k] staged in this element type: one
+    per span of 64 for int16, none for the fp16 planes."""
+    return k // ACT_SPAN if planes_of(dtype) == 1 else 0
+
+
 def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
                device: torch.device | str, plane_dtype: torch.dtype = torch.float16) -> MoePrep:
     """Uninitialised buffers for moe_prepare (reuse them across steps / graphs).
@@ -218,7 +224,8 @@ def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
     planes = torch.empty(planes_of(plane_dtype), num_tokens, hidden, dtype=plane_dtype, device=device)
     return MoePrep(
         xp=planes[0], x_planes=planes,
-        xq_scale=torch.empty(num_tokens, hidden // ACT_SPAN, dtype=torch.float32, device=device),
+        xq_scale=torch.empty(num_tokens, act_scale_columns(plane_dtype, hidden), dtype=torch.float32,
+                             device=device),
         xsum=torch.empty(num_tokens, hidden // GROUP, dtype=torch.float32, device=device),
         out=torch.empty(num_tokens, hidden, dtype=torch.float32, device=device),
         sorted_ids=torch.empty(num_tokens * top_k, dtype=torch.int32, device=device),
@@ -282,7 +289,7 @@ def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: 
     x16 = x.float().clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
     ids = topk_ids.reshape(-1).to(torch.int32)
     groups = permute_groups(x16).float().reshape(t, h // GROUP, GROUP)
-    xq_scale = torch.zeros(t, h // ACT_SPAN, dtype=torch.float32, device=x.device)
+    xq_scale = torch.zeros(t, act_scale_columns(plane_dtype, h), dtype=torch.float32, device=x.device)
     if planes_of(plane_dtype) == 1:
         q, xq_scale = quantize_activations(x16)
         planes = q[None]

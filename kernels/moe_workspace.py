@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields
 import torch
 import triton
 
-from kernels.moe_align import MoePrep, alloc_prep, check_planes, planes_of
+from kernels.moe_align import MoePrep, act_scale_columns, alloc_prep, check_planes, planes_of
 from kernels.moe_tiles import PROGRAMS_PER_SM, MoeTiles, choose_tiles
 from kernels.smem_carveout import limit_carveout_once
-from kernels.weight_layout import ACT_SPAN, GROUP
+from kernels.weight_layout import GROUP
 
 
 @dataclass
@@ -26,7 +26,7 @@ class MoeWorkspace:
     h_planes: torch.Tensor  # [NUM_PLANES, T * k, F] as h: h and h times plane_scales(1), (2)
     # The CUDA-core tile (tiles.activation_dtype int16): h is h quantized
     # (weight_layout.quantize_activations, pair order), h_planes [1, T * k, F].
-    hq_scale: torch.Tensor  # [T * k, F / 64] fp32 scales of the int16 h
+    hq_scale: torch.Tensor  # [T * k, F / 64] fp32 scales of the int16 h ([T * k, 0] with fp16 planes)
     down_plan: torch.Tensor  # [down programs, down_plan_width(E)] int32, the down launch's scratch
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
@@ -49,7 +49,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
-        hq_scale=torch.empty(pairs, ffn // ACT_SPAN, dtype=torch.float32, device=device),
+        hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, down_plan_width(num_experts), dtype=torch.int32,
                               device=device),
     )
