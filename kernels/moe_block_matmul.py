@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import weight_layout
-from kernels.moe_cuda_core import group_dot, prefetch_l1, view_place
+from kernels.moe_cuda_core import group_dot, view_place
 from kernels.moe_decode import decode_tile
 
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
@@ -145,8 +145,9 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
         # per thread (MoeTiles: num_warps = BN / 32) each row's sum stays in
         # its thread. Every thread reads the whole group of activations.
         tl.static_assert(BM == 1, "the CUDA-core product takes one token per tile")
+        act = tl.load(xt_ptrs + g * 64)  # [64] int32: int16 pairs, pair order
         act_scale = tl.load(qs_ptrs + g * 2)  # [2] fp32 scales of the group's spans
-        part = group_dot(f0, f1, f2, f3, f4, xt_ptrs + g * 64, act_scale, NF, BN, USE_ASM)[:, None]  # [BN, 1]
+        part = group_dot(f0, f1, f2, f3, f4, act, act_scale, NF, BN, USE_ASM)[:, None]  # [BN, 1] sum t x * place
     scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
     offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     acc = acc + part * scale[:, None]
@@ -227,8 +228,6 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     # with the fields, stages ahead; the activation sums of the next group are
     # loaded one iteration ahead by hand.
     zero = K >> 31  # 0 at run time (K < 2^31), opaque to the compiler
-    if BM == 1:
-        prefetch_l1(xt_ptrs + g0 * 64, (g1 - g0) * 64, BN, USE_ASM)
     xs_next = _group_sums(xs_ptrs, g0, xs_group_stride, xs_mask, XS_SUB)
     gs = g0
     while gs < g1:

@@ -39,24 +39,11 @@ SPAN_C = tl.constexpr(ACT_SPAN)
 
 @triton.jit
 def int16_row_pointers(planes_ptr, scale_ptr, row, K):
-    """(int32 pointer to the first word of row `row` (int64) of int16
-    activations [rows, K], fp32 pointers [2] to its first group's span scales
-    in [rows, K / 64]): what block_matmul's CUDA-core product reads."""
+    """(int32 pointers [64] to the words of group 0 of row `row` (int64) of
+    int16 activations [rows, K], fp32 pointers [2] to its spans' scales in
+    [rows, K / 64]): what block_matmul's CUDA-core product reads."""
     words = planes_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    return words + row * (K // 2), scale_ptr + row * (K // SPAN_C) + tl.arange(0, 2)
-
-
-@triton.jit
-def prefetch_l1(words_ptr, n_words, BN: tl.constexpr, USE_ASM: tl.constexpr):
-    """Ask L1 for the 128-byte lines of words_ptr[0 : n_words] (int32), one
-    line per thread at a time."""
-    if USE_ASM:
-        lines = (n_words + 31) // 32
-        for first in range(0, lines, BN):
-            line = tl.minimum(first + tl.arange(0, BN), lines - 1)
-            tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l",
-                                      [(words_ptr + line * 32).to(tl.int64)], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+    return words + row * (K // 2) + tl.arange(0, 64), scale_ptr + row * (K // SPAN_C) + tl.arange(0, 2)
 
 
 @triton.jit
@@ -167,37 +154,29 @@ def _sum_last(x):
 
 
 @triton.jit
-def _load_quads(ptr, offsets, USE_ASM: tl.constexpr):
-    # int32 words ptr[o .. o + 3] for every o in offsets: one 16-byte load each,
-    # outside Triton's pipeliner (served from L1 once per warp).
-    if USE_ASM:
-        return tl.inline_asm_elementwise(
-            "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-            [(ptr + offsets).to(tl.int64)], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-            is_pure=True, pack=1)
-    else:
-        return tl.load(ptr + offsets), tl.load(ptr + offsets + 1), tl.load(ptr + offsets + 2), \
-            tl.load(ptr + offsets + 3)
+def group_dot(f0, f1, f2, f3, f4, act, act_scale, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
+    """fp32 [BN]: PLACE_<NF> times the sum over the group of t x (t the
+    view's codes, x the token's activations); the caller multiplies by
+    view_place(NF) with the group's scale.
 
-
-@triton.jit
-def group_dot(f0, f1, f2, f3, f4, act_ptr, act_scale, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
-    """As before, but act_ptr: int32 pointer to the group's 64 activation words."""
+    act: int32 [64] the group's int16 activations as words, pair order
+    (weight_layout.quantize_activations); act_scale: fp32 [2] the scales of
+    its two spans. Only splits and in-thread sums: with one row per thread
+    every row's work stays in its thread.
+    """
     codes = code_words(f0, f1, f2, f3, f4, NF, USE_ASM)  # [BN, c, h, p, w]
+    # c = 2 span + c2; per class (span, h, p) the four words (c2, w) -> one chain
     codes = tl.permute(tl.reshape(codes, (BN, 2, 2, 2, 2, 2)), (0, 1, 3, 4, 2, 5))  # [BN, span, h, p, c2, w]
     b0, b1, b2, b3 = _split_pair(codes)  # [BN, span, h, p]
-    span = tl.arange(0, 2)[:, None, None, None]
-    h = tl.arange(0, 2)[None, :, None, None]
-    c2 = tl.arange(0, 2)[None, None, :, None]
-    w = tl.arange(0, 2)[None, None, None, :]
-    q0, q1, q2, q3 = _load_quads(act_ptr, span * 32 + h * 4 + c2 * 16 + w * 8, USE_ASM)  # [span, h, c2, w]
-    a_lo = tl.permute(tl.join(q0, q2), (0, 1, 4, 2, 3))  # [span, h, p, c2, w]
-    a_hi = tl.permute(tl.join(q1, q3), (0, 1, 4, 2, 3))
-    lo0, lo1, lo2, lo3 = _split_pair(a_lo)
+    # Word (c, w, h, p, lohi) holds the int16 of weights 32c + 16w + 8h + 2i + p
+    # for i = 2 lohi, 2 lohi + 1.
+    a = tl.permute(tl.reshape(act, (2, 2, 2, 2, 2, 2)), (0, 3, 4, 1, 2, 5))  # [span, h, p, c2, w, lohi]
+    a_lo, a_hi = tl.split(a)
+    lo0, lo1, lo2, lo3 = _split_pair(a_lo)  # [span, h, p], same (c2, w) order as the codes
     hi0, hi1, hi2, hi3 = _split_pair(a_hi)
     part = _dot_four_words(b0, b1, b2, b3, lo0[None], hi0[None], lo1[None], hi1[None], lo2[None], hi2[None],
-                           lo3[None], hi3[None], USE_ASM)
+                           lo3[None], hi3[None], USE_ASM)  # [BN, span, h, p] one sum per class
     if NF <= 3:
         part = part * class_multiplier(NF)
-    merged = _sum_last(_sum_last(part))
+    merged = _sum_last(_sum_last(part))  # [BN, span] int32
     return _sum_last(merged.to(tl.float32) * act_scale[None, :])
