@@ -18,25 +18,39 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(src_ptr, dst_ptr, row, stride_t, n_heads, cos, sin,
-                  HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    # src: [T, n_heads, 2 * HALF] rows; cos, sin: [1, BLOCK_HALF] in the dtype.
-    h = tl.arange(0, BLOCK_HEADS)[:, None]
+def rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """cos, sin [1, BLOCK_HALF] in dtype dt of token `row`'s angles
+    position * inv_freq (float32, then rounded to dt as transformers does)."""
+    i = tl.arange(0, BLOCK_HALF)
+    pos = tl.load(pos_ptr + row).to(tl.float32)
+    freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
+    angle = (pos * freq)[None, :]  # [1, BLOCK_HALF]
+    return tl.cos(angle).to(dt), tl.sin(angle).to(dt)
+
+
+@triton.jit
+def rotate_heads(src_row, dst_row, h0, n_heads, cos, sin,
+                 HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Heads [h0, h0 + BLOCK_HEADS) (those < n_heads) of one token, rotated.
+
+    src_row, dst_row: pointers to the token's heads [n_heads, 2 * HALF]
+    (contiguous heads); cos, sin: [1, BLOCK_HALF] in dst's dtype.
+    """
+    h = h0 + tl.arange(0, BLOCK_HEADS)[:, None]
     i = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (h < n_heads) & (i < HALF)
-    base = row * stride_t + h * (2 * HALF) + i
-    x1 = tl.load(src_ptr + base, mask=mask, other=0.0)
-    x2 = tl.load(src_ptr + base + HALF, mask=mask, other=0.0)
-    dt = dst_ptr.dtype.element_ty
+    at = h * (2 * HALF) + i
+    x1 = tl.load(src_row + at, mask=mask, other=0.0)
+    x2 = tl.load(src_row + at + HALF, mask=mask, other=0.0)
+    dt = dst_row.dtype.element_ty
     c = cos.to(tl.float32)
     s = sin.to(tl.float32)
     a1 = (x1.to(tl.float32) * c).to(dt).to(tl.float32)
     b1 = -(x2.to(tl.float32) * s).to(dt).to(tl.float32)
     a2 = (x2.to(tl.float32) * c).to(dt).to(tl.float32)
     b2 = (x1.to(tl.float32) * s).to(dt).to(tl.float32)
-    out = row * (n_heads * 2 * HALF) + h * (2 * HALF) + i
-    tl.store(dst_ptr + out, (a1 + b1).to(dt), mask=mask)
-    tl.store(dst_ptr + out + HALF, (a2 + b2).to(dt), mask=mask)
+    tl.store(dst_row + at, (a1 + b1).to(dt), mask=mask)
+    tl.store(dst_row + at + HALF, (a2 + b2).to(dt), mask=mask)
 
 
 @triton.jit
@@ -49,18 +63,14 @@ def _rotary_kernel(
     HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_HALF)
-    pos = tl.load(pos_ptr + row).to(tl.float32)
-    freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    angle = (pos * freq)[None, :]  # [1, BLOCK_HALF]
-    dt = qo_ptr.dtype.element_ty
-    cos = tl.cos(angle).to(dt)
-    sin = tl.sin(angle).to(dt)
-    _rotate_heads(q_ptr, qo_ptr, row, stride_q, q_heads, cos, sin, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate_heads(k_ptr, ko_ptr, row, stride_k, k_heads, cos, sin, HALF, BLOCK_KH, BLOCK_HALF)
+    cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, qo_ptr.dtype.element_ty, HALF, BLOCK_HALF)
+    rotate_heads(q_ptr + row * stride_q, qo_ptr + row * (q_heads * 2 * HALF), 0, q_heads, cos, sin,
+                 HALF, BLOCK_QH, BLOCK_HALF)
+    rotate_heads(k_ptr + row * stride_k, ko_ptr + row * (k_heads * 2 * HALF), 0, k_heads, cos, sin,
+                 HALF, BLOCK_KH, BLOCK_HALF)
 
 
-def _check_qk(x: torch.Tensor, name: str) -> None:
+def check_qk(x: torch.Tensor, name: str) -> None:
     if x.dim() != 3 or x.shape[2] % 2 or x.stride(2) != 1 or x.stride(1) != x.shape[2]:
         raise ValueError(f"{name} must be [T, heads, even head_dim] with contiguous heads, got {tuple(x.shape)}")
 
@@ -73,8 +83,8 @@ def apply_rotary(positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tenso
     k: [T, hk, D] (row strides may differ from hq * D, e.g. views of a fused
     projection).
     """
-    _check_qk(q, "q")
-    _check_qk(k, "k")
+    check_qk(q, "q")
+    check_qk(k, "k")
     t, hq, d = q.shape
     if k.shape[0] != t or k.shape[2] != d or positions.shape != (t,) or inv_freq.shape != (d // 2,):
         raise ValueError("positions [T], inv_freq [D/2], q [T, hq, D] and k [T, hk, D] must agree")

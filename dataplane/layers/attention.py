@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention import paged_attention_decode, write_kv_cache
+from kernels.paged_attention import paged_attention_decode
 
 
 @dataclass
@@ -197,21 +197,19 @@ def paged_attention(
 
 def kernel_decode_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
     kv_arena: torch.Tensor,
     layer: int,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """A decode-only step through the Triton kernels: writes k, v, then attends.
+    """A decode-only step's attention through the Triton kernel, over a cache
+    that already holds the step's keys and values (RotaryEmbedding.rotate_into_cache).
 
-    q: [B, heads, head_dim]; k, v: [B, kv_heads, head_dim]; kv_arena: [pages,
-    layers, 2, block_size, kv_heads, head_dim]. Same result as write_kv +
-    paged_decode_attention, with no host sync (CUDA-graph safe): only device
-    tensors of ``meta`` are read. No sliding window.
+    q: [B, heads, head_dim]; kv_arena: [pages, layers, 2, block_size, kv_heads,
+    head_dim]. Same result as paged_decode_attention, with no host sync
+    (CUDA-graph safe): only device tensors of ``meta`` are read. No sliding
+    window.
     """
     if meta.sliding_window is not None:
         raise ValueError("the decode kernel has no sliding window")
-    write_kv_cache(k, v, kv_arena, layer, meta.slot_mapping)
     return paged_attention_decode(q.contiguous(), kv_arena, layer, meta.block_tables, meta.context_lens, scale)

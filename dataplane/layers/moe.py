@@ -8,7 +8,7 @@ from torch import nn
 from dataplane.layers.experts import DenseExperts, Experts
 from dataplane.layers.linear import Linear
 from dataplane.routing_stats import RoutingStats
-from kernels.router import route, route_reference
+from kernels.router import FUSED_GATE_MAX_TOKENS, FUSED_GATE_MAX_WEIGHT, gate_route, route, route_reference
 
 
 class SparseMoeBlock(nn.Module):
@@ -42,12 +42,18 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, routing: RoutingStats | None) -> torch.Tensor:
         # x: [T, H]
-        router_logits = self.gate(x)  # [T, E]
-        if router_logits.is_cuda:
-            # One launch for softmax, top-k, renormalisation and the statistics.
+        if x.is_cuda:
+            # One launch for softmax, top-k, renormalisation and the statistics;
+            # at decode sizes and for a small router it computes the gate
+            # logits too (self.gate has no bias).
             targets = routing.targets(self.layer_index) if routing is not None else None
-            topk_ids, topk_weights = route(router_logits, self.top_k, targets)
+            if x.shape[0] <= FUSED_GATE_MAX_TOKENS and self.gate.weight.numel() <= FUSED_GATE_MAX_WEIGHT:
+                topk_ids, topk_weights = gate_route(x, self.gate.weight, self.top_k, targets)
+            else:
+                router_logits = self.gate(x)  # [T, E]
+                topk_ids, topk_weights = route(router_logits, self.top_k, targets)
         else:
+            router_logits = self.gate(x)  # [T, E]
             probs, topk_ids, topk_weights = route_reference(router_logits, self.top_k)
             if routing is not None:
                 routing.record(self.layer_index, topk_ids, probs)

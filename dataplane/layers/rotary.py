@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.paged_attention import write_kv_cache
 from kernels.rotary import apply_rotary, rotary_reference
+from kernels.rotary_cache_write import rotary_cache_write
 
 
 class RotaryEmbedding(nn.Module):
@@ -33,3 +35,17 @@ class RotaryEmbedding(nn.Module):
         if q.is_cuda:
             return apply_rotary(positions, self.inv_freq, q, k)
         return rotary_reference(positions, self.inv_freq, q, k)
+
+    def rotate_into_cache(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        """Rotated q; the rotated k and v stored at their slots of ``layer`` in
+        the KV arena view (kernels/paged_attention.kv_cache_view). On CUDA one
+        launch (kernels/rotary_cache_write.py), else as forward + write_kv_cache."""
+        # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64
+        if q.is_cuda:
+            return rotary_cache_write(positions, self.inv_freq, q, k, v, kv_cache, layer, slot_mapping)
+        q, k = self.forward(positions, q, k)
+        write_kv_cache(k, v, kv_cache, layer, slot_mapping)
+        return q

@@ -134,11 +134,12 @@ class MixtralAttention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, heads, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, kvh, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
         meta = ctx.attn
         if ctx.kv_arena is not None and meta.sliding_window is None and meta.decode_only:
-            out = kernel_decode_attention(q, k, v, ctx.kv_arena, self.layer_index, meta, self.scale)
+            q = self.rotary.rotate_into_cache(positions, q, k, v, ctx.kv_arena, self.layer_index, meta.slot_mapping)
+            out = kernel_decode_attention(q, ctx.kv_arena, self.layer_index, meta, self.scale)
         else:
+            q, k = self.rotary(positions, q, k)
             k_cache, v_cache = ctx.kv_caches[self.layer_index]
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             out = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, heads, D]
@@ -169,11 +170,21 @@ class MixtralDecoderLayer(nn.Module):
             expert_device=expert_device,
         )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        # x: [T, H]
-        attn = self.self_attn(self.input_layernorm(x), positions, ctx)
-        x, normed = self.post_attention_layernorm.add_forward(attn, x)  # x + attn, its norm
-        return x + self.block_sparse_moe(normed, ctx.routing)
+    def forward(
+        self, delta: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MoE output, the residual stream before it): the
+        residual add of each block is fused into the norm after it, so the
+        caller adds the returned delta (next layer's input norm, or the final
+        norm). residual None: delta is the embeddings (the first layer)."""
+        # delta, residual: [T, H]
+        if residual is None:
+            residual, normed = delta, self.input_layernorm(delta)
+        else:
+            residual, normed = self.input_layernorm.add_forward(delta, residual)  # residual + delta, its norm
+        attn = self.self_attn(normed, positions, ctx)
+        residual, normed = self.post_attention_layernorm.add_forward(attn, residual)
+        return self.block_sparse_moe(normed, ctx.routing), residual
 
 
 class MixtralModel(nn.Module):
@@ -189,10 +200,10 @@ class MixtralModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         # input_ids, positions: [T] int64 -> [T, H]
-        x = self.embed_tokens(input_ids)
+        delta, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, ctx)
-        return self.norm(x)
+            delta, residual = layer(delta, residual, positions, ctx)
+        return self.norm.add_forward(delta, residual)[1]
 
 
 _EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight")
