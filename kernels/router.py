@@ -32,8 +32,9 @@ import triton.language as tl
 # the GEMM + route path wins, and decode batches are small. One program
 # streams W alone, so a large W is slower than a GEMM spread over the SMs even
 # at T = 1 (H200, CUDA graphs, statistics on: Mixtral's 8 x 4096 takes 5.6 us
-# against 7.7 us for GEMM + route, 8 x 6144 breaks even, 60 x 2048 takes 14 us
-# against 7.1 us).
+# against 7.7 us for GEMM + route with a 4 Ki tile, 4.3 us with 8 Ki in the
+# engine's B=1 profile, benchmarks/results/e2e_h200_s15_b1_profile.json;
+# 8 x 6144 breaks even, 60 x 2048 takes 14 us against 7.1 us).
 FUSED_GATE_MAX_TOKENS = 256
 FUSED_GATE_MAX_WEIGHT = 64 * 1024
 # Elements of W's [BLOCK_E, BLOCK_H] tile per step of gate_route's H loop
