@@ -31,15 +31,18 @@ import triton.language as tl
 # logits, so traffic grows with T while cuBLAS reads W once: at prefill sizes
 # the GEMM + route path wins, and decode batches are small. One program
 # streams W alone, so a large W is slower than a GEMM spread over the SMs even
-# at T = 1 (H200, CUDA graphs, statistics on: Mixtral's 8 x 4096 takes 5.6 us
-# against 7.7 us for GEMM + route with a 4 Ki tile, 4.3 us with 8 Ki in the
-# engine's B=1 profile, benchmarks/results/e2e_h200_s15_b1_profile.json;
-# 8 x 6144 breaks even, 60 x 2048 takes 14 us against 7.1 us).
+# at T = 1. Recorded: 4.3 us per layer for Mixtral's 8 x 4096 in the engine's
+# B=1 profile (benchmarks/results/e2e_h200_s15_b1_profile.json), where the
+# GEMM, its split-K reduce and route took ~7.6 us (e2e_h200_s11_profile.json).
+# The limits rest on ad-hoc H200 timings of session 15 whose script was not
+# kept (CUDA graphs, statistics on, 4 Ki tile: 8 x 4096 5.6 us against 7.7,
+# 8 x 6144 even, 60 x 2048 14 us against 7.1); benchmarks/bench_router.py
+# times the same cases and has not run yet.
 FUSED_GATE_MAX_TOKENS = 256
 FUSED_GATE_MAX_WEIGHT = 64 * 1024
 # Elements of W's [BLOCK_E, BLOCK_H] tile per step of gate_route's H loop
-# (bounds its registers; with the pipelined loop, 8 x 4096 at T = 1 on the
-# H200: 4.7 us with 4096, 3.6 with 8192, 3.3 with 16384, W in L2).
+# (bounds its registers; ad-hoc H200 timings as above, pipelined loop,
+# 8 x 4096, T = 1, W in L2: 4.7 us with 4096, 3.6 with 8192, 3.3 with 16384).
 _GATE_TILE = 8192
 
 
@@ -135,8 +138,8 @@ def _gate_route_kernel(
     acc = tl.zeros((BLOCK_E,), tl.float32)
     # Multiply-and-sum, not tl.dot: E can be below tl.dot's 16-row minimum,
     # and the interpreter mishandles bf16 dots. The loop is latency-bound (one
-    # program streams all of W); pipelining its loads took 7.6 us to 4.7 us on
-    # an H200 for Mixtral's 8 x 4096 (statistics off).
+    # program streams all of W): its loads are pipelined (ad-hoc H200 timing,
+    # see FUSED_GATE_MAX_TOKENS: 7.6 -> 4.7 us for 8 x 4096, statistics off).
     for h0 in tl.range(0, H, BLOCK_H, num_stages=3):
         h = h0 + tl.arange(0, BLOCK_H)
         hmask = h < H
@@ -196,12 +199,17 @@ def route(router_logits: torch.Tensor, top_k: int,
     return ids, weights
 
 
+def gate_route_suits(num_tokens: int, gate_weight: torch.Tensor) -> bool:
+    """Whether gate_route beats the logits GEMM + route for this many tokens
+    and this gate matrix (FUSED_GATE_MAX_TOKENS, FUSED_GATE_MAX_WEIGHT)."""
+    return num_tokens <= FUSED_GATE_MAX_TOKENS and gate_weight.numel() <= FUSED_GATE_MAX_WEIGHT
+
+
 def gate_route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
                targets: RoutingTargets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """route(F.linear(x, gate_weight), top_k, targets) in one launch.
 
-    Faster than the two only for small T and W (FUSED_GATE_MAX_TOKENS,
-    FUSED_GATE_MAX_WEIGHT).
+    Faster than the two only for small T and W (gate_route_suits).
 
     x: [T, H] with unit last stride; gate_weight: [E, H] contiguous, x's dtype
     and device. Returns (topk_ids [T, k] int64, topk_weights [T, k] float32).

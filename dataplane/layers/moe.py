@@ -8,7 +8,7 @@ from torch import nn
 from dataplane.layers.experts import DenseExperts, Experts
 from dataplane.layers.linear import Linear
 from dataplane.routing_stats import RoutingStats
-from kernels.router import FUSED_GATE_MAX_TOKENS, FUSED_GATE_MAX_WEIGHT, gate_route, route, route_reference
+from kernels.router import gate_route, gate_route_suits, route, route_reference
 
 
 class SparseMoeBlock(nn.Module):
@@ -47,7 +47,7 @@ class SparseMoeBlock(nn.Module):
             # at decode sizes and for a small router it computes the gate
             # logits too (self.gate has no bias).
             targets = routing.targets(self.layer_index) if routing is not None else None
-            if x.shape[0] <= FUSED_GATE_MAX_TOKENS and self.gate.weight.numel() <= FUSED_GATE_MAX_WEIGHT:
+            if gate_route_suits(x.shape[0], self.gate.weight):
                 topk_ids, topk_weights = gate_route(x, self.gate.weight, self.top_k, targets)
             else:
                 router_logits = self.gate(x)  # [T, E]
