@@ -230,7 +230,9 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
     before_step = None
     if paged:
         matrices = synthetic_expert_blocks(model.spec, device, config.seed) if lazy_experts else None
-        store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits, matrices=matrices)
+        # The model's norms round the experts' float32 output where they add it.
+        store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits, matrices=matrices,
+                                 accumulator_out=True)
         controller = PrecisionController(
             store,
             arena,

@@ -17,7 +17,7 @@ from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
-from kernels.moe_workspace import MoeWorkspace, check_h_planes, settle_carveout
+from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
 
@@ -161,7 +161,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
     pt = weights.page_table
-    if ws.counts.shape != (num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(t * top_k, tiles.block_m))):
+    if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
     kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import moe_prepare
 from kernels.moe_down import run_down
 from kernels.moe_gate_up import run_gate_up
@@ -38,14 +39,17 @@ __all__ = ["PagedWeights", "PROJS_PER_EXPERT", "alloc_workspace", "fused_moe_mix
 
 def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     weights: PagedWeights, layer: int, num_experts: int, ffn: int,
-                    tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None) -> torch.Tensor:
+                    tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None,
+                    counters: ArrivalCounters | None = None) -> torch.Tensor:
     """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
 
     x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
     topk_ids: [T, k] int (ids outside [0, E) are ignored); topk_weights: [T, k];
     weights: the arena and device tables; blocks ((layer * E + e) * 3 + proj).
     workspace: buffers from alloc_workspace (reused across calls and CUDA
-    graphs); the result is workspace.prep.out. Three launches, no host sync.
+    graphs); the result is workspace.prep.out. counters: the shared zeroed
+    arrival counters of a workspace allocated here (kernels/arrival_counters.py;
+    None: zeroed per call). Three launches, no host sync.
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
@@ -67,7 +71,7 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     if GROUP % tiles.block_n_up or ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide 128 and ffn {ffn}")
     if workspace is None:
-        workspace = alloc_workspace(t, top_k, hidden, ffn, num_experts, tiles, x.device)
+        workspace = alloc_workspace(t, top_k, hidden, ffn, num_experts, tiles, x.device, counters)
     elif workspace.h.shape != (t * top_k, ffn) or workspace.hsum.shape[1] != ffn // tiles.block_n_up:
         raise ValueError("workspace does not match these sizes and tiles")
     if t == 0:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 import torch
 import triton
 
+from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import MoePrep, act_scale_columns, alloc_prep, check_planes, planes_of
 from kernels.moe_tiles import PROGRAMS_PER_SM, MoeTiles, choose_tiles
 from kernels.smem_carveout import limit_carveout_once
@@ -37,17 +38,27 @@ def down_plan_width(num_experts: int) -> int:
     return triton.next_power_of_2(max(num_experts, 16))
 
 
+def counts_shape(num_tokens: int, top_k: int, ffn: int, num_experts: int, tiles: MoeTiles) -> tuple[int, int, int]:
+    """[E, F / block_n_up, m_tiles]: the gate/up launch's arrival counters."""
+    return num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(num_tokens * top_k, tiles.block_m))
+
+
 def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
-                    tiles: MoeTiles, device: torch.device | str) -> MoeWorkspace:
+                    tiles: MoeTiles, device: torch.device | str,
+                    counters: ArrivalCounters | None = None) -> MoeWorkspace:
+    """Buffers for one call of fused_moe_mixed at these sizes. counters: where
+    the arrival counters come from (a shared zeroed buffer, no fill per call);
+    None allocates them zeroed."""
     pairs = num_tokens * top_k
-    m_tiles = max(1, triton.cdiv(pairs, tiles.block_m))
+    shape = counts_shape(num_tokens, top_k, ffn, num_experts, tiles)
     dtype = tiles.activation_dtype
     h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
-        counts=torch.zeros(num_experts, ffn // tiles.block_n_up, m_tiles, dtype=torch.int32, device=device),
+        counts=(counters.take(shape, device) if counters is not None
+                else torch.zeros(shape, dtype=torch.int32, device=device)),
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, down_plan_width(num_experts), dtype=torch.int32,

@@ -34,6 +34,9 @@ def _rmsnorm_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        # A float32 delta (the MoE kernel's accumulator) is rounded to the
+        # residual's dtype first, as a separate cast launch would (no-op else).
+        x = x.to(res_out_ptr.dtype.element_ty)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * H + offs, x, mask=mask)
     x32 = x.to(tl.float32)
@@ -63,10 +66,15 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rmsnorm(delta: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, rmsnorm(s)) with s = residual + delta, both [T, H] in residual's dtype."""
+    """(s, rmsnorm(s)) with s = residual + delta, both [T, H] in residual's dtype.
+
+    delta: residual's dtype or float32 (rounded to residual's dtype before the
+    add, the same result as adding delta.to(residual.dtype))."""
     _check(delta, weight)
     if residual.shape != delta.shape or residual.stride(1) != 1 or residual.device != delta.device:
         raise ValueError("residual must match delta's [T, H] shape and device, unit last stride")
+    if delta.dtype not in (residual.dtype, torch.float32):
+        raise ValueError(f"delta must be {residual.dtype} (the residual's dtype) or float32, got {delta.dtype}")
     s = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
     y = torch.empty_like(s)
     if delta.shape[0]:

@@ -28,9 +28,12 @@ class RMSNorm(nn.Module):
         return rmsnorm_reference(x, self.weight, self.eps)
 
     def add_forward(self, delta: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(residual + delta, its norm): the residual add fused into the norm's launch."""
+        """(residual + delta, its norm): the residual add fused into the norm's launch.
+
+        delta may be float32 where residual is not (the fused MoE kernel's
+        accumulator): it is rounded to residual's dtype before the add."""
         # delta, residual: [tokens, hidden]
-        if residual.is_cuda and delta.dtype == residual.dtype == self.weight.dtype:
+        if residual.is_cuda and residual.dtype == self.weight.dtype and delta.dtype in (residual.dtype, torch.float32):
             return add_rmsnorm(delta, residual, self.weight, self.eps)
-        total = residual + delta
+        total = residual + delta.to(residual.dtype)
         return total, rmsnorm_reference(total, self.weight, self.eps)

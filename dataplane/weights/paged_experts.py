@@ -18,6 +18,7 @@ from torch import nn
 
 from dataplane.weights.layout import NUM_PROJ, PROJ_DOWN, PROJ_GATE, PROJ_UP, block_index
 from dataplane.weights.store import WeightStore
+from kernels.arrival_counters import ArrivalCounters
 
 
 class PagedExperts(nn.Module):
@@ -37,7 +38,15 @@ class PagedExperts(nn.Module):
         *,
         cache_decoded: bool | None = None,
         fused_kernel: bool | None = None,
+        counters: ArrivalCounters | None = None,
+        accumulator_out: bool = False,
     ) -> None:
+        """counters: the fused kernel's zeroed arrival counters, shared by the
+        layers of a model (quantize_experts passes one); None: this layer's own.
+        accumulator_out: the fused path returns its float32 accumulator
+        instead of rounding it to x's dtype in a launch of its own, for models
+        that round it where they add it (dataplane/models/mixtral.py, whose
+        RMSNorm.add_forward does). The plain path always returns x's dtype."""
         super().__init__()
         self.store = store
         self.layer = layer
@@ -48,6 +57,8 @@ class PagedExperts(nn.Module):
         # only on the CPU (tests, reference runs) unless told otherwise.
         self.cache_decoded = store.device.type == "cpu" if cache_decoded is None else cache_decoded
         self.fused_kernel = store.device.type == "cuda" if fused_kernel is None else fused_kernel
+        self.counters = ArrivalCounters() if counters is None else counters
+        self.accumulator_out = accumulator_out
         want = {PROJ_GATE: (ffn, hidden), PROJ_UP: (ffn, hidden), PROJ_DOWN: (hidden, ffn)}
         for e in range(num_experts):
             for proj, shape in want.items():
@@ -75,7 +86,8 @@ class PagedExperts(nn.Module):
         return w
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """x [T, H], topk_ids [T, k] int64, topk_weights [T, k] -> [T, H].
+        """x [T, H], topk_ids [T, k] int64, topk_weights [T, k] -> [T, H] in x's
+        dtype (float32 from the fused path with accumulator_out).
 
         out[t] = sum_j topk_weights[t, j] * W2_e @ (silu(W1_e x_t) * (W3_e x_t)), e = topk_ids[t, j],
         each W at its block's committed bits.
@@ -124,5 +136,6 @@ class PagedExperts(nn.Module):
         storage = self.store.arena.storage
         assert storage is not None
         weights = PagedWeights(storage, self.store.page_table, self.store.block_fields)
-        out = fused_moe_mixed(x, topk_ids, topk_weights, weights, self.layer, self.num_experts, self.ffn_size)
-        return out.to(x.dtype)  # [T, H]
+        out = fused_moe_mixed(x, topk_ids, topk_weights, weights, self.layer, self.num_experts, self.ffn_size,
+                              counters=self.counters)  # [T, H] float32
+        return out if self.accumulator_out else out.to(x.dtype)

@@ -21,6 +21,7 @@ from dataplane.weights.copy_engine import CopyEngine
 from dataplane.weights.layout import VIEW_BITS
 from dataplane.weights.paged_experts import PagedExperts
 from dataplane.weights.store import WeightStore
+from kernels.arrival_counters import ArrivalCounters
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def quantize_experts(
     scale_fit: ScaleFit = DEFAULT_SCALE_FIT,
     copy_engine: CopyEngine | None = None,
     cache_decoded: bool | None = None,
+    accumulator_out: bool = False,
     progress: bool = True,
 ) -> WeightStore:
     """Replaces every expert module of ``model`` in place with PagedExperts; returns their store.
@@ -93,6 +95,8 @@ def quantize_experts(
     when ``initial_bits`` do not fit. ``matrices``: the blocks' dense matrices
     in block-index order, used instead of the expert modules' weights (which
     may then live on ``meta``); their shapes are checked against the modules.
+    accumulator_out: see PagedExperts (only for models whose norms round the
+    experts' float32 output). The layers share one set of arrival counters.
     """
     layers = find_expert_layers(model)
     if not layers:
@@ -109,8 +113,10 @@ def quantize_experts(
     else:
         blocks = encode_matrices(matrices, len(layers) * num_experts * 3, scale_fit, progress)
     store = WeightStore(arena, blocks, initial_bits=initial_bits, copy_engine=copy_engine)
+    counters = ArrivalCounters()
     for i, layer in enumerate(layers):
         parent_name, _, attr = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, attr, PagedExperts(store, i, num_experts, hidden, ffn, cache_decoded=cache_decoded))
+        setattr(parent, attr, PagedExperts(store, i, num_experts, hidden, ffn, cache_decoded=cache_decoded,
+                                           counters=counters, accumulator_out=accumulator_out))
     return store

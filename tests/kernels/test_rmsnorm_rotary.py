@@ -36,6 +36,29 @@ def test_add_rmsnorm_returns_sum_and_norm(device, dtype):
     torch.testing.assert_close(y.float().cpu(), rmsnorm_reference(want_s, w, 1e-6).float().cpu(), **TOL[dtype])
 
 
+def test_add_rmsnorm_rounds_a_float32_delta_first(device):
+    # The MoE kernel's float32 output goes into the norm unrounded: the kernel
+    # must round it to the residual's dtype before the add, exactly as
+    # delta.to(bf16) then the bf16 add would.
+    torch.manual_seed(4)
+    t, h = 3, 200
+    d16 = torch.randn(t, h).to(device, torch.bfloat16)
+    ulp = torch.finfo(torch.bfloat16).eps * d16.float().abs().clamp_min(1e-3)
+    # 0.4 ulp away from zero: rounds (and truncates) back to d16, but added
+    # unrounded it moves many sums across a rounding boundary.
+    delta = d16.float() + 0.4 * ulp * d16.float().sign()
+    res = torch.randn(t, h).to(device, torch.bfloat16)
+    w = (torch.rand(h) + 0.5).to(device, torch.bfloat16)
+    s, y = add_rmsnorm(delta, res, w, 1e-6)
+    want_s, want_y = add_rmsnorm(d16, res, w, 1e-6)
+    assert s.dtype == y.dtype == torch.bfloat16
+    assert torch.equal(s, want_s) and torch.equal(y, want_y)
+    unrounded = (res.float() + delta).to(torch.bfloat16)
+    assert not torch.equal(unrounded, (res.float() + d16.float()).to(torch.bfloat16))  # the case can fail
+    with pytest.raises(ValueError, match="float32"):
+        add_rmsnorm(delta.half(), res, w, 1e-6)
+
+
 def test_rmsnorm_rejects_bad_shapes(device):
     x = torch.randn(2, 8, device=device)
     with pytest.raises(ValueError, match="weight"):

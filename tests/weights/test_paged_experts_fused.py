@@ -38,3 +38,26 @@ def test_fused_matches_plain_path_with_mixed_bits():
     assert torch.isfinite(got).all()
     err = (got.float() - want.float()).norm() / want.float().norm()
     assert err < REL_TOL, f"relative error {err:.3g}"
+
+
+def test_accumulator_out_returns_the_float32_sum_that_rounds_to_the_default():
+    # accumulator_out hands the fused kernel's float32 output to a caller that
+    # rounds it where it adds it (RMSNorm.add_forward); the default rounds it
+    # to x's dtype here. Both must be the same numbers.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(6)
+    shapes = [(FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)]
+    blocks = [encode(torch.randn(*shapes[p], generator=gen) * 0.05) for _ in range(EXPERTS) for p in range(NUM_PROJ)]
+    store = WeightStore(Arena(256, PAGE_BYTES, device=device), blocks, initial_bits=4)
+    rounded = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False)
+    raw = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False, accumulator_out=True)
+    x = torch.randn(TOKENS, HIDDEN, generator=gen).to(device, torch.float16)
+    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(TOKENS)]).to(device)
+    weights = torch.softmax(torch.randn(TOKENS, TOP_K, generator=gen), -1).to(device)
+    a, b = rounded(x, ids, weights), raw(x, ids, weights)
+    assert a.dtype == torch.float16 and b.dtype == torch.float32
+    if device == "cpu":
+        assert torch.equal(b.to(torch.float16), a)
+    else:  # the down launch's atomic adds land in a different order per call
+        torch.testing.assert_close(b.to(torch.float16), a, rtol=2**-9, atol=1e-5)
+    assert not torch.equal(b, a.float())  # the accumulator really is unrounded
