@@ -12,9 +12,10 @@ projection, and what does the MoE layer lose?
 One CUDA graph per variant replays R rotations of [MoE layer (Mixtral 4-bit,
 B=1, the fused kernels) ; x @ Wqkv_r.T], each with its own copy of Wqkv (the
 MoE layer streams ~190 MB, which also evicts the L2 between rotations).
-Variants: no prefetch; the first X MB of Wqkv_r read with evict_last loads by
-a few programs on a side stream forked before the MoE layer and joined before
-the projection. Reported: us per rotation (median of do_bench), and the
+Variants: no prefetch; the first X MB of Wqkv_r fetched on a side stream
+forked before the MoE layer and joined before the projection, either by
+evict_last loads of a few programs or by cp.async.bulk.prefetch.L2 (the TMA
+unit fetches, the issuing programs end at once). Reported: us per rotation (median of do_bench), and the
 projection alone (cold) and the MoE layer alone.
 
     python3 benchmarks/l2_prefetch_probe.py --out benchmarks/results/l2_prefetch_probe_h200.json --commit C
@@ -56,6 +57,26 @@ def _warm_l2_kernel(src_ptr, n_words, sink_ptr, BLOCK: tl.constexpr):
     tl.store(sink_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
 
+@triton.jit
+def _bulk_prefetch_kernel(src_ptr, n_chunks, BLOCK: tl.constexpr):
+    # One cp.async.bulk.prefetch.L2 of BULK_CHUNK bytes per thread: the TMA
+    # unit fetches them; the program issues and ends (no registers held).
+    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    addr = (src_ptr + tl.minimum(c, n_chunks - 1).to(tl.int64) * 16384).to(tl.int64)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 16384; mov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+BULK_CHUNK = 16384
+BULK_BLOCK = 128
+
+
+def bulk_prefetch(w: torch.Tensor, nbytes: int) -> None:
+    src = w.view(torch.uint8).reshape(-1)
+    n_chunks = min(src.numel(), nbytes) // BULK_CHUNK
+    _bulk_prefetch_kernel[(triton.cdiv(n_chunks, BULK_BLOCK),)](src, n_chunks, BLOCK=BULK_BLOCK, num_warps=4)
+
+
 def warm_l2(w: torch.Tensor, nbytes: int, sink: torch.Tensor, programs: int, block: int) -> None:
     words = w.view(torch.int32).reshape(-1)
     n = min(words.numel(), nbytes // 4)
@@ -82,7 +103,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--mb", default="0,8,16,24,32,50")
-    ap.add_argument("--programs", default="8,32")
+    ap.add_argument("--programs", default="0,32,128", help="0: bulk prefetch; else evict_last load programs")
     args = ap.parse_args()
     dev = "cuda"
     shape = MIXTRAL
@@ -91,13 +112,13 @@ def main() -> None:
     ids, tw = routing(shape, 1, dev)
     x = torch.randn(1, shape.hidden, device=dev, dtype=torch.bfloat16)
     tiles = choose_tiles(1, shape.top_k, shape.experts, shape.hidden, shape.ffn,
-                         torch.cuda.get_device_properties(0).multi_processor_count)
+                         torch.cuda.get_device_properties(0).multi_processor_count, use_asm=True)
     ws = alloc_workspace(1, shape.top_k, shape.hidden, shape.ffn, shape.experts, tiles, dev)
     wqkv = [torch.randn(QKV_ROWS, shape.hidden, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(ROTATIONS)]
     out = torch.empty(1, QKV_ROWS, device=dev, dtype=torch.bfloat16)
     side = torch.cuda.Stream()
     block = 2048
-    sink = torch.empty(max(int(p) for p in args.programs.split(",")) * block, dtype=torch.int32, device=dev)
+    sink = torch.empty(max(1, *(int(p) for p in args.programs.split(","))) * block, dtype=torch.int32, device=dev)
 
     def moe(i: int) -> None:
         fused_moe_mixed(x, ids, tw, weights, 0, shape.experts, shape.ffn, tiles, ws)
@@ -106,13 +127,17 @@ def main() -> None:
         torch.matmul(x, wqkv[i].T, out=out)
 
     def step(mb: int, programs: int):
+        # programs 0: the bulk (TMA) prefetch; else evict_last loads by that many programs
         def fn(i: int) -> None:
             if mb:
                 main_stream = torch.cuda.current_stream()
                 side.wait_stream(main_stream)
                 moe(i)
                 with torch.cuda.stream(side):
-                    warm_l2(wqkv[i], mb * 2**20, sink, programs, block)
+                    if programs:
+                        warm_l2(wqkv[i], mb * 2**20, sink, programs, block)
+                    else:
+                        bulk_prefetch(wqkv[i], mb * 2**20)
                 main_stream.wait_stream(side)
             else:
                 moe(i)
