@@ -60,7 +60,7 @@ class Loop:
     counts: dict
 
 
-def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int):
+def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
     kernel = KERNELS[name]
     signature, attrs = {}, {}
     # The activation planes: int16 for the CUDA-core tile (MoeTiles.activation_dtype).
@@ -77,7 +77,8 @@ def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int)
                 attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages,
+                                   **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def cuobjdump(*args: str) -> str:
@@ -117,12 +118,13 @@ def main() -> None:
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=3)
     ap.add_argument("--no-asm", action="store_true", help="without the PTX byte permute")
+    ap.add_argument("--maxnreg", type=int, help="register cap per thread (MoeTiles.maxnreg)")
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm}
     if args.kernel == "down":
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
-    compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages)
+    compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
     with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
         cubin = Path(tmp) / f"{args.kernel}.cubin"
         cubin.write_bytes(compiled.asm["cubin"])

@@ -40,6 +40,8 @@ class ArrivalCounters:
         before a capture grows the buffer to the size the capture needs.
         """
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # one key for "cuda" and "cuda:0"
         numel = 1
         for n in shape:
             if n < 0:
@@ -51,6 +53,10 @@ class ArrivalCounters:
                 return torch.zeros(shape, dtype=torch.int32, device=device)
             buffers.append(torch.zeros(max(numel, 1), dtype=torch.int32, device=device))
         return buffers[-1][:numel].view(shape)
+
+    def all_zero(self) -> bool:
+        """Whether every buffer held is zero, as borrowers must leave them (a host sync)."""
+        return all(int(b.count_nonzero()) == 0 for bufs in self._buffers.values() for b in bufs)
 
     def allocated_bytes(self) -> int:
         """Bytes of every buffer held (all devices)."""

@@ -22,7 +22,13 @@ Outputs (all device tensors):
 * out       fp32  [T, H]   zeroed (the down kernel accumulates into it)
 * sorted    int32 [T * top_k]  flat indices t * top_k + j sorted by expert
 * offsets   int32 [E + 1]  sorted[offsets[e]:offsets[e + 1]] go to expert e
-* active    int32 [E]      experts with tokens, ascending, in slots 0..num_active-1
+* active    int32 [E]      experts with tokens in slots 0..num_active-1: the
+                  costliest first by slot_cost (the down blocks' field counts), ties
+                  and no slot_cost ascending. Both weight launches number their
+                  programs slot-major, so the first wave holds the costliest
+                  experts' programs and the next fills in with the cheaper ones
+                  (in a mixed state, resident programs pair a wide view with a
+                  narrow one instead of two wide ones)
 * num_active int32 [1]
 """
 
@@ -127,9 +133,10 @@ def _moe_prep_kernel(
     offsets_ptr,  # [E + 1] int32 out
     active_ptr,  # [E] int32 out
     num_active_ptr,  # [1] int32 out
-    T, H, stride_x, E, n_pairs, n_chunks,
+    cost_ptr,  # [E] int32 cost class of each expert, element stride cost_stride (HAS_COST)
+    T, H, stride_x, E, n_pairs, n_chunks, cost_stride,
     GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, DO_SORT: tl.constexpr,
-    QUANTIZE: tl.constexpr,
+    QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr,
 ):
     # Program 0 sorts (it has the longest chain); program 1 + r * n_chunks + c
     # stages chunk c (GB groups) of token row r.
@@ -175,12 +182,20 @@ def _moe_prep_kernel(
         tl.store(offsets_ptr + e, starts, mask=e < E)
         tl.store(offsets_ptr + E, tl.sum(counts, axis=0))
         has = (counts > 0) & (e < E)
-        slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
+        if HAS_COST:
+            # slot = active experts before e: costlier, or as costly with a lower id
+            cost = tl.load(cost_ptr + e * cost_stride, mask=e < E, other=0)
+            ahead = has[None, :] & ((cost[None, :] > cost[:, None])
+                                    | ((cost[None, :] == cost[:, None]) & (e[None, :] < e[:, None])))
+            slot = tl.sum(ahead.to(tl.int32), axis=1)
+        else:
+            slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
         tl.store(active_ptr + slot, e, mask=has)
         tl.store(num_active_ptr, tl.sum(has.to(tl.int32), axis=0))
 
 
-def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep) -> None:
+def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep,
+                     slot_cost: torch.Tensor | None = None) -> None:
     """Same outputs as the in-kernel sort, by torch ops without host syncs."""
     valid = (ids >= 0) & (ids < num_experts)
     key = torch.where(valid, ids, torch.full_like(ids, num_experts)).to(torch.int64)
@@ -192,11 +207,11 @@ def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep) -> None
     prep.offsets[0] = 0
     prep.offsets[1:].copy_(torch.cumsum(counts, 0).to(torch.int32))
     has = counts > 0
-    slot = torch.cumsum(has.to(torch.int64), 0) - 1
-    slot = torch.where(has, slot, torch.full_like(slot, num_experts))
-    active = torch.zeros(num_experts + 1, dtype=torch.int32, device=ids.device)
-    active.scatter_(0, slot, torch.arange(num_experts, dtype=torch.int32, device=ids.device))
-    prep.active.copy_(active[:num_experts])
+    expert = torch.arange(num_experts, dtype=torch.int64, device=ids.device)
+    # Active experts first, costliest first (ties by id); slots past num_active are not read.
+    key = expert if slot_cost is None else (slot_cost.max() - slot_cost.to(torch.int64)) * num_experts + expert
+    key = torch.where(has, key, key.max() + 1 + expert)
+    prep.active.copy_(torch.argsort(key).to(torch.int32))
     prep.num_active.copy_(has.sum().to(torch.int32).reshape(1))
 
 
@@ -245,10 +260,13 @@ def check_planes(planes: torch.Tensor, first: torch.Tensor, name: str) -> None:
 
 
 def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
-                prep: MoePrep | None = None) -> MoePrep:
+                prep: MoePrep | None = None, slot_cost: torch.Tensor | None = None) -> MoePrep:
     """Runs the prep launch. x: [T, H] float; topk_ids: [T, top_k] int.
 
     prep: buffers from alloc_prep for these sizes (allocated when None).
+    slot_cost: int32 [E] on x's device, any stride: the order of the active
+    experts' slots, costliest first (see the module doc); read at run time,
+    so a CUDA graph follows later changes to it. None: ascending ids.
     """
     if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"need x [T, H] and topk_ids [T, k], got {tuple(x.shape)}, {tuple(topk_ids.shape)}")
@@ -268,22 +286,27 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
     elif prep.xp.shape != (t, h) or prep.sorted_ids.shape != (n_pairs,) or prep.active.shape != (num_experts,):
         raise ValueError("prep buffers do not match these sizes")
     check_planes(prep.x_planes, prep.xp, "xp")
+    if slot_cost is not None and (slot_cost.shape != (num_experts,) or slot_cost.dtype != torch.int32
+                                  or slot_cost.device != x.device):
+        raise ValueError(f"slot_cost must be int32 [{num_experts}] on {x.device}")
     do_sort = n_pairs <= MAX_PAIRS_IN_KERNEL
     n_chunks = triton.cdiv(h // GROUP, GROUPS_PER_STEP)
     _moe_prep_kernel[(1 + t * n_chunks,)](
         x, ids, prep.xp, prep.xq_scale, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active,
-        prep.num_active, t, h, x.stride(0), num_experts, n_pairs, n_chunks,
+        prep.num_active, prep.offsets if slot_cost is None else slot_cost,
+        t, h, x.stride(0), num_experts, n_pairs, n_chunks, 0 if slot_cost is None else slot_cost.stride(0),
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
         E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort,
-        QUANTIZE=prep.xp.dtype == torch.int16, num_warps=4,
+        QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, num_warps=4,
     )
     if not do_sort:
-        _sort_with_torch(ids, num_experts, prep)
+        _sort_with_torch(ids, num_experts, prep, slot_cost)
     return prep
 
 
 def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
-                          plane_dtype: torch.dtype = torch.float16) -> MoePrep:
+                          plane_dtype: torch.dtype = torch.float16,
+                          slot_cost: torch.Tensor | None = None) -> MoePrep:
     """Plain-torch version of moe_prepare (same outputs)."""
     t, h = x.shape
     x16 = x.float().clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
@@ -307,5 +330,5 @@ def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: 
         active=torch.empty(num_experts, dtype=torch.int32, device=x.device),
         num_active=torch.empty(1, dtype=torch.int32, device=x.device),
     )
-    _sort_with_torch(ids, num_experts, prep)
+    _sort_with_torch(ids, num_experts, prep, slot_cost)
     return prep

@@ -76,7 +76,11 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         raise ValueError("workspace does not match these sizes and tiles")
     if t == 0:
         return workspace.prep.out
-    moe_prepare(x, topk_ids, num_experts, workspace.prep)
+    # The active experts' slots, costliest down view first (moe_align): the
+    # down blocks' resident field counts, read at run time.
+    first = layer * num_experts * PROJS_PER_EXPERT
+    down_fields = weights.block_fields[first + PROJ_DOWN: first + num_experts * PROJS_PER_EXPERT: PROJS_PER_EXPERT]
+    moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields)
     run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p)
     run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p)
     return workspace.prep.out

@@ -168,9 +168,10 @@ def ws_dtype_of(tiles):
     return ws.h_planes.dtype
 
 
-@pytest.mark.parametrize("in_kernel_sort,plane_dtype", [(True, torch.float16), (False, torch.float16),
-                                                         (True, torch.int16)])
-def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dtype):
+@pytest.mark.parametrize("in_kernel_sort,plane_dtype,with_cost", [
+    (True, torch.float16, False), (False, torch.float16, False), (True, torch.int16, False),
+    (True, torch.float16, True), (False, torch.float16, True)])
+def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dtype, with_cost):
     if not in_kernel_sort:
         monkeypatch.setattr(moe_align, "MAX_PAIRS_IN_KERNEL", 4)
     torch.manual_seed(9)
@@ -187,8 +188,12 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dt
     for buf in (prep.xsum, prep.out, prep.xq_scale):
         buf.fill_(float("nan"))  # every element must be written
     prep.x_planes.fill_(float("nan") if plane_dtype == torch.float16 else -(2**15))
-    got = moe_prepare(x.to(device), ids.to(device), e, prep)
-    ref = moe_prepare_reference(x, ids, e, plane_dtype)
+    # slot_cost as fused_moe_mixed passes it: a strided view (the down blocks'
+    # field counts), ties included
+    fields = torch.tensor([[0, 0, 2], [0, 0, 5], [0, 0, 2], [0, 0, 1], [0, 0, 5], [0, 0, 3]], dtype=torch.int32)
+    cost = fields.reshape(-1)[2::3] if with_cost else None
+    got = moe_prepare(x.to(device), ids.to(device), e, prep, None if cost is None else cost.to(device))
+    ref = moe_prepare_reference(x, ids, e, plane_dtype, cost)
     assert torch.equal(got.out.cpu(), ref.out)
     if plane_dtype == torch.float16:
         assert torch.equal(got.x_planes.cpu(), ref.x_planes)
@@ -202,6 +207,13 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dt
     assert torch.equal(got.offsets.cpu(), ref.offsets)
     n = int(ref.num_active)
     assert int(got.num_active) == n and torch.equal(got.active[:n].cpu(), ref.active[:n])
+    active = ref.active[:n].tolist()
+    assert sorted(active) == sorted(set(ids[ids >= 0].tolist()))
+    if with_cost:  # costliest first, ties by id
+        keys = [(-int(cost[a]), a) for a in active]
+        assert keys == sorted(keys) and active != sorted(active)
+    else:
+        assert active == sorted(active)
 
 
 def test_tiles_validate_and_widen_only_when_needed():
@@ -348,8 +360,7 @@ def test_shared_arrival_counters_serve_layers_and_sizes_and_stay_zero(device, bl
         out = fused_moe_mixed(x, ids, tw, weights, layer, E, F, tiles, counters=counters)
         ref = moe_mixed_reference(x, ids, tw, weights, layer, E, F)
         assert rel_err(out, ref) < 3e-3
-        (buf,) = counters._buffers[torch.device(device)][-1:]
-        assert int(buf.count_nonzero()) == 0
+        assert counters.all_zero()
     # The buffer grew to the largest call's size and the views came from it.
     assert counters.allocated_bytes() >= 4 * E * (F // 64) * max(1, -(-7 * 2 // block_m))
 
@@ -363,6 +374,9 @@ def test_arrival_counters_views_grow_and_keep_old_buffers():
     c = counters.take((5, 5), "cpu")
     assert c.numel() == 25 and c.data_ptr() != a.data_ptr()
     assert counters.allocated_bytes() == 4 * (6 + 25)  # the first buffer is kept (graphs may read it)
+    assert counters.all_zero()
+    c.fill_(1)
+    assert not counters.all_zero()
     assert counters.take((0,), "cpu").numel() == 0
     with pytest.raises(ValueError, match="negative"):
         counters.take((-1, 2), "cpu")

@@ -43,7 +43,8 @@ def test_add_rmsnorm_rounds_a_float32_delta_first(device):
     torch.manual_seed(4)
     t, h = 3, 200
     d16 = torch.randn(t, h).to(device, torch.bfloat16)
-    ulp = torch.finfo(torch.bfloat16).eps * d16.float().abs().clamp_min(1e-3)
+    # ulp of d16: d = m * 2^e with m in [0.5, 1), 8 significant bits
+    ulp = torch.ldexp(torch.ones_like(d16.float()), torch.frexp(d16.float()).exponent - 8)
     # 0.4 ulp away from zero: rounds (and truncates) back to d16, but added
     # unrounded it moves many sums across a rounding boundary.
     delta = d16.float() + 0.4 * ulp * d16.float().sign()
