@@ -34,15 +34,20 @@ import triton.language as tl
 # at T = 1. Recorded: 4.3 us per layer for Mixtral's 8 x 4096 in the engine's
 # B=1 profile (benchmarks/results/e2e_h200_s15_b1_profile.json), where the
 # GEMM, its split-K reduce and route took ~7.6 us (e2e_h200_s11_profile.json).
-# The limits rest on ad-hoc H200 timings of session 15 whose script was not
-# kept (CUDA graphs, statistics on, 4 Ki tile: 8 x 4096 5.6 us against 7.7,
-# 8 x 6144 even, 60 x 2048 14 us against 7.1); benchmarks/bench_router.py
-# times the same cases and has not run yet.
+# Recorded on the H200 (benchmarks/bench_router.py,
+# benchmarks/results/router_h200_s16.json; graphs, statistics on, W in L2):
+# gate_route against GEMM + route at T = 1 / 16 / 64 / 256, us: 8 x 4096
+# 3.50 / 3.77 / 3.83 / 5.27 against 7.40 / 7.37 / 7.45 / 8.22; 8 x 6144
+# 4.66 / 4.72 / 4.79 / 6.34 against 7.36 / 7.37 / 7.42 / 8.30; 60 x 2048
+# (120 Ki elements, over the limit) 11.17 / 11.33 / 11.44 / 13.86 against
+# 6.56 / 8.78 / 7.41 / 9.42. The element limit lies between 48 Ki (faster)
+# and 120 Ki (slower); 64 Ki is not a measured crossing point.
 FUSED_GATE_MAX_TOKENS = 256
 FUSED_GATE_MAX_WEIGHT = 64 * 1024
 # Elements of W's [BLOCK_E, BLOCK_H] tile per step of gate_route's H loop
-# (bounds its registers; ad-hoc H200 timings as above, pipelined loop,
-# 8 x 4096, T = 1, W in L2: 4.7 us with 4096, 3.6 with 8192, 3.3 with 16384).
+# (bounds its registers). Chosen on ad-hoc H200 timings of session 15 whose
+# script was not kept (pipelined loop, 8 x 4096, T = 1, W in L2: 4.7 us with
+# 4096, 3.6 with 8192, 3.3 with 16384); only 8192 is recorded (above).
 _GATE_TILE = 8192
 
 
