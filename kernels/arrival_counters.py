@@ -18,6 +18,8 @@ Not thread-safe: the engine thread alone runs the model.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -42,11 +44,9 @@ class ArrivalCounters:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # one key for "cuda" and "cuda:0"
-        numel = 1
-        for n in shape:
-            if n < 0:
-                raise ValueError(f"negative size in {shape}")
-            numel *= n
+        if any(n < 0 for n in shape):
+            raise ValueError(f"negative size in {shape}")
+        numel = math.prod(shape)
         buffers = self._buffers.setdefault(device, [])
         if not buffers or buffers[-1].numel() < numel:
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -143,8 +143,9 @@ def _gate_route_kernel(
     acc = tl.zeros((BLOCK_E,), tl.float32)
     # Multiply-and-sum, not tl.dot: E can be below tl.dot's 16-row minimum,
     # and the interpreter mishandles bf16 dots. The loop is latency-bound (one
-    # program streams all of W): its loads are pipelined (ad-hoc H200 timing,
-    # see FUSED_GATE_MAX_TOKENS: 7.6 -> 4.7 us for 8 x 4096, statistics off).
+    # program streams all of W): its loads are pipelined (an ad-hoc H200
+    # timing of session 15, not recorded: 7.6 -> 4.7 us for 8 x 4096,
+    # statistics off).
     for h0 in tl.range(0, H, BLOCK_H, num_stages=3):
         h = h0 + tl.arange(0, BLOCK_H)
         hmask = h < H
