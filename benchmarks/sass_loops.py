@@ -37,10 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import moe_down, moe_gate_up  # noqa: E402
 from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE  # noqa: E402
-from kernels.moe_workspace import down_plan_width, up_plan_width  # noqa: E402
+from kernels.moe_workspace import down_plan_width  # noqa: E402
 
-KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel,
-           "gate_up_shared": moe_gate_up._moe_gate_up_shared_kernel}
+KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
 FP16_POINTERS = {"xp_ptr", "h_ptr"}  # the activation planes
 FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr", "xq_scale_ptr", "hq_scale_ptr"}
 # Integer arguments the launches pass as multiples of 16 (Triton specialises
@@ -115,7 +114,7 @@ def main() -> None:
     ap.add_argument("--block-m", type=int, default=16)
     ap.add_argument("--block-m-wide", type=int, default=0)
     ap.add_argument("--balance", action="store_true", help="down: the cost-shared split (MoeTiles.balance_down)")
-    ap.add_argument("--experts", type=int, default=8, help="down, gate_up_shared: sets the plan width")
+    ap.add_argument("--experts", type=int, default=8, help="down: sets the plan width")
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=3)
     ap.add_argument("--no-asm", action="store_true", help="without the PTX byte permute")
@@ -125,9 +124,6 @@ def main() -> None:
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm}
     if args.kernel == "down":
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
-    if args.kernel == "gate_up_shared":  # the one-token tile's shared launch (MoeTiles.up_programs)
-        del constexprs["BM_WIDE"]
-        constexprs.update(B_PAD=up_plan_width(args.experts))
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
     with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
         cubin = Path(tmp) / f"{args.kernel}.cubin"

@@ -4,13 +4,7 @@ block's pages at its own bitwidth; the second of each gate/up pair to finish
 stores SiLU(gate) * up, rounded to fp16, as h in sorted order, in the three
 activation planes the down launch's views read (weight_layout.plane_scales),
 or for the CUDA-core tile quantized to int16 per span of 64 rows
-(weight_layout.quantize_activations), with per-tile sums of h.
-
-With MoeTiles.up_programs (the one-token tile) the same work runs as one
-round of programs with equal shares by view cost, which cut row tiles' K
-ranges into parts: the parts add into a zeroed fp32 accumulator and the part
-that completes a row tile's gate and up stores h
-(_moe_gate_up_shared_kernel)."""
+(weight_layout.quantize_activations), with per-tile sums of h."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
-from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout, up_plan_width
+from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
 
@@ -42,11 +36,12 @@ def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk
 
 
 @triton.jit
-def _token_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, m0, end, H, top_k, BM: tl.constexpr):
-    # The token tile from m0 of the sorted list: its positions [BM], which are
-    # valid, and block_matmul's activation pointers (the planes' tile, the
-    # group sums, the int16 span scales for BM 1).
-    pos = m0 + tl.arange(0, BM)
+def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
+                  hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+    m = tl.arange(0, BM)
+    kv = tl.arange(0, 128)
+    pos = m0 + m
     valid = pos < end
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
     tok = (flat // top_k).to(tl.int64)
@@ -55,17 +50,8 @@ def _token_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, m0, end, H, top_k, B
         tok1 = (tl.load(sorted_ptr + m0) // top_k).to(tl.int64)  # one token, valid (m0 < end)
         xt_ptrs, qs_ptrs = int16_row_pointers(xp_ptr, xq_scale_ptr, tok1, H)
     else:
-        xt_ptrs = xp_ptr + tok[None, :] * H + tl.arange(0, 128)[:, None]
+        xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
         qs_ptrs = xq_scale_ptr
-    return pos, valid, xt_ptrs, xs_ptrs, qs_ptrs
-
-
-@triton.jit
-def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
-                  hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
-    pos, valid, xt_ptrs, xs_ptrs, qs_ptrs = _token_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, m0, end, H,
-                                                        top_k, BM)
     acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
                            H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
                            1, BN, BM, USE_ASM)
@@ -79,31 +65,21 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
                         mask=keep, other=0.0, cache_modifier=".cg")
         gate = tl.where(which == 0, acc, other)
         up = tl.where(which == 0, other, acc)
-        _store_h(gate, up, keep, valid, pos64, m0, n, col, tile, h_ptr, hq_scale_ptr, hsum_ptr, F, q_h,
-                 BN, BM, USE_ASM)
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+        tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
+        tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
+        if BM == 1:
+            # BN rows = BN / SPAN whole spans (F and BN are multiples of 64)
+            q, scale = quantize_spans(tl.reshape(h16.to(tl.float32), (1, BN)), 1, BN)
+            row = tl.cast(m0, tl.int64)
+            tl.store(h_ptr + row * F + pair_position(n), tl.reshape(q, (BN,)))
+            spans = tile * (BN // SPAN) + tl.arange(0, BN // SPAN)
+            tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
+        else:
+            tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
+            _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
         tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
-def _store_h(gate, up, keep, valid, pos64, m0, n, col, tile, h_ptr, hq_scale_ptr, hsum_ptr, F, q_h,
-             BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
-    # h = SiLU(gate) * up (fp32 [BN, BM]) of rows n, tokens pos64 (the tile
-    # from m0) into the launch's outputs: h, its per-tile sums, and the planes
-    # (fp16) or the int16 codes and span scales (BM 1).
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-    tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
-    tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
-    if BM == 1:
-        # BN rows = BN / SPAN whole spans (F and BN are multiples of 64)
-        q, scale = quantize_spans(tl.reshape(h16.to(tl.float32), (1, BN)), 1, BN)
-        row = tl.cast(m0, tl.int64)
-        tl.store(h_ptr + row * F + pair_position(n), tl.reshape(q, (BN,)))
-        spans = tile * (BN // SPAN) + tl.arange(0, BN // SPAN)
-        tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
-    else:
-        tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
-        _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
 
 
 @triton.jit
@@ -179,116 +155,6 @@ def _moe_gate_up_kernel(
                 _gate_up_tiles(*args, BN, BM, USE_ASM)
 
 
-# Relative time per weight group of each view (index = resident fields) in
-# the one-token gate/up launch: the Mixtral B=1 layer's times per view
-# (benchmarks/results/moe_h200_s14_b1.json: 2 / 3 / 4 / 6 / 8 bits at 67.7 /
-# 73.8 / 81.3 / 98.1 / 115.3 us); index 0 (host-only) costs nothing.
-ONE_TOKEN_GROUP_COST = (0, 68, 74, 81, 98, 115)
-_COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in ONE_TOKEN_GROUP_COST[1:])
-
-
-@triton.jit
-def _one_token_cost(nf):
-    return tl.where(nf == 1, _COST1, tl.where(nf == 2, _COST2, tl.where(
-        nf == 3, _COST3, tl.where(nf == 4, _COST4, tl.where(nf >= 5, _COST5, 0)))))
-
-
-@triton.jit
-def _gate_up_part(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, offsets_ptr, active_ptr, arena_ptr, pt_ptr, bf_ptr,
-                  gu_ptr, count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, slot, which, tile, g0, g1, block0, H, F,
-                  pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
-                  BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
-    # Groups [g0, g1) (g0 < g1) of rows [tile BN, +BN) of the gate (which 0)
-    # or up block of the expert in `slot`, all of its tokens, added into gu
-    # (zero before the row tile's first part). The counter counts the row
-    # tile's groups arrived, gate and up together: the part that completes
-    # both (2 H / 128) reads them, zeroes them again, stores h and resets the
-    # counter.
-    expert, blk, nf_g, nf_u, nf_d = expert_blocks(active_ptr, bf_ptr, slot, block0)
-    nf = tl.where(which == 0, nf_g, nf_u)
-    start = tl.load(offsets_ptr + expert)
-    end = tl.load(offsets_ptr + expert + 1)
-    n = tile * BN + tl.arange(0, BN)
-    rows = tl.minimum(n, F - 1)
-    pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
-    col = (n // 128) * 128 + actual_to_virtual(n % 128)
-    counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
-    arrived = g1 - g0
-    for m0 in range(start, end, BM):
-        pos, valid, xt_ptrs, xs_ptrs, qs_ptrs = _token_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, m0, end,
-                                                            H, top_k, BM)
-        acc = block_matmul_any(nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, g0, g1, log2p, xt_ptrs,
-                               valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs, 1, BN, BM, USE_ASM)
-        keep = (n < F)[:, None] & valid[None, :]
-        pos64 = pos.to(tl.int64)
-        gate_at = gu_ptr + (pos64[None, :] * 2) * F + n[:, None]
-        tl.atomic_add(gate_at + which * F, acc, mask=keep, sem="relaxed")
-        tl.debug_barrier()
-        counter = counters + (m0 - start) // BM
-        if tl.atomic_add(counter, arrived, sem="acq_rel") + arrived == 2 * (H // 128):
-            gate = tl.load(gate_at, mask=keep, other=0.0, cache_modifier=".cg")
-            up = tl.load(gate_at + F, mask=keep, other=0.0, cache_modifier=".cg")
-            tl.store(gate_at, tl.zeros_like(gate), mask=keep)
-            tl.store(gate_at + F, tl.zeros_like(up), mask=keep)
-            _store_h(gate, up, keep, valid, pos64, m0, n, col, tile, h_ptr, hq_scale_ptr, hsum_ptr, F, q_h,
-                     BN, BM, USE_ASM)
-            tl.atomic_xchg(counter, 0)
-
-
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
-def _moe_gate_up_shared_kernel(
-    xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr,
-    gu_ptr,  # [T * top_k, 2, F] fp32 gate / up accumulators, zero between launches (the launch re-zeroes them)
-    count_ptr,  # [E, F / BN, m_tiles] int32 groups arrived per row tile, zero between launches
-    h_ptr, hq_scale_ptr, hsum_ptr,
-    plan_ptr,  # [programs, B_PAD] int32 scratch, one row per program
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, B_PAD: tl.constexpr,
-):
-    # The arguments as _moe_gate_up_kernel's. Block b = 2 slot + which (gate,
-    # up) of the active experts has (F / BN) * (H / 128) steps (row tile,
-    # group), tile-major, each weighted by its view's cost
-    # (ONE_TOKEN_GROUP_COST); the blocks' steps laid end to end, program p
-    # takes the steps whose first unit falls in [p total / P, (p + 1) total /
-    # P): one round of equal shares, each a few row-tile parts.
-    pid = tl.program_id(0)
-    n_groups = H // 128
-    steps = (F // BN) * n_groups
-    n_act = tl.load(num_active_ptr)
-    b = tl.arange(0, B_PAD)
-    live = b // 2 < n_act
-    blks = block0 + tl.load(active_ptr + b // 2, mask=live, other=0) * 3
-    nf_g = tl.load(bf_ptr + blks, mask=live, other=0)
-    nf_u = tl.load(bf_ptr + blks + 1, mask=live, other=0)
-    nf_d = tl.load(bf_ptr + blks + 2, mask=live, other=0)
-    resident = live & (nf_g > 0) & (nf_u > 0) & (nf_d > 0)
-    unit = tl.where(resident, _one_token_cost(tl.where(b % 2 == 0, nf_g, nf_u)), 0)  # [B_PAD]
-    # Through this program's plan row and back as uniform loads, as in the
-    # down launch's shared split (kernels/moe_down.py says why).
-    plan = plan_ptr + pid.to(tl.int64) * B_PAD
-    tl.store(plan + b, tl.cumsum(unit * steps, axis=0))
-    tl.debug_barrier()
-    for blk in range(0, 2 * n_act):
-        total = tl.load(plan + B_PAD - 1).to(tl.int64)
-        lo = (pid * total // tl.num_programs(0)).to(tl.int32)
-        hi = ((pid + 1) * total // tl.num_programs(0)).to(tl.int32)
-        begin = tl.load(plan + blk - 1, mask=blk > 0, other=0)
-        finish = tl.load(plan + blk)
-        c = (finish - begin) // steps
-        if (c > 0) & (finish > lo) & (begin < hi):
-            # steps j whose first unit begin + j c lies in [lo, hi)
-            j0 = tl.maximum(lo - begin + c - 1, 0) // c
-            j1 = tl.minimum(tl.maximum(hi - begin + c - 1, 0) // c, steps)
-            for tile in range(j0 // n_groups, (j1 + n_groups - 1) // n_groups):
-                g0 = tl.maximum(j0 - tile * n_groups, 0)
-                g1 = tl.minimum(j1 - tile * n_groups, n_groups)
-                _gate_up_part(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, offsets_ptr, active_ptr, arena_ptr,
-                              pt_ptr, bf_ptr, gu_ptr, count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, blk // 2, blk % 2,
-                              tile, g0, g1, block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
-                              q_x, q_h, BN, BM, USE_ASM)
-
-
-
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
                 top_k: int, ffn: int, tiles: MoeTiles, log2p: int) -> None:
     """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare)."""
@@ -297,25 +163,15 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     pt = weights.page_table
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
-    if ws.up_plan.shape != (tiles.up_programs, up_plan_width(num_experts)):
-        raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
-    args = (ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
-            ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
-            ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum)
-    block0 = layer * num_experts * PROJS_PER_EXPERT
-    if tiles.up_programs:
-        kernel = _moe_gate_up_shared_kernel[(tiles.up_programs,)](
-            *args, ws.up_plan, block0, hidden, ffn, pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
-            ws.prep.xp.numel(), ws.h.numel(),
-            BN=tiles.block_n_up, BM=tiles.block_m, USE_ASM=tiles.use_asm, B_PAD=up_plan_width(num_experts),
-            **tiles.launch_options(),
-        )
-    else:
-        kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
-            *args, block0, hidden, ffn, pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
-            ws.prep.xp.numel(), ws.h.numel(),
-            BN=tiles.block_n_up, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide, USE_ASM=tiles.use_asm,
-            **tiles.launch_options(),
-        )
+    kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+        ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+        ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
+        ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
+        ws.prep.xp.numel(), ws.h.numel(),
+        BN=tiles.block_n_up, BM=tiles.block_m,
+        BM_WIDE=tiles.block_m_wide,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(),
+    )
     settle_carveout(ws, kernel, tiles)

@@ -76,15 +76,6 @@ class MoeTiles:
     view cost (kernels/moe_down.py, DOWN_GROUP_COST), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
     False: split_k equal K ranges per expert.
-    up_programs: the gate/up launch as this many programs that share all of
-    its work by view cost (kernels/moe_gate_up.py, ONE_TOKEN_GROUP_COST): the
-    gate and up blocks' (row tile, group) steps laid end to end, a program
-    taking an equal share that may start and end inside a row tile's K
-    range, the partial products added into a zeroed accumulator. For the
-    one-token tile only, where one program per (row tile, gate/up, slot)
-    makes a second, partial round (Mixtral B=1: 448 programs on 264 slots)
-    and, in a mixed state, rounds of unequal cost. 0: one program per (row
-    tile, gate/up, slot).
     """
 
     block_n_up: int = 128
@@ -98,7 +89,6 @@ class MoeTiles:
     block_m_wide: int = 0
     limit_carveout: bool = True
     balance_down: bool = False
-    up_programs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -110,9 +100,6 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
-        if self.up_programs < 0 or (self.up_programs and self.block_m != CUDA_CORE_TOKEN_TILE):
-            raise ValueError(f"up_programs must be 0, or > 0 with the one-token tile (block_m "
-                             f"{CUDA_CORE_TOKEN_TILE}), got {self.up_programs} with block_m {self.block_m}")
 
     @property
     def activation_dtype(self) -> torch.dtype:
@@ -139,8 +126,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
-                 limit_carveout: bool = True, balance_down: bool | None = None,
-                 balance_up: bool | None = None) -> MoeTiles:
+                 limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs;
     one token: the CUDA-core tile, one row per thread (num_warps follows the
     rows, 64 where 128 would leave multiprocessors idle in gate/up).
@@ -185,14 +171,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
-    up_programs = 0
-    if balance_up is None:
-        balance_up = block_m == CUDA_CORE_TOKEN_TILE
-    if balance_up:
-        # One round of resident programs, none without a step of its own.
-        up_steps = 2 * active * (ffn // block_n_up) * (hidden // GROUP)
-        up_programs = min(PROGRAMS_PER_SM * num_sms, up_steps)
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                    balance_down=balance_down, up_programs=up_programs)
+                    balance_down=balance_down)

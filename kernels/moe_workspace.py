@@ -5,7 +5,6 @@ both weight launches run on them (check_h_planes, settle_carveout)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -21,7 +20,7 @@ from kernels.weight_layout import GROUP
 @dataclass
 class MoeWorkspace:
     prep: MoePrep
-    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations (zero between launches: tiles.up_programs)
+    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted, virtual in-group order: plane 0
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
@@ -30,7 +29,6 @@ class MoeWorkspace:
     # (weight_layout.quantize_activations, pair order), h_planes [1, T * k, F].
     hq_scale: torch.Tensor  # [T * k, F / 64] fp32 scales of the int16 h ([T * k, 0] with fp16 planes)
     down_plan: torch.Tensor  # [down programs, down_plan_width(E)] int32, the down launch's scratch
-    up_plan: torch.Tensor  # [tiles.up_programs, up_plan_width(E)] int32, the shared gate/up launch's scratch
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
 
@@ -38,12 +36,6 @@ class MoeWorkspace:
 def down_plan_width(num_experts: int) -> int:
     """Expert slots one row of the down launch's plan holds (a power of two)."""
     return triton.next_power_of_2(max(num_experts, 16))
-
-
-def up_plan_width(num_experts: int) -> int:
-    """Blocks (gate and up of each expert slot) one row of the shared gate/up
-    launch's plan holds (a power of two)."""
-    return triton.next_power_of_2(max(2 * num_experts, 16))
 
 
 def counts_shape(num_tokens: int, top_k: int, ffn: int, num_experts: int, tiles: MoeTiles) -> tuple[int, int, int]:
@@ -55,33 +47,22 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                     tiles: MoeTiles, device: torch.device | str,
                     counters: ArrivalCounters | None = None) -> MoeWorkspace:
     """Buffers for one call of fused_moe_mixed at these sizes. counters: where
-    the arrival counters come from (a shared zeroed buffer, no fill per call),
-    and with tiles.up_programs also the gate/up accumulator (zero bits are
-    0.0); None allocates them zeroed."""
+    the arrival counters come from (a shared zeroed buffer, no fill per call);
+    None allocates them zeroed."""
     pairs = num_tokens * top_k
     shape = counts_shape(num_tokens, top_k, ffn, num_experts, tiles)
-    n_counts, n_gu = math.prod(shape), pairs * 2 * ffn
-    if tiles.up_programs:
-        # One borrowed region: views of one ArrivalCounters buffer overlap.
-        zeroed = (counters.take((n_counts + n_gu,), device) if counters is not None
-                  else torch.zeros(n_counts + n_gu, dtype=torch.int32, device=device))
-        counts = zeroed[:n_counts].view(shape)
-        gu = zeroed[n_counts:].view(torch.float32).view(pairs, 2, ffn)
-    else:
-        counts = (counters.take(shape, device) if counters is not None
-                  else torch.zeros(shape, dtype=torch.int32, device=device))
-        gu = torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device)
     dtype = tiles.activation_dtype
     h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype),
-        gu=gu, counts=counts,
+        gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
+        counts=(counters.take(shape, device) if counters is not None
+                else torch.zeros(shape, dtype=torch.int32, device=device)),
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, down_plan_width(num_experts), dtype=torch.int32,
                               device=device),
-        up_plan=torch.empty(tiles.up_programs, up_plan_width(num_experts), dtype=torch.int32, device=device),
     )
 
 

@@ -304,15 +304,13 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,up_programs", [(128, 0), (64, 0), (128, 264), (64, 37)])
-def test_gpu_cuda_core_tile_one_token_and_replay(rows, up_programs):
+@pytest.mark.parametrize("rows", [128, 64])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows):
     # The one-token launches as choose_tiles builds them (one row per
-    # thread), gate/up per tile or shared (up_programs); the captured step
-    # replays with other experts and a demoted block.
+    # thread); the captured step replays with other experts and a demoted block.
     gen = torch.Generator().manual_seed(13)
     ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
-    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32,
-                     up_programs=up_programs)
+    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
