@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_options, wait_for_previous_grid
 from kernels.weight_layout import ACT_QMAX, ACT_SPAN, GROUP, NUM_PLANES, permute_groups, plane_scales, \
     quantize_activations
 
@@ -136,10 +137,11 @@ def _moe_prep_kernel(
     cost_ptr,  # [E] int32 cost class of each expert, element stride cost_stride (HAS_COST)
     T, H, stride_x, E, n_pairs, n_chunks, cost_stride,
     GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, DO_SORT: tl.constexpr,
-    QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr,
+    QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program 0 sorts (it has the longest chain); program 1 + r * n_chunks + c
     # stages chunk c (GB groups) of token row r.
+    wait_for_previous_grid(PDL)
     pid = tl.program_id(0)
     if pid > 0:
         n_groups = H // 128
@@ -298,6 +300,7 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
         E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort,
         QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, num_warps=4,
+        **pdl_options(x.device),
     )
     if not do_sort:
         _sort_with_torch(ids, num_experts, prep, slot_cost)

@@ -13,6 +13,7 @@ from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
+from kernels.pdl import pdl_options, wait_for_previous_grid
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, down_plan_width, settle_carveout
 from kernels.weight_layout import GROUP
 
@@ -109,7 +110,7 @@ def _moe_down_kernel(
     block0, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
     q_x,  # element offset of the second plane of h
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-    USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr,
+    USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
@@ -120,6 +121,7 @@ def _moe_down_kernel(
     # that is the same split; with mixed views a program may finish one
     # expert's range and start the next, instead of the launch waiting on the
     # slowest views' programs.
+    wait_for_previous_grid(PDL)
     pid_n = tl.program_id(0)
     pid_p = tl.program_id(1)
     n_groups = F // 128
@@ -191,6 +193,6 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down,
-        **tiles.launch_options(),
+        **tiles.launch_options(), **pdl_options(ws.h.device),
     )
     settle_carveout(ws, kernel, tiles)

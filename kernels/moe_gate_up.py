@@ -17,6 +17,7 @@ from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
+from kernels.pdl import pdl_options, wait_for_previous_grid
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
@@ -118,13 +119,14 @@ def _moe_gate_up_kernel(
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
-    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
     # expert's tokens in tiles of BM, or of BM_WIDE when the expert has more
     # than BM tokens (one pass over the weights instead of two; both programs
     # of a pair see the same count, so they take the same tiles).
+    wait_for_previous_grid(PDL)
     tile = tl.program_id(0) // 2
     which = tl.program_id(0) % 2
     slot = tl.program_id(1)
@@ -172,6 +174,6 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.xp.numel(), ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
-        USE_ASM=tiles.use_asm, **tiles.launch_options(),
+        USE_ASM=tiles.use_asm, **tiles.launch_options(), **pdl_options(ws.h.device),
     )
     settle_carveout(ws, kernel, tiles)

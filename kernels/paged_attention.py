@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_options, wait_for_previous_grid
+
 MIN_DOT = 16  # smallest tl.dot dimension
 TARGET_PROGRAMS = 264  # about two programs per multiprocessor on an H200
 
@@ -51,7 +53,9 @@ def _decode_kernel(
     pacc_ptr,  # [S, NH, P, D] fp32 partition numerator
     layer, sm_scale, max_blocks, page_stride, NH, KVH,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, P: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_grid(PDL)
     s = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -104,8 +108,9 @@ def _decode_merge_kernel(
     pl_ptr,  # [S * NH, P] fp32
     pacc_ptr,  # [S * NH, P, D] fp32
     out_ptr,  # [S * NH, D]
-    P: tl.constexpr, P_PAD: tl.constexpr, D: tl.constexpr,
+    P: tl.constexpr, P_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     pi = tl.arange(0, P_PAD)
     pmask = pi < P
@@ -165,10 +170,11 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
         q, kv_cache, block_tables, context_lens, out, pm, pl, pacc,
         layer, scale, block_tables.shape[1], kv_cache.stride(0), nh, kvh,
         G=group, G_PAD=max(MIN_DOT, triton.next_power_of_2(group)), D=dim, BS=bs, P=p, num_warps=4,
+        **pdl_options(q.device),
     )
     if p > 1:
         _decode_merge_kernel[(s * nh,)](pm, pl, pacc, out, P=p, P_PAD=triton.next_power_of_2(p), D=dim,
-                                        num_warps=4)
+                                        num_warps=4, **pdl_options(q.device))
     return out
 
 

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_options, wait_for_previous_grid
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -26,8 +28,9 @@ def _rmsnorm_kernel(
     y_ptr,  # [T, H] normalised out
     res_out_ptr,  # [T, H] x + residual out (HAS_RES)
     H, stride_x, stride_r, eps,
-    HAS_RES: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -60,7 +63,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         _rmsnorm_kernel[(x.shape[0],)](x, x, weight, y, y, x.shape[1], x.stride(0), x.stride(0), eps,
-                                       HAS_RES=False, BLOCK_H=triton.next_power_of_2(x.shape[1]))
+                                       HAS_RES=False, BLOCK_H=triton.next_power_of_2(x.shape[1]),
+                                       **pdl_options(x.device))
     return y
 
 
@@ -80,7 +84,7 @@ def add_rmsnorm(delta: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
     if delta.shape[0]:
         _rmsnorm_kernel[(delta.shape[0],)](delta, residual, weight, y, s, delta.shape[1], delta.stride(0),
                                            residual.stride(0), eps, HAS_RES=True,
-                                           BLOCK_H=triton.next_power_of_2(delta.shape[1]))
+                                           BLOCK_H=triton.next_power_of_2(delta.shape[1]), **pdl_options(delta.device))
     return s, y
 
 

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_options, wait_for_previous_grid
 from kernels.rotary import check_qk, rotary_cos_sin, rotary_reference, rotate_heads
 
 # Heads per program: Mixtral (32 q, 8 kv heads of 128) gives 6 programs per
@@ -46,10 +47,11 @@ def _rotary_cache_write_kernel(
     kv_ptr,  # [pages, layers, 2, BS, kv_heads, D] the arena's KV view (page stride page_stride)
     slot_ptr,  # [T] int64 slot = page * BS + offset, < 0 = skip
     q_heads, kv_heads, stride_q, stride_k, stride_v, layer, page_stride,
-    HALF: tl.constexpr, BS: tl.constexpr, HB: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HALF: tl.constexpr, BS: tl.constexpr, HB: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program (token, j): head block j of [q heads | k heads | v heads], HB
     # heads per block, each kind starting a new block.
+    wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     q_blocks = tl.cdiv(q_heads, HB)
@@ -119,6 +121,7 @@ def rotary_cache_write(positions: torch.Tensor, inv_freq: torch.Tensor, q: torch
             positions, inv_freq.float(), q, k, v, qo, kv_cache, slot_mapping,
             hq, hk, q.stride(0), k.stride(0), v.stride(0), layer, kv_cache.stride(0),
             HALF=d // 2, BS=kv_cache.shape[3], HB=HEADS_PER_PROGRAM, BLOCK_HALF=triton.next_power_of_2(d // 2),
+            **pdl_options(q.device),
         )
     return qo
 

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_options, wait_for_previous_grid
+
 # gate_route is used up to this many tokens and this many elements of W.
 # Each of its programs reads all of W (E*H elements) to make one row of
 # logits, so traffic grows with T while cuBLAS reads W once: at prefill sizes
@@ -116,8 +118,9 @@ def _route_kernel(
     routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
     E, stride_l,
     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
+    RECORD: tl.constexpr, WEIGHTED: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     logits = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf")).to(tl.float32)
@@ -135,8 +138,9 @@ def _gate_route_kernel(
     routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
     E, H, stride_x,
     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
+    RECORD: tl.constexpr, WEIGHTED: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     emask = e < E
@@ -201,6 +205,7 @@ def route(router_logits: torch.Tensor, top_k: int,
     _route_kernel[(t,)](
         router_logits, ids, weights, *stats, num_experts, router_logits.stride(0),
         K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k), **flags,
+        **pdl_options(device),
     )
     return ids, weights
 
@@ -240,6 +245,7 @@ def gate_route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
     _gate_route_kernel[(t,)](
         x, gate_weight, ids, weights, *stats, num_experts, hidden, x.stride(0),
         K=top_k, BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_K=triton.next_power_of_2(top_k), **flags,
+        **pdl_options(x.device),
     )
     return ids, weights
 

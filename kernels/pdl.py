@@ -1,0 +1,45 @@
+"""Programmatic dependent launch (PDL) for the decode step's launches.
+
+A B=1 decode step of Mixtral is ~390 launches, most of them a few
+microseconds long; the step took 4.07 ms against 3.90 ms of kernel time
+(benchmarks/results/e2e_h200_s16_b1_profile.json), so the gaps between
+launches alone were ~0.45 us each. With PDL (Hopper and later) a launch may
+begin while the launch before it in the stream still runs: its programs
+become resident and wait.
+
+Contract of a kernel that takes part: its first statement is
+`wait_for_previous_grid(PDL)`, before it touches memory, so that no read or
+write of it moves ahead of anything the previous kernel does (the wait
+returns once that grid has completed and its writes are visible). The call
+then lets the next launch begin. Hence only the launch itself overlaps, and
+a kernel whose predecessor does not take part (cuBLAS, torch) starts as it
+would without PDL.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+# griddepcontrol needs sm_90.
+PDL_MIN_CAPABILITY = (9, 0)
+
+
+def pdl_options(device: torch.device) -> dict:
+    """Launch keywords of a taking-part kernel: its PDL constexpr, and on
+    CUDA devices that have PDL the launch attribute (the CPU interpreter and
+    older GPUs run the same kernels without it)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY:
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
+@triton.jit
+def wait_for_previous_grid(PDL: tl.constexpr):
+    """Waits until the previous grid in the stream has completed (its writes
+    visible), then lets the next grid launch; nothing when PDL is False."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
