@@ -300,7 +300,7 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
         E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort,
         QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, num_warps=4,
-        **pdl_options(x.device),
+        **pdl_options(x.device, t),
     )
     if not do_sort:
         _sort_with_torch(ids, num_experts, prep, slot_cost)

@@ -193,6 +193,6 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down,
-        **tiles.launch_options(), **pdl_options(ws.h.device),
+        **tiles.launch_options(), **pdl_options(ws.h.device, t),
     )
     settle_carveout(ws, kernel, tiles)

@@ -174,6 +174,6 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.xp.numel(), ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
-        USE_ASM=tiles.use_asm, **tiles.launch_options(), **pdl_options(ws.h.device),
+        USE_ASM=tiles.use_asm, **tiles.launch_options(), **pdl_options(ws.h.device, t),
     )
     settle_carveout(ws, kernel, tiles)

@@ -170,11 +170,11 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
         q, kv_cache, block_tables, context_lens, out, pm, pl, pacc,
         layer, scale, block_tables.shape[1], kv_cache.stride(0), nh, kvh,
         G=group, G_PAD=max(MIN_DOT, triton.next_power_of_2(group)), D=dim, BS=bs, P=p, num_warps=4,
-        **pdl_options(q.device),
+        **pdl_options(q.device, s),
     )
     if p > 1:
         _decode_merge_kernel[(s * nh,)](pm, pl, pacc, out, P=p, P_PAD=triton.next_power_of_2(p), D=dim,
-                                        num_warps=4, **pdl_options(q.device))
+                                        num_warps=4, **pdl_options(q.device, s))
     return out
 
 

@@ -25,13 +25,22 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # griddepcontrol needs sm_90.
 PDL_MIN_CAPABILITY = (9, 0)
+# Launches over at most this many token rows (or sequences) take part. End to
+# end on the H200 (synthetic Mixtral-8x7B, 4-bit experts, graphs; one call
+# each against 34b9a82, benchmarks/results/e2e_h200_s17_pdl*.json): B=1
+# 243.4 -> 254.1 tok/s, B=16 1342.6 -> 1342.9, B=64 4497.9 -> 4435.2 with
+# every launch taking part. 16 is the largest measured size that did not lose.
+PDL_MAX_ROWS = 16
 
 
-def pdl_options(device: torch.device) -> dict:
-    """Launch keywords of a taking-part kernel: its PDL constexpr, and on
-    CUDA devices that have PDL the launch attribute (the CPU interpreter and
-    older GPUs run the same kernels without it)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY:
+def pdl_options(device: torch.device, rows: int) -> dict:
+    """Launch keywords of a taking-part kernel over `rows` token rows (or
+    sequences): its PDL constexpr, and the launch attribute on CUDA devices
+    that have PDL, for launches of at most PDL_MAX_ROWS rows (the CPU
+    interpreter, older GPUs and larger launches run the same kernels without
+    it)."""
+    if (rows <= PDL_MAX_ROWS and device.type == "cuda"
+            and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY):
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}
 

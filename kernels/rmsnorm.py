@@ -64,7 +64,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.shape[0]:
         _rmsnorm_kernel[(x.shape[0],)](x, x, weight, y, y, x.shape[1], x.stride(0), x.stride(0), eps,
                                        HAS_RES=False, BLOCK_H=triton.next_power_of_2(x.shape[1]),
-                                       **pdl_options(x.device))
+                                       **pdl_options(x.device, x.shape[0]))
     return y
 
 
@@ -84,7 +84,8 @@ def add_rmsnorm(delta: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
     if delta.shape[0]:
         _rmsnorm_kernel[(delta.shape[0],)](delta, residual, weight, y, s, delta.shape[1], delta.stride(0),
                                            residual.stride(0), eps, HAS_RES=True,
-                                           BLOCK_H=triton.next_power_of_2(delta.shape[1]), **pdl_options(delta.device))
+                                           BLOCK_H=triton.next_power_of_2(delta.shape[1]),
+                                           **pdl_options(delta.device, delta.shape[0]))
     return s, y
 
 

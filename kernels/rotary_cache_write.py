@@ -121,7 +121,7 @@ def rotary_cache_write(positions: torch.Tensor, inv_freq: torch.Tensor, q: torch
             positions, inv_freq.float(), q, k, v, qo, kv_cache, slot_mapping,
             hq, hk, q.stride(0), k.stride(0), v.stride(0), layer, kv_cache.stride(0),
             HALF=d // 2, BS=kv_cache.shape[3], HB=HEADS_PER_PROGRAM, BLOCK_HALF=triton.next_power_of_2(d // 2),
-            **pdl_options(q.device),
+            **pdl_options(q.device, t),
         )
     return qo
 

@@ -205,7 +205,7 @@ def route(router_logits: torch.Tensor, top_k: int,
     _route_kernel[(t,)](
         router_logits, ids, weights, *stats, num_experts, router_logits.stride(0),
         K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k), **flags,
-        **pdl_options(device),
+        **pdl_options(device, t),
     )
     return ids, weights
 
@@ -245,7 +245,7 @@ def gate_route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
     _gate_route_kernel[(t,)](
         x, gate_weight, ids, weights, *stats, num_experts, hidden, x.stride(0),
         K=top_k, BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_K=triton.next_power_of_2(top_k), **flags,
-        **pdl_options(x.device),
+        **pdl_options(x.device, t),
     )
     return ids, weights
 
