@@ -17,8 +17,8 @@ from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
-from kernels.pdl import pdl_options, wait_for_previous_grid
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
+from kernels.pdl import pdl_options, wait_for_previous_grid
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
 
