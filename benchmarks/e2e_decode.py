@@ -300,6 +300,40 @@ def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool) -> d
     return result
 
 
+def write_result(args, engine, bandwidth: float, build_s: float, rows: list, profiles: list,
+                 complete: bool) -> dict:
+    """Writes the JSON of the run so far to args.out (after every row, so that
+    a run cut by a timeout keeps its rows; complete marks the last write)."""
+    graphs = engine.runner.graphs
+    result = {
+        "command": " ".join(sys.argv),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "commit": args.commit,
+        "preset": args.preset,
+        "fuse_qkv": not args.no_fuse_qkv,
+        "overlap_steps": not args.no_overlap,
+        "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
+                         "between (about two steps); engine_step_ms and tok_per_s are the rates",
+        "steps_launched_ahead": engine.runner.steps_launched_ahead,
+        "prompt_len": args.prompt_len,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "build_seconds": build_s,
+        "cuda_graphs": graphs is not None,
+        "graph_captures": graphs.captures if graphs else 0,
+        "graph_replays": graphs.replays if graphs else 0,
+        "arena_pages": engine.arena.num_pages,
+        "arena_page_bytes": engine.arena.page_bytes,
+        "complete": complete,
+        "rows": rows,
+        "profiles": profiles,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", default="mixtral-8x7b")
@@ -364,6 +398,7 @@ def main() -> int:
                 rows[-1]["mode"] = "graphs" if runner.graphs is not None else "eager"
                 rows[-1]["sampling"] = "greedy" if sampling is None else f"T={args.temperature} top_p={args.top_p}"
                 print(json.dumps(rows[-1]), flush=True)
+                write_result(args, engine, bandwidth, build_s, rows, [], complete=False)
         if args.eager_too and runner.graphs is not None:
             graphs, runner.graphs = runner.graphs, None  # engine thread reads it per step
             for b in batches:
@@ -376,32 +411,7 @@ def main() -> int:
                     for b in args.profile_batches.split(",") if b]
     finally:
         engine.stop()
-    graphs = runner.graphs
-    result = {
-        "command": " ".join(sys.argv),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        "torch": torch.__version__,
-        "commit": args.commit,
-        "preset": args.preset,
-        "fuse_qkv": not args.no_fuse_qkv,
-        "overlap_steps": not args.no_overlap,
-        "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
-                         "between (about two steps); engine_step_ms and tok_per_s are the rates",
-        "steps_launched_ahead": runner.steps_launched_ahead,
-        "prompt_len": args.prompt_len,
-        "copy_bandwidth_bytes_per_s": bandwidth,
-        "build_seconds": build_s,
-        "cuda_graphs": graphs is not None,
-        "graph_captures": graphs.captures if graphs else 0,
-        "graph_replays": graphs.replays if graphs else 0,
-        "arena_pages": engine.arena.num_pages,
-        "arena_page_bytes": engine.arena.page_bytes,
-        "rows": rows,
-        "profiles": profiles,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    result = write_result(args, engine, bandwidth, build_s, rows, profiles, complete=True)
     print(f"\n{args.preset}: built in {build_s:.0f} s; copy {bandwidth / 1e12:.2f} TB/s; "
           f"graphs {result['graph_captures']} captured, {result['graph_replays']} replays")
     print(f"{'mode':6} {'bits':>9} {'B':>3} {'step ms':>8} {'eng ms':>8} {'tok/s':>8} {'GB/step':>8} {'roof ms':>8} "
