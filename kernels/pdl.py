@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL) for the decode step's launches.
 
 A B=1 decode step of Mixtral is ~390 launches, most of them a few
-microseconds long; the step took 4.07 ms against 3.90 ms of kernel time
+microseconds long; the step took 4.08 ms against 3.90 ms of kernel time
 (benchmarks/results/e2e_h200_s16_b1_profile.json), so the gaps between
 launches alone were ~0.45 us each. With PDL (Hopper and later) a launch may
 begin while the launch before it in the stream still runs: its programs
