@@ -9,14 +9,17 @@ each to pinned host pages at 12-16 blocks/s. This times, with a device sync
 after each phase, the steps of that loop for ``--blocks`` blocks of
 Mixtral's shapes: random matrix, ``encode``, ``HostPagePool.take`` (a new
 1 GiB pinned slab every ~16 blocks), and the device-to-host copy of the
-fields. Then it times bare pinned allocations of one slab, zeroed
-(``torch.zeros``, what the pool does) and not (``torch.empty``).
+fields. Then it times fresh 1 GiB slabs, kept alive: ``torch.zeros(pin_memory=True)``
+(the pool up to session 17; with ``PYTORCH_CUDA_ALLOC_CONF`` set, torch's
+host-register options apply) and pageable zeros page-locked by
+``cudaHostRegister``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -69,50 +72,63 @@ def block_phases(blocks: int, device: torch.device) -> list[dict]:
     return rows
 
 
-def slab_allocations(repeats: int) -> dict:
-    out = {}
-    for name, make in (("zeros_pinned", torch.zeros), ("empty_pinned", torch.empty)):
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            slab = make(MAX_SLAB_BYTES, dtype=torch.uint8, pin_memory=True)
-            times.append(time.perf_counter() - t0)
-            del slab
-        out[name] = times
-    t0 = time.perf_counter()
-    plain = torch.empty(MAX_SLAB_BYTES, dtype=torch.uint8)
-    plain.zero_()
-    out["zeros_pageable"] = [time.perf_counter() - t0]
-    return out
+def fresh_slabs(kind: str, count: int, device: torch.device) -> dict:
+    """Seconds to allocate ``count`` 1 GiB host slabs of ``kind``, all kept alive
+    (so none comes from the caching host allocator), and the rate of a 1 GiB
+    device-to-host copy into the last one (pinned memory copies at ~55 GB/s,
+    pageable at a fraction of it)."""
+    slabs, times = [], []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        if kind == "torch_pinned":  # what HostPagePool did up to session 17
+            slab = torch.zeros(MAX_SLAB_BYTES, dtype=torch.uint8, pin_memory=True)
+        else:  # "registered": pageable, first touched by torch's threads, then page-locked
+            slab = torch.zeros(MAX_SLAB_BYTES, dtype=torch.uint8)
+            err = int(torch.cuda.cudart().cudaHostRegister(slab.data_ptr(), MAX_SLAB_BYTES, 0))
+            if err:
+                raise RuntimeError(f"cudaHostRegister failed: {err}")
+        times.append(time.perf_counter() - t0)
+        slabs.append(slab)
+    src = torch.ones(MAX_SLAB_BYTES, dtype=torch.uint8, device=device)
+    _, t_copy = timed(lambda: slabs[-1].copy_(src, non_blocking=True), device)
+    ok = bool(slabs[-1][:: 1 << 20].eq(1).all())
+    pinned = slabs[-1].is_pinned()
+    if kind == "registered":
+        for slab in slabs:
+            torch.cuda.cudart().cudaHostUnregister(slab.data_ptr())
+    return {"alloc_s": times, "d2h_gb_per_s": MAX_SLAB_BYTES / t_copy / 1e9, "copy_ok": ok,
+            "is_pinned": pinned}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--blocks", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3, help="bare slab allocations of each kind")
+    parser.add_argument("--slabs", type=int, default=3, help="fresh 1 GiB slabs of each kind")
+    parser.add_argument("--kinds", default="torch_pinned,registered")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.empty(1, device=device)  # context first
     rows = block_phases(args.blocks, device)
-    slabs = slab_allocations(args.repeats)
+    slabs = {k: fresh_slabs(k, args.slabs, device) for k in args.kinds.split(",")}
     phases = ("random_s", "encode_s", "take_s", "bytes_s")
-    total = {p: sum(r[p] for r in rows) for p in phases}
     slab_takes = [r["take_s"] for r in rows if r["new_slab"]]
+    total = {p: sum(r[p] for r in rows) for p in phases}
     result = {
         "command": " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__, "commit": args.commit,
         "page_bytes": PAGE_BYTES, "slab_bytes": MAX_SLAB_BYTES, "blocks": rows, "totals_s": total,
-        "slab_allocations_s": slabs,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "fresh_slabs": slabs,
     }
     args.out.write_text(json.dumps(result, indent=1))
     print(f"{args.blocks} Mixtral blocks; seconds in all (per block):")
     for p in phases:
-        print(f"  {p:9} {total[p]:7.2f} ({total[p] / len(rows) * 1e3:6.1f} ms)")
+        print(f"  {p:9} {total[p]:7.2f} ({total[p] / max(len(rows), 1) * 1e3:6.1f} ms)")
     print(f"  new slabs {len(slab_takes)}, their take median {statistics.median(slab_takes or [0.0]):.3f} s")
-    for name, times in slabs.items():
-        print(f"  1 GiB {name:15} median {statistics.median(times):.3f} s over {len(times)}")
+    for name, r in slabs.items():
+        print(f"  1 GiB {name:13} alloc median {statistics.median(r['alloc_s']):.3f} s over {len(r['alloc_s'])}, "
+              f"D2H {r['d2h_gb_per_s']:.1f} GB/s, pinned {r['is_pinned']}, copy ok {r['copy_ok']}")
     return 0
 
 

@@ -313,6 +313,7 @@ def write_result(args, engine, bandwidth: float, build_s: float, rows: list, pro
         "commit": args.commit,
         "preset": args.preset,
         "fuse_qkv": not args.no_fuse_qkv,
+        "fuse_moe_entry": not args.no_fuse_moe_entry,
         "overlap_steps": not args.no_overlap,
         "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
                          "between (about two steps); engine_step_ms and tok_per_s are the rates",
@@ -346,6 +347,8 @@ def main() -> int:
     parser.add_argument("--eager-too", action="store_true",
                         help="after the graph rows, the last bits again with eager steps")
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
+    parser.add_argument("--no-fuse-moe-entry", action="store_true",
+                        help="DataplaneConfig.fuse_moe_entry = False (add-norm, router and MoE prep apart)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -371,7 +374,8 @@ def main() -> int:
         synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=first_bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
-        fuse_qkv=not args.no_fuse_qkv, max_arena_pages=args.max_arena_pages,
+        fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
+        max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap,
     )
     built = build(config)

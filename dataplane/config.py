@@ -97,6 +97,10 @@ class DataplaneConfig(BaseSettings):
     # Stack each layer's q/k/v projections into one after loading (one GEMM
     # instead of three per decode step); False keeps them apart (A/B runs).
     fuse_qkv: bool = True
+    # At decode sizes, enter each MoE layer with one launch for the residual
+    # add, the norm, the router and the MoE prep (kernels/moe_entry.py); False
+    # keeps the three launches apart (A/B runs).
+    fuse_moe_entry: bool = True
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

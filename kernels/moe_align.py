@@ -123,6 +123,65 @@ def quantize_spans(xf, NR: tl.constexpr, L: tl.constexpr):
 
 
 @triton.jit
+def stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H,
+                GB: tl.constexpr, QUANTIZE: tl.constexpr):
+    """Stages groups gg (int [GB], valid where gm) of token row ``row``: xv
+    [GB, 128] holds x at in-group positions v in the planes' order (K order
+    to quantize, virtual order for the fp16 planes). Writes the planes (or the
+    int16 plane and its span scales), the group sums, and zeroes the same part
+    of the output row."""
+    n_groups = H // 128
+    xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+    dst = row * H + gg[:, None] * 128 + v[None, :]
+    tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
+    tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
+    if QUANTIZE:
+        q, scale = quantize_spans(xv.to(tl.float32), GB, 128)
+        tl.store(xp_ptr + row * H + gg[:, None] * 128 + pair_position(v)[None, :], q, mask=gm[:, None])
+        span = tl.arange(0, 2)
+        tl.store(xq_scale_ptr + row * (2 * n_groups) + gg[:, None] * 2 + span[None, :], scale,
+                 mask=gm[:, None])
+    else:
+        tl.store(xp_ptr + dst, xv, mask=gm[:, None])
+        # powers of two: exact but for fp16 subnormals
+        x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(tl.float16)
+        tl.store(xp_ptr + T * H + dst, x1, mask=gm[:, None])
+        x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(tl.float16)
+        tl.store(xp_ptr + 2 * T * H + dst, x2, mask=gm[:, None])
+
+
+@triton.jit
+def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr, E, cost_stride,
+               PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, HAS_COST: tl.constexpr):
+    """ids: int32 [PAIRS_PAD], the expert of each (token, slot) pair (pairs
+    past n_pairs and ids outside [0, E) are skipped). Writes sorted, offsets,
+    active and num_active (the module docstring)."""
+    t = tl.arange(0, PAIRS_PAD)
+    e = tl.arange(0, E_PAD)
+    valid = (t < n_pairs) & (ids >= 0) & (ids < E)
+    onehot = ((ids[:, None] == e[None, :]) & valid[:, None]).to(tl.int32)  # [PAIRS_PAD, E_PAD]
+    counts = tl.sum(onehot, axis=0)  # [E_PAD]
+    rank = tl.sum((tl.cumsum(onehot, axis=0) - 1) * onehot, axis=1)  # [PAIRS_PAD]
+    ends = tl.cumsum(counts, axis=0)
+    starts = ends - counts
+    pos = tl.sum(onehot * starts[None, :], axis=1) + rank
+    tl.store(sorted_ptr + pos, t, mask=valid)
+    tl.store(offsets_ptr + e, starts, mask=e < E)
+    tl.store(offsets_ptr + E, tl.sum(counts, axis=0))
+    has = (counts > 0) & (e < E)
+    if HAS_COST:
+        # slot = active experts before e: costlier, or as costly with a lower id
+        cost = tl.load(cost_ptr + e * cost_stride, mask=e < E, other=0)
+        ahead = has[None, :] & ((cost[None, :] > cost[:, None])
+                                | ((cost[None, :] == cost[:, None]) & (e[None, :] < e[:, None])))
+        slot = tl.sum(ahead.to(tl.int32), axis=1)
+    else:
+        slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
+    tl.store(active_ptr + slot, e, mask=has)
+    tl.store(num_active_ptr, tl.sum(has.to(tl.int32), axis=0))
+
+
+@triton.jit
 def _moe_prep_kernel(
     x_ptr,  # [T, H] float (row stride stride_x)
     ids_ptr,  # [T * TOPK] int32 expert of each (token, slot)
@@ -144,56 +203,19 @@ def _moe_prep_kernel(
     wait_for_previous_grid(PDL)
     pid = tl.program_id(0)
     if pid > 0:
-        n_groups = H // 128
         v = tl.arange(0, 128)
         row = ((pid - 1) // n_chunks).to(tl.int64)
         gg = ((pid - 1) % n_chunks) * GB + tl.arange(0, GB)
-        gm = gg < n_groups
+        gm = gg < H // 128
         # virtual in-group order for the fp16 planes, K order to quantize
         act = v if QUANTIZE else _virtual_to_actual(v)
         xv = tl.load(x_ptr + row * stride_x + gg[:, None] * 128 + act[None, :], mask=gm[:, None], other=0.0)
-        xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-        dst = row * H + gg[:, None] * 128 + v[None, :]
-        tl.store(out_ptr + dst, tl.zeros((GB, 128), tl.float32), mask=gm[:, None])
-        tl.store(xsum_ptr + row * n_groups + gg, tl.sum(xv.to(tl.float32), axis=1), mask=gm)
-        if QUANTIZE:
-            q, scale = quantize_spans(xv.to(tl.float32), GB, 128)
-            tl.store(xp_ptr + row * H + gg[:, None] * 128 + pair_position(v)[None, :], q, mask=gm[:, None])
-            span = tl.arange(0, 2)
-            tl.store(xq_scale_ptr + row * (2 * n_groups) + gg[:, None] * 2 + span[None, :], scale,
-                     mask=gm[:, None])
-        else:
-            tl.store(xp_ptr + dst, xv, mask=gm[:, None])
-            # powers of two: exact but for fp16 subnormals
-            x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(tl.float16)
-            tl.store(xp_ptr + T * H + dst, x1, mask=gm[:, None])
-            x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(tl.float16)
-            tl.store(xp_ptr + 2 * T * H + dst, x2, mask=gm[:, None])
+        stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE)
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
         ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
-        e = tl.arange(0, E_PAD)
-        valid = (t < n_pairs) & (ids >= 0) & (ids < E)
-        onehot = ((ids[:, None] == e[None, :]) & valid[:, None]).to(tl.int32)  # [PAIRS_PAD, E_PAD]
-        counts = tl.sum(onehot, axis=0)  # [E_PAD]
-        rank = tl.sum((tl.cumsum(onehot, axis=0) - 1) * onehot, axis=1)  # [PAIRS_PAD]
-        ends = tl.cumsum(counts, axis=0)
-        starts = ends - counts
-        pos = tl.sum(onehot * starts[None, :], axis=1) + rank
-        tl.store(sorted_ptr + pos, t, mask=valid)
-        tl.store(offsets_ptr + e, starts, mask=e < E)
-        tl.store(offsets_ptr + E, tl.sum(counts, axis=0))
-        has = (counts > 0) & (e < E)
-        if HAS_COST:
-            # slot = active experts before e: costlier, or as costly with a lower id
-            cost = tl.load(cost_ptr + e * cost_stride, mask=e < E, other=0)
-            ahead = has[None, :] & ((cost[None, :] > cost[:, None])
-                                    | ((cost[None, :] == cost[:, None]) & (e[None, :] < e[:, None])))
-            slot = tl.sum(ahead.to(tl.int32), axis=1)
-        else:
-            slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
-        tl.store(active_ptr + slot, e, mask=has)
-        tl.store(num_active_ptr, tl.sum(has.to(tl.int32), axis=0))
+        sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr, E, cost_stride,
+                   PAIRS_PAD, E_PAD, HAS_COST)
 
 
 def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep,

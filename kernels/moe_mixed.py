@@ -12,6 +12,10 @@ come from kernels/moe_tiles.py:
    projection of h, times the routing weight, atomically added into out
    [T, H] fp32 (the weighted sum over the top-k and the K split in one go).
 
+fused_moe_from_residual replaces launch 1 at decode sizes with
+kernels/moe_entry.py, which also does the residual add and norm before the
+layer and its router (fused_moe_mixed takes x and the routing as inputs).
+
 Each block (one projection of one expert) is read through the page table at its
 own bitwidth: the kernels read block_fields[block] and branch into a decode
 specialised for that many fields, so blocks at different bits share a launch.
@@ -27,13 +31,16 @@ import torch
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import moe_prepare
 from kernels.moe_down import run_down
+from kernels.moe_entry import moe_entry
 from kernels.moe_gate_up import run_gate_up
 from kernels.moe_paged import PROJ_DOWN, PROJ_GATE, PROJ_UP, PROJS_PER_EXPERT, PagedWeights, check_weights
 from kernels.moe_tiles import DEFAULT_SMS, MoeTiles, choose_tiles
 from kernels.moe_workspace import MoeWorkspace, alloc_workspace
+from kernels.router import RoutingTargets
 from kernels.weight_layout import GROUP, dequantize_view, field_bytes, pages_for
 
-__all__ = ["PagedWeights", "PROJS_PER_EXPERT", "alloc_workspace", "fused_moe_mixed", "moe_mixed_reference",
+__all__ = ["PagedWeights", "PROJS_PER_EXPERT", "alloc_workspace", "fused_moe_from_residual", "fused_moe_mixed",
+           "moe_mixed_reference",
            "dequantized_block", "read_block", "run_down", "run_gate_up"]
 
 
@@ -56,34 +63,65 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     t, hidden = x.shape
     if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != t:
         raise ValueError("topk_ids and topk_weights must both be [T, k]")
+    top_k = topk_ids.shape[1]
+    workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
+                                                        x.device, tiles, workspace, counters)
+    if t == 0:
+        return workspace.prep.out
+    moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields)
+    run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+    run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+    return workspace.prep.out
+
+
+def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                            gate_weight: torch.Tensor, top_k: int, weights: PagedWeights, layer: int,
+                            num_experts: int, ffn: int, counters: ArrivalCounters,
+                            targets: RoutingTargets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MoE layer output fp32 [T, H], residual + delta): fused_moe_mixed of
+    x = RMSNorm(residual + delta) routed by gate_weight, its first launch
+    kernels/moe_entry.py (residual add, norm, router and prep in one). Where
+    moe_entry_suits; arguments as moe_entry's and fused_moe_mixed's.
+    """
+    if residual.dim() != 2 or gate_weight.dim() != 2 or gate_weight.shape[0] != num_experts:
+        raise ValueError(f"need residual [T, H] and gate_weight [{num_experts}, H]")
+    t, hidden = residual.shape
+    workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
+                                                        residual.device, None, None, counters)
+    res_out, _, topk_weights = moe_entry(delta, residual, norm_weight, eps, gate_weight, top_k, workspace.prep,
+                                         counters, targets, down_fields)
+    if t:
+        run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+        run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+    return workspace.prep.out, res_out
+
+
+def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: int, num_experts: int, ffn: int,
+                 device: torch.device, tiles: MoeTiles | None, workspace: MoeWorkspace | None,
+                 counters: ArrivalCounters | None) -> tuple[MoeWorkspace, MoeTiles, int, torch.Tensor]:
+    """Checks one layer's sizes; (workspace, tiles, log2 of the page size, the
+    active experts' slot cost: the down blocks' resident field counts, read
+    at run time)."""
     if hidden % GROUP or ffn % GROUP:
         raise ValueError(f"hidden and ffn must be multiples of {GROUP}")
     if layer < 0 or num_experts <= 0:
         raise ValueError("layer must be >= 0 and num_experts > 0")
     log2p = check_weights(weights, hidden, ffn, (layer + 1) * num_experts * PROJS_PER_EXPERT)
-    if x.device != weights.storage.device:
+    if device != weights.storage.device:
         raise ValueError("x and the weights must be on one device")
-    top_k = topk_ids.shape[1]
     if tiles is None:
-        sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
-               if x.is_cuda else DEFAULT_SMS)
-        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=x.is_cuda)
+        sms = (torch.cuda.get_device_properties(device).multi_processor_count
+               if device.type == "cuda" else DEFAULT_SMS)
+        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda")
     if GROUP % tiles.block_n_up or ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide 128 and ffn {ffn}")
     if workspace is None:
-        workspace = alloc_workspace(t, top_k, hidden, ffn, num_experts, tiles, x.device, counters)
+        workspace = alloc_workspace(t, top_k, hidden, ffn, num_experts, tiles, device, counters)
     elif workspace.h.shape != (t * top_k, ffn) or workspace.hsum.shape[1] != ffn // tiles.block_n_up:
         raise ValueError("workspace does not match these sizes and tiles")
-    if t == 0:
-        return workspace.prep.out
-    # The active experts' slots, costliest down view first (moe_align): the
-    # down blocks' resident field counts, read at run time.
     first = layer * num_experts * PROJS_PER_EXPERT
     down_fields = weights.block_fields[first + PROJ_DOWN: first + num_experts * PROJS_PER_EXPERT: PROJS_PER_EXPERT]
-    moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields)
-    run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p)
-    run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p)
-    return workspace.prep.out
+    return workspace, tiles, log2p, down_fields
 
 
 # -- plain-torch reference ----------------------------------------------------

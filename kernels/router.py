@@ -71,7 +71,7 @@ class RoutingTargets:
 
 
 @triton.jit
-def _route_row(
+def route_row(
     logits,  # [BLOCK_E] float32, -inf past E
     row,  # int64 token row
     ids_ptr,  # [T, K] int64 out
@@ -81,6 +81,8 @@ def _route_row(
     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
     RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
+    """Softmax, top-k, renormalisation and statistics of one token row's
+    logits (route, gate_route and kernels/moe_entry.py)."""
     e = tl.arange(0, BLOCK_E)
     emask = e < E
     num = tl.exp(logits - tl.max(logits, axis=0))
@@ -124,7 +126,7 @@ def _route_kernel(
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     logits = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf")).to(tl.float32)
-    _route_row(logits, row, ids_ptr, weights_ptr,
+    route_row(logits, row, ids_ptr, weights_ptr,
                routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
                E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
 
@@ -159,7 +161,7 @@ def _gate_route_kernel(
         acc += tl.sum(wv * xv[None, :], axis=1)
     # Round as nn.Linear's output is, so the routing sees the logits route() would.
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-    _route_row(tl.where(emask, logits, float("-inf")), row, ids_ptr, weights_ptr,
+    route_row(tl.where(emask, logits, float("-inf")), row, ids_ptr, weights_ptr,
                routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
                E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
 

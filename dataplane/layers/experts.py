@@ -8,6 +8,10 @@ it so it can replace ``DenseExperts`` in a loaded model, gpt-fast style):
     out[t] = sum_j topk_weights[t, j] * w2[e] @ (silu(w1[e] @ x[t]) * (w3[e] @ x[t])),
     e = topk_ids[t, j], computed in x's dtype and returned in x's dtype.
 
+An implementation may also take the MoE block's entry over (the residual add
+and norm before the layer and the router), one launch where the kernels
+allow it; it then has the methods of ``ExpertsWithEntry``.
+
 ``DenseExperts`` holds the weights as three stacked parameters in nn.Linear
 layout (out_features x in_features):
     w1: [E, F, H] gate, w3: [E, F, H] up, w2: [E, H, F] down.
@@ -15,11 +19,13 @@ layout (out_features x in_features):
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels.router import RoutingTargets
 
 
 class Experts(Protocol):
@@ -30,6 +36,24 @@ class Experts(Protocol):
     def __call__(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ExpertsWithEntry(Protocol):
+    """Experts that can also do the MoE block's entry (SparseMoeBlock.add_norm_forward)."""
+
+    def entry_ready(self, num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> bool:
+        """Whether forward_from_residual can run now for this many tokens."""
+        ...
+
+    def forward_from_residual(
+        self, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+        gate_weight: torch.Tensor, top_k: int, targets: RoutingTargets | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(experts' output for x = RMSNorm(residual + delta; norm_weight, eps)
+        routed by softmax-top-k of x @ gate_weight.T (statistics added to
+        targets), residual + delta)."""
+        ...
 
 
 class DenseExperts(nn.Module):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dataplane.layers.experts import DenseExperts, Experts
+from dataplane.layers.experts import DenseExperts, Experts, ExpertsWithEntry
 from dataplane.layers.linear import Linear
+from dataplane.layers.norm import RMSNorm
 from dataplane.routing_stats import RoutingStats
 from kernels.router import gate_route, gate_route_suits, route, route_reference
 
@@ -39,6 +40,21 @@ class SparseMoeBlock(nn.Module):
         self.experts: Experts = DenseExperts(
             num_experts, hidden_size, ffn_size, device if expert_device is None else expert_device, dtype
         )
+
+    def add_norm_forward(self, delta: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
+                         routing: RoutingStats | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(residual + delta)), residual + delta): the block with the
+        residual add and norm before it. Experts that can (ExpertsWithEntry,
+        e.g. the fused paged kernels at decode sizes) do the add, the norm and
+        the router in their first launch; else norm.add_forward, then forward."""
+        # delta, residual: [T, H]
+        if (isinstance(self.experts, ExpertsWithEntry)
+                and self.experts.entry_ready(delta.shape[0], self.top_k, self.gate.weight)):
+            targets = routing.targets(self.layer_index) if routing is not None else None
+            return self.experts.forward_from_residual(delta, residual, norm.weight, norm.eps, self.gate.weight,
+                                                      self.top_k, targets)
+        residual, normed = norm.add_forward(delta, residual)
+        return self(normed, routing), residual
 
     def forward(self, x: torch.Tensor, routing: RoutingStats | None) -> torch.Tensor:
         # x: [T, H]

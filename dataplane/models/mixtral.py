@@ -183,8 +183,7 @@ class MixtralDecoderLayer(nn.Module):
         else:
             residual, normed = self.input_layernorm.add_forward(delta, residual)  # residual + delta, its norm
         attn = self.self_attn(normed, positions, ctx)
-        residual, normed = self.post_attention_layernorm.add_forward(attn, residual)
-        return self.block_sparse_moe(normed, ctx.routing), residual
+        return self.block_sparse_moe.add_norm_forward(attn, residual, self.post_attention_layernorm, ctx.routing)
 
 
 class MixtralModel(nn.Module):

@@ -6,9 +6,18 @@ power of two, which for per-field buffers (e.g. 18 MiB -> 32 MiB) nearly
 doubles the host memory of a large model (Mixtral-8x7B: ~54 GB of masters).
 So pinned pages are carved from slabs whose sizes are powers of two: the
 waste is the unused tail of the current slab only.
+
+A pinned slab is not torch's pinned allocation (``cudaHostAlloc``) but
+pageable zeros that torch's CPU threads first touch in parallel, page-locked
+afterwards with ``cudaHostRegister``. Measured on the H200 host
+(benchmarks/build_phases.py, benchmarks/results/build_phases_s18_h200.json):
+``cudaHostAlloc`` took ~0.75 s per GiB, two thirds of the synthetic
+Mixtral-8x7B build (~50 slabs), single-threaded page faults and all.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -35,6 +44,10 @@ class HostPagePool:
         self._used = 0  # pages of the current slab handed out
         self._next_slab_bytes = FIRST_SLAB_BYTES
         self.allocated_bytes = 0  # host bytes allocated (slabs or single buffers)
+        # Page-locked buffers, unregistered when the pool goes (views that
+        # outlive it stay valid, as pageable memory).
+        self._registered: list[torch.Tensor] = []
+        weakref.finalize(self, _unregister_all, self._registered)
 
     def take(self, num_pages: int) -> torch.Tensor:
         """A zeroed [num_pages, page_bytes] uint8 tensor (pinned when the pool pins)."""
@@ -42,7 +55,7 @@ class HostPagePool:
             raise ValueError(f"num_pages must be positive, got {num_pages}")
         if not self.slabs:
             self.allocated_bytes += num_pages * self.page_bytes
-            return torch.zeros(num_pages, self.page_bytes, dtype=torch.uint8, pin_memory=self.pin)
+            return self._zeros(num_pages)
         if self._slab is None or self._used + num_pages > self._slab.shape[0]:
             self._new_slab(num_pages)
         assert self._slab is not None
@@ -55,7 +68,25 @@ class HostPagePool:
         while size < at_least_pages * self.page_bytes:
             size *= 2
         pages = size // self.page_bytes
-        self._slab = torch.zeros(pages, self.page_bytes, dtype=torch.uint8, pin_memory=self.pin)
+        self._slab = self._zeros(pages)
         self._used = 0
         self.allocated_bytes += pages * self.page_bytes
         self._next_slab_bytes = min(self._next_slab_bytes * 2, MAX_SLAB_BYTES)
+
+    def _zeros(self, pages: int) -> torch.Tensor:
+        """Zeroed uint8 [pages, page_bytes] host memory, page-locked when the pool pins."""
+        buf = torch.zeros(pages, self.page_bytes, dtype=torch.uint8)
+        if self.pin:
+            err = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 0))
+            if err:
+                raise RuntimeError(f"cudaHostRegister of {buf.numel()} host bytes failed (cudaError {err})")
+            self._registered.append(buf)
+        return buf
+
+
+def _unregister_all(buffers: list[torch.Tensor]) -> None:
+    """Page-locked buffers back to pageable. Errors are ignored: at interpreter
+    exit the CUDA runtime may already be gone (and the memory with the process)."""
+    for buf in buffers:
+        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+    buffers.clear()

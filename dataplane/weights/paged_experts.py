@@ -19,6 +19,7 @@ from torch import nn
 from dataplane.weights.layout import NUM_PROJ, PROJ_DOWN, PROJ_GATE, PROJ_UP, block_index
 from dataplane.weights.store import WeightStore
 from kernels.arrival_counters import ArrivalCounters
+from kernels.router import RoutingTargets
 
 
 class PagedExperts(nn.Module):
@@ -40,13 +41,16 @@ class PagedExperts(nn.Module):
         fused_kernel: bool | None = None,
         counters: ArrivalCounters | None = None,
         accumulator_out: bool = False,
+        fused_entry: bool = True,
     ) -> None:
         """counters: the fused kernel's zeroed arrival counters, shared by the
         layers of a model (quantize_experts passes one); None: this layer's own.
         accumulator_out: the fused path returns its float32 accumulator
         instead of rounding it to x's dtype in a launch of its own, for models
         that round it where they add it (dataplane/models/mixtral.py, whose
-        RMSNorm.add_forward does). The plain path always returns x's dtype."""
+        RMSNorm.add_forward does). The plain path always returns x's dtype.
+        fused_entry: with the fused kernel, also take the MoE block's entry
+        over where kernels/moe_entry.py applies (ExpertsWithEntry)."""
         super().__init__()
         self.store = store
         self.layer = layer
@@ -59,6 +63,7 @@ class PagedExperts(nn.Module):
         self.fused_kernel = store.device.type == "cuda" if fused_kernel is None else fused_kernel
         self.counters = ArrivalCounters() if counters is None else counters
         self.accumulator_out = accumulator_out
+        self.fused_entry = fused_entry
         want = {PROJ_GATE: (ffn, hidden), PROJ_UP: (ffn, hidden), PROJ_DOWN: (hidden, ffn)}
         for e in range(num_experts):
             for proj, shape in want.items():
@@ -129,13 +134,41 @@ class PagedExperts(nn.Module):
             out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
         return out
 
-    def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
-        from kernels.moe_mixed import PagedWeights, fused_moe_mixed
+    def entry_ready(self, num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> bool:
+        """ExpertsWithEntry: the fused kernel and entry are on, kernels/moe_entry.py
+        applies to these sizes, and every block is resident (not asked inside
+        a CUDA-graph capture, whose replays the runner gates on residency)."""
+        from kernels.moe_entry import moe_entry_suits
+
+        if not (self.fused_kernel and self.fused_entry and moe_entry_suits(num_tokens, top_k, gate_weight)):
+            return False
+        if gate_weight.is_cuda and torch.cuda.is_current_stream_capturing():
+            return True
+        self.store.poll()  # commit promotions whose copies have landed
+        return self.store.all_resident
+
+    def forward_from_residual(self, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                              eps: float, gate_weight: torch.Tensor, top_k: int,
+                              targets: RoutingTargets | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """ExpertsWithEntry, after entry_ready: (output [T, H], residual + delta),
+        the output float32 with accumulator_out, else the residual's dtype."""
+        from kernels.moe_mixed import fused_moe_from_residual
+
+        out, res = fused_moe_from_residual(delta, residual, norm_weight, eps, gate_weight, top_k, self._paged_weights(),
+                                           self.layer, self.num_experts, self.ffn_size, self.counters, targets)
+        return (out if self.accumulator_out else out.to(residual.dtype)), res
+
+    def _paged_weights(self):
+        from kernels.moe_mixed import PagedWeights
 
         storage = self.store.arena.storage
         assert storage is not None
-        weights = PagedWeights(storage, self.store.page_table, self.store.block_fields)
-        out = fused_moe_mixed(x, topk_ids, topk_weights, weights, self.layer, self.num_experts, self.ffn_size,
+        return PagedWeights(storage, self.store.page_table, self.store.block_fields)
+
+    def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
+        from kernels.moe_mixed import fused_moe_mixed
+
+        out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts, self.ffn_size,
                               counters=self.counters)  # [T, H] float32
         return out if self.accumulator_out else out.to(x.dtype)

@@ -42,3 +42,18 @@ def test_rejects_bad_sizes() -> None:
         HostPagePool(0, pin=False)
     with pytest.raises(ValueError):
         HostPagePool(PAGE, pin=False).take(0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_views_are_page_locked_and_copy_asynchronously() -> None:
+    pool = HostPagePool(PAGE, pin=True)
+    views = [pool.take(n) for n in (3, 40, 100)]  # the third opens a second slab
+    assert all(v.is_pinned() and int(v.sum()) == 0 for v in views)
+    src = torch.arange(100 * PAGE, device="cuda").to(torch.uint8).reshape(100, PAGE)
+    views[2].copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(views[2], src.cpu())
+    kept = views[0]
+    del pool  # unregisters; a view that outlives the pool stays valid memory
+    assert not kept.is_pinned() and int(kept.sum()) == 0

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from dataplane.layers.moe import SparseMoeBlock
+from dataplane.layers.norm import RMSNorm
 from dataplane.memory.arena import Arena
+from dataplane.routing_stats import RoutingStats
 from dataplane.weights.codec import encode
 from dataplane.weights.layout import NUM_PROJ, block_index
 from dataplane.weights.paged_experts import PagedExperts
@@ -61,3 +64,38 @@ def test_accumulator_out_returns_the_float32_sum_that_rounds_to_the_default():
     else:  # the down launch's atomic adds land in a different order per call
         torch.testing.assert_close(b.to(torch.float16), a, rtol=2**-9, atol=1e-5)
     assert not torch.equal(b, a.float())  # the accumulator really is unrounded
+
+
+def test_moe_block_entry_launch_matches_the_unfused_block():
+    # SparseMoeBlock.add_norm_forward: PagedExperts' one entry launch
+    # (kernels/moe_entry.py: add, norm, router, prep) against fused_entry=False
+    # (norm.add_forward, the router, then the experts), on one store.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(7)
+    shapes = [(FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)]
+    blocks = [encode(torch.randn(*shapes[p], generator=gen) * 0.05) for _ in range(EXPERTS) for p in range(NUM_PROJ)]
+    store = WeightStore(Arena(256, PAGE_BYTES, device=device), blocks,
+                        initial_bits=[BITS_BY_EXPERT[e] for e in range(EXPERTS) for _ in range(NUM_PROJ)])
+    norm = RMSNorm(HIDDEN, 1e-5, torch.device(device), dtype)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(HIDDEN, generator=gen))
+    # router logits spread by expert, so no near tie decides the top-k
+    gate = torch.randn(EXPERTS, HIDDEN, generator=gen) / HIDDEN**0.5 + torch.arange(EXPERTS)[:, None] / HIDDEN
+    delta = torch.randn(TOKENS, HIDDEN, generator=gen).to(device, dtype)
+    residual = (torch.randn(TOKENS, HIDDEN, generator=gen) * 2).to(device, dtype)
+    results = []
+    for entry in (True, False):
+        moe = SparseMoeBlock(0, HIDDEN, FFN, EXPERTS, TOP_K, torch.device(device), dtype)
+        moe.gate.weight.data.copy_(gate)
+        moe.experts = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False,
+                                   fused_entry=entry)
+        assert moe.experts.entry_ready(TOKENS, TOP_K, moe.gate.weight) == entry
+        stats = RoutingStats(1, EXPERTS, torch.arange(TOKENS, device=device) % 2, 2)
+        out, res = moe.add_norm_forward(delta, residual, norm, stats)
+        results.append((out, res, stats))
+    (out, res, stats), (want_out, want_res, want_stats) = results
+    assert torch.equal(res, want_res)
+    assert torch.equal(stats.routed_tokens, want_stats.routed_tokens) and int(stats.routed_tokens.sum()) == TOKENS * TOP_K
+    torch.testing.assert_close(stats.prob_mass, want_stats.prob_mass, rtol=1e-3, atol=1e-3)
+    err = (out.float() - want_out.float()).norm() / want_out.float().norm()
+    assert err < 1e-2, f"relative error {err:.3g}"

@@ -1,0 +1,215 @@
+"""The MoE layer's entry at decode sizes in one launch: residual add + RMSNorm,
+router, and the MoE prep.
+
+Unfused, a decode step enters each MoE layer with three small launches:
+add_rmsnorm (kernels/rmsnorm.py), gate_route (kernels/router.py) and
+moe_prepare (kernels/moe_align.py), 2.3 + 4.3 + 1.5 us per layer of Mixtral
+at B=1 on the H200 (benchmarks/results/e2e_h200_s16_b1_profile.json), each
+mostly latency: gate_route is one program per token streaming the whole
+router matrix. Here program (r, c) of T x n_chunks takes chunk c (GB groups
+of 128) of token row r:
+
+1. the row's residual sum s = residual + delta and its RMS statistics (each
+   program of the row computes them alike; program c = 0 stores s);
+2. its chunk of y = RMSNorm(s), in the prep's staging order, staged as
+   moe_prepare stages x (moe_align.stage_chunk): activation planes, group
+   sums, the zeroed output;
+3. its chunk's share of the gate logits y @ W.T, stored to a scratch row;
+4. the last chunk of a row to arrive sums the shares (in chunk order, so the
+   result does not depend on arrival order), rounds them as nn.Linear's
+   output is and routes the row (router.route_row: softmax, top-k,
+   renormalisation, statistics);
+5. the last row routed sorts the (token, slot) pairs by expert
+   (moe_align.sort_pairs).
+
+Arrival counters come from an ArrivalCounters buffer ([T + 1]: chunks per
+row, rows routed) and are left at zero. y itself is never written: only the
+router and the prep read it.
+
+Numerics: s, its statistics and y as add_rmsnorm computes them; the logits
+are float32 sums of the same products as gate_route's, in another order (so
+they may differ from it in float32's last bits before the rounding); routing,
+statistics and staging as route_row and stage_chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.arrival_counters import ArrivalCounters
+from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, _virtual_to_actual, check_planes, \
+    moe_prepare_reference, sort_pairs, stage_chunk
+from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.rmsnorm import rmsnorm_reference
+from kernels.router import RoutingTargets, _check_top_k, _statistics_args, gate_route_reference, \
+    gate_route_suits, route_row
+from kernels.weight_layout import GROUP
+
+# Elements of the router matrix one program holds ([next_pow2(E), GB * 128]):
+# bounds its registers (E <= 16 at GB = 8 groups per chunk).
+ENTRY_MAX_GATE_TILE = 16384
+
+
+@triton.jit
+def _residual_sum(delta_ptrs, res_ptrs, mask, DTYPE: tl.constexpr):
+    # As add_rmsnorm: delta rounded to the residual's dtype, then the sum rounded.
+    d = tl.load(delta_ptrs, mask=mask, other=0.0).to(DTYPE)
+    r = tl.load(res_ptrs, mask=mask, other=0.0)
+    return (d.to(tl.float32) + r.to(tl.float32)).to(DTYPE)
+
+
+@triton.jit
+def _moe_entry_kernel(
+    delta_ptr,  # [T, H] the block's output (row stride stride_d), residual's dtype or fp32
+    res_ptr,  # [T, H] residual stream in (row stride stride_r)
+    norm_w_ptr,  # [H] RMSNorm weight
+    res_out_ptr,  # [T, H] residual + delta out, residual's dtype
+    gate_w_ptr,  # [E, H] router weight, residual's dtype, contiguous
+    partial_ptr,  # [T, n_chunks, BLOCK_E] fp32 scratch: each chunk's share of the logits
+    count_ptr,  # [T + 1] int32, zero on entry and left zero: chunks arrived per row, rows routed
+    ids_ptr,  # [T, K] int64 out
+    weights_ptr,  # [T, K] float32 out
+    routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
+    xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr,  # staging outputs (moe_align.MoePrep)
+    sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr,  # sort outputs, slot cost
+    T, H, E, stride_d, stride_r, eps, n_chunks, cost_stride,
+    K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+    NC_PAD: tl.constexpr, GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr, RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    wait_for_previous_grid(PDL)
+    pid = tl.program_id(0)
+    row = (pid // n_chunks).to(tl.int64)
+    chunk = pid % n_chunks
+    dtype: tl.constexpr = res_out_ptr.dtype.element_ty
+    # 1. the row's sum and statistics
+    offs = tl.arange(0, BLOCK_H)
+    hm = offs < H
+    s = _residual_sum(delta_ptr + row * stride_d + offs, res_ptr + row * stride_r + offs, hm, dtype)
+    if chunk == 0:
+        tl.store(res_out_ptr + row * H + offs, s, mask=hm)
+    s32 = s.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(s32 * s32, axis=0) / H + eps)
+    # 2. this chunk of y, staged (virtual in-group order for the fp16 planes, K order to quantize)
+    v = tl.arange(0, 128)
+    gg = chunk * GB + tl.arange(0, GB)
+    gm = gg < H // 128
+    act = v if QUANTIZE else _virtual_to_actual(v)
+    col = gg[:, None] * 128 + act[None, :]  # [GB, 128] columns of the row
+    sc = _residual_sum(delta_ptr + row * stride_d + col, res_ptr + row * stride_r + col, gm[:, None], dtype)
+    normed = (sc.to(tl.float32) * inv).to(dtype)
+    nw = tl.load(norm_w_ptr + col, mask=gm[:, None], other=0.0)
+    y = (nw.to(tl.float32) * normed.to(tl.float32)).to(dtype)  # [GB, 128]: add_rmsnorm's output at col
+    stage_chunk(y, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE)
+    # 3. this chunk's share of the logits
+    e = tl.arange(0, BLOCK_E)
+    emask = e < E
+    w = tl.load(gate_w_ptr + e[:, None, None] * H + col[None, :, :],
+                mask=emask[:, None, None] & gm[None, :, None], other=0.0)  # [BLOCK_E, GB, 128]
+    part = tl.sum(tl.sum(w.to(tl.float32) * y.to(tl.float32)[None, :, :], axis=2), axis=1)  # [BLOCK_E]
+    tl.store(partial_ptr + (row * n_chunks + chunk) * BLOCK_E + e, part)
+    # 4. the row's last chunk routes it
+    if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == n_chunks - 1:
+        c = tl.arange(0, NC_PAD)
+        parts = tl.load(partial_ptr + (row * n_chunks + c[:, None]) * BLOCK_E + e[None, :],
+                        mask=(c < n_chunks)[:, None], other=0.0, cache_modifier=".cg")  # [NC_PAD, BLOCK_E]
+        logits = tl.sum(parts, axis=0).to(dtype).to(tl.float32)  # rounded as nn.Linear's output
+        route_row(tl.where(emask, logits, float("-inf")), row, ids_ptr, weights_ptr,
+                  routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
+                  E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
+        tl.atomic_xchg(count_ptr + row, 0)
+        # 5. the last row routed sorts the pairs
+        if tl.atomic_add(count_ptr + T, 1, sem="acq_rel") == T - 1:
+            t = tl.arange(0, PAIRS_PAD)
+            ids = tl.load(ids_ptr + t, mask=t < T * K, other=-1, cache_modifier=".cg").to(tl.int32)
+            sort_pairs(ids, T * K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr, E, cost_stride,
+                       PAIRS_PAD, E_PAD, HAS_COST)
+            tl.atomic_xchg(count_ptr + T, 0)
+
+
+def moe_entry_suits(num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> bool:
+    """Whether moe_entry applies: the sizes where gate_route beats a GEMM
+    (router.gate_route_suits), the pairs sorted in the kernel, and a router
+    chunk within ENTRY_MAX_GATE_TILE."""
+    num_experts, hidden = gate_weight.shape
+    return (gate_route_suits(num_tokens, gate_weight) and num_tokens * top_k <= MAX_PAIRS_IN_KERNEL
+            and hidden % GROUP == 0
+            and triton.next_power_of_2(num_experts) * GROUPS_PER_STEP * GROUP <= ENTRY_MAX_GATE_TILE)
+
+
+def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+              gate_weight: torch.Tensor, top_k: int, prep: MoePrep, counters: ArrivalCounters,
+              targets: RoutingTargets | None = None,
+              slot_cost: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch for add_rmsnorm, gate_route and moe_prepare (module docstring).
+
+    delta: [T, H] residual's dtype or float32, unit last stride; residual:
+    [T, H] unit last stride; norm_weight: [H]; gate_weight: [E, H] contiguous,
+    residual's dtype; prep: alloc_prep buffers for these sizes, filled as
+    moe_prepare(rmsnorm(residual + delta), topk_ids, E, prep, slot_cost) fills
+    them; counters: the zeroed arrival counters borrowed (and left zero);
+    targets: routing statistics as gate_route adds them; slot_cost: as
+    moe_prepare's. Applies where moe_entry_suits. Returns (residual + delta
+    [T, H] in residual's dtype, topk_ids [T, k] int64, topk_weights [T, k]
+    float32).
+    """
+    if delta.dim() != 2 or delta.stride(1) != 1 or residual.shape != delta.shape or residual.stride(1) != 1:
+        raise ValueError(f"delta and residual must be [T, H] with unit last stride, got "
+                         f"{tuple(delta.shape)} and {tuple(residual.shape)}")
+    t, hidden = residual.shape
+    dtype, device = residual.dtype, residual.device
+    if delta.dtype not in (dtype, torch.float32) or delta.device != device:
+        raise ValueError(f"delta must be {dtype} (the residual's dtype) or float32 on {device}")
+    if norm_weight.shape != (hidden,) or norm_weight.device != device:
+        raise ValueError(f"norm_weight must be [{hidden}] on {device}")
+    if (gate_weight.dim() != 2 or gate_weight.shape[1] != hidden or not gate_weight.is_contiguous()
+            or gate_weight.dtype != dtype or gate_weight.device != device):
+        raise ValueError(f"gate_weight must be a contiguous [E, {hidden}] {dtype} on {device}")
+    num_experts = gate_weight.shape[0]
+    _check_top_k(top_k, num_experts)
+    if not moe_entry_suits(t, top_k, gate_weight):
+        raise ValueError(f"moe_entry does not apply to {t} tokens, top-{top_k}, gate {tuple(gate_weight.shape)}")
+    if prep.xp.shape != (t, hidden) or prep.sorted_ids.shape != (t * top_k,) or prep.active.shape != (num_experts,):
+        raise ValueError("prep buffers do not match these sizes")
+    check_planes(prep.x_planes, prep.xp, "xp")
+    if slot_cost is not None and (slot_cost.shape != (num_experts,) or slot_cost.dtype != torch.int32
+                                  or slot_cost.device != device):
+        raise ValueError(f"slot_cost must be int32 [{num_experts}] on {device}")
+    res_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=device)
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=device)
+    if t == 0:
+        return res_out, ids, weights
+    stats, flags = _statistics_args(targets, num_experts, t, ids, weights)
+    n_chunks = triton.cdiv(hidden // GROUP, GROUPS_PER_STEP)
+    block_e = triton.next_power_of_2(num_experts)
+    partial = torch.empty(t, n_chunks, block_e, dtype=torch.float32, device=device)
+    count = counters.take((t + 1,), device)
+    _moe_entry_kernel[(t * n_chunks,)](
+        delta, residual, norm_weight, res_out, gate_weight, partial, count, ids, weights, *stats,
+        prep.xp, prep.xq_scale, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active, prep.num_active,
+        prep.offsets if slot_cost is None else slot_cost,
+        t, hidden, num_experts, delta.stride(0), residual.stride(0), eps, n_chunks,
+        0 if slot_cost is None else slot_cost.stride(0),
+        K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+        BLOCK_H=triton.next_power_of_2(hidden), NC_PAD=triton.next_power_of_2(n_chunks), GB=GROUPS_PER_STEP,
+        PAIRS_PAD=triton.next_power_of_2(max(t * top_k, 16)), E_PAD=triton.next_power_of_2(max(num_experts, 16)),
+        QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, **flags, num_warps=4,
+        **pdl_options(device, t),
+    )
+    return res_out, ids, weights
+
+
+def moe_entry_reference(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        gate_weight: torch.Tensor, top_k: int, plane_dtype: torch.dtype = torch.float16,
+                        slot_cost: torch.Tensor | None = None):
+    """Plain torch, the unfused order: (residual + delta, probs [T, E],
+    topk_ids, topk_weights, MoePrep of the normalised rows)."""
+    s = (residual.float() + delta.to(residual.dtype).float()).to(residual.dtype)
+    y = rmsnorm_reference(s, norm_weight, eps)
+    probs, ids, weights = gate_route_reference(y, gate_weight, top_k)
+    prep = moe_prepare_reference(y, ids, gate_weight.shape[0], plane_dtype, slot_cost)
+    return s, probs, ids, weights, prep
