@@ -14,13 +14,18 @@ of 128) of token row r:
 2. its chunk of y = RMSNorm(s), in the prep's staging order, staged as
    moe_prepare stages x (moe_align.stage_chunk): activation planes, group
    sums, the zeroed output;
-3. its chunk's share of the gate logits y @ W.T, stored to a scratch row;
+3. its chunk's share of the gate logits y @ W.T (the chunk again, in K
+   order, so W's loads are contiguous), stored to a scratch row;
 4. the last chunk of a row to arrive sums the shares (in chunk order, so the
    result does not depend on arrival order), rounds them as nn.Linear's
    output is and routes the row (router.route_row: softmax, top-k,
    renormalisation, statistics);
 5. the last row routed sorts the (token, slot) pairs by expert
    (moe_align.sort_pairs).
+
+Every load is issued first (none depends on another), so the chain is about
+one memory latency, the arrival atomics and the last program's routing and
+sort.
 
 Arrival counters come from an ArrivalCounters buffer ([T + 1]: chunks per
 row, rows routed) and are left at zero. y itself is never written: only the
@@ -85,32 +90,39 @@ def _moe_entry_kernel(
     row = (pid // n_chunks).to(tl.int64)
     chunk = pid % n_chunks
     dtype: tl.constexpr = res_out_ptr.dtype.element_ty
-    # 1. the row's sum and statistics
     offs = tl.arange(0, BLOCK_H)
     hm = offs < H
-    s = _residual_sum(delta_ptr + row * stride_d + offs, res_ptr + row * stride_r + offs, hm, dtype)
-    if chunk == 0:
-        tl.store(res_out_ptr + row * H + offs, s, mask=hm)
-    s32 = s.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(s32 * s32, axis=0) / H + eps)
-    # 2. this chunk of y, staged (virtual in-group order for the fp16 planes, K order to quantize)
+    # The chunk's columns twice: in K order (cn, contiguous loads for the
+    # router's share) and in the staging order (col: virtual in-group order
+    # for the fp16 planes, K order to quantize).
+    cn = chunk * (GB * 128) + tl.arange(0, GB * 128)
+    nm = cn < H
     v = tl.arange(0, 128)
     gg = chunk * GB + tl.arange(0, GB)
     gm = gg < H // 128
     act = v if QUANTIZE else _virtual_to_actual(v)
-    col = gg[:, None] * 128 + act[None, :]  # [GB, 128] columns of the row
-    sc = _residual_sum(delta_ptr + row * stride_d + col, res_ptr + row * stride_r + col, gm[:, None], dtype)
-    normed = (sc.to(tl.float32) * inv).to(dtype)
-    nw = tl.load(norm_w_ptr + col, mask=gm[:, None], other=0.0)
-    y = (nw.to(tl.float32) * normed.to(tl.float32)).to(dtype)  # [GB, 128]: add_rmsnorm's output at col
-    stage_chunk(y, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE)
-    # 3. this chunk's share of the logits
+    col = gg[:, None] * 128 + act[None, :]  # [GB, 128]
     e = tl.arange(0, BLOCK_E)
     emask = e < E
-    w = tl.load(gate_w_ptr + e[:, None, None] * H + col[None, :, :],
-                mask=emask[:, None, None] & gm[None, :, None], other=0.0)  # [BLOCK_E, GB, 128]
-    part = tl.sum(tl.sum(w.to(tl.float32) * y.to(tl.float32)[None, :, :], axis=2), axis=1)  # [BLOCK_E]
-    tl.store(partial_ptr + (row * n_chunks + chunk) * BLOCK_E + e, part)
+    # Every load first: none depends on another, so their latencies overlap.
+    s = _residual_sum(delta_ptr + row * stride_d + offs, res_ptr + row * stride_r + offs, hm, dtype)  # [BLOCK_H]
+    s_k = _residual_sum(delta_ptr + row * stride_d + cn, res_ptr + row * stride_r + cn, nm, dtype)  # [GB * 128]
+    s_c = _residual_sum(delta_ptr + row * stride_d + col, res_ptr + row * stride_r + col, gm[:, None], dtype)
+    nw_k = tl.load(norm_w_ptr + cn, mask=nm, other=0.0).to(tl.float32)
+    nw_c = tl.load(norm_w_ptr + col, mask=gm[:, None], other=0.0).to(tl.float32)
+    w = tl.load(gate_w_ptr + e[:, None] * H + cn[None, :], mask=emask[:, None] & nm[None, :],
+                other=0.0).to(tl.float32)  # [BLOCK_E, GB * 128]
+    # 1. the row's sum and statistics
+    if chunk == 0:
+        tl.store(res_out_ptr + row * H + offs, s, mask=hm)
+    s32 = s.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(s32 * s32, axis=0) / H + eps)
+    # 2. this chunk of y (add_rmsnorm's output at these columns), staged
+    y_c = (nw_c * (s_c.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)  # [GB, 128]
+    stage_chunk(y_c, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE)
+    # 3. this chunk's share of the logits
+    y_k = (nw_k * (s_k.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(partial_ptr + (row * n_chunks + chunk) * BLOCK_E + e, tl.sum(w * y_k[None, :], axis=1))
     # 4. the row's last chunk routes it
     if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == n_chunks - 1:
         c = tl.arange(0, NC_PAD)
@@ -121,13 +133,17 @@ def _moe_entry_kernel(
                   routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
                   E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
         tl.atomic_xchg(count_ptr + row, 0)
-        # 5. the last row routed sorts the pairs
-        if tl.atomic_add(count_ptr + T, 1, sem="acq_rel") == T - 1:
+        # 5. the last row routed sorts the pairs (one row: it is the last)
+        rows_before = T - 1
+        if T > 1:
+            rows_before = tl.atomic_add(count_ptr + T, 1, sem="acq_rel")
+        if rows_before == T - 1:
             t = tl.arange(0, PAIRS_PAD)
             ids = tl.load(ids_ptr + t, mask=t < T * K, other=-1, cache_modifier=".cg").to(tl.int32)
             sort_pairs(ids, T * K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr, E, cost_stride,
                        PAIRS_PAD, E_PAD, HAS_COST)
-            tl.atomic_xchg(count_ptr + T, 0)
+            if T > 1:
+                tl.atomic_xchg(count_ptr + T, 0)
 
 
 def moe_entry_suits(num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> bool:
