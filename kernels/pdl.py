@@ -30,6 +30,9 @@ PDL_MIN_CAPABILITY = (9, 0)
 # each against 34b9a82, benchmarks/results/e2e_h200_s17_pdl*.json): B=1
 # 243.4 -> 254.1 tok/s, B=16 1342.6 -> 1342.9, B=64 4497.9 -> 4435.2 with
 # every launch taking part. 16 is the largest measured size that did not lose.
+# Repeated at B=64 with the MoE entry launch (de1bbd8, one call,
+# e2e_h200_s18_b64_pdl{_all,16}.json): 4453.3 with every launch, 4523.1 with
+# this limit. benchmarks/e2e_decode.py --pdl-max-rows sets it for a run.
 PDL_MAX_ROWS = 16
 
 
