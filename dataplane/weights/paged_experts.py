@@ -12,6 +12,8 @@ Two paths, the same function:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +22,9 @@ from dataplane.weights.layout import NUM_PROJ, PROJ_DOWN, PROJ_GATE, PROJ_UP, bl
 from dataplane.weights.store import WeightStore
 from kernels.arrival_counters import ArrivalCounters
 from kernels.router import RoutingTargets
+
+if TYPE_CHECKING:
+    from kernels.moe_paged import PagedWeights
 
 
 class PagedExperts(nn.Module):
@@ -158,7 +163,8 @@ class PagedExperts(nn.Module):
                                            self.layer, self.num_experts, self.ffn_size, self.counters, targets)
         return (out if self.accumulator_out else out.to(residual.dtype)), res
 
-    def _paged_weights(self):
+    def _paged_weights(self) -> PagedWeights:
+        """The kernels' view of the store: arena storage, page table, block fields."""
         from kernels.moe_mixed import PagedWeights
 
         storage = self.store.arena.storage
@@ -169,6 +175,6 @@ class PagedExperts(nn.Module):
         """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
         from kernels.moe_mixed import fused_moe_mixed
 
-        out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts, self.ffn_size,
-                              counters=self.counters)  # [T, H] float32
+        out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts,
+                              self.ffn_size, counters=self.counters)  # [T, H] float32
         return out if self.accumulator_out else out.to(x.dtype)
