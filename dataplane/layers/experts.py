@@ -19,7 +19,7 @@ layout (out_features x in_features):
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,6 @@ class Experts(Protocol):
     ) -> torch.Tensor: ...
 
 
-@runtime_checkable
 class ExpertsWithEntry(Protocol):
     """Experts that can also do the MoE block's entry (SparseMoeBlock.add_norm_forward)."""
 

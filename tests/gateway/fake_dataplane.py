@@ -153,7 +153,10 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
                     with owner.state.lock:
                         owner.state.finished.append(rid)
                     return
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # A cancelled call ends this handler with CancelledError when it
+            # waits in the sleep, or with GeneratorExit (grpc closes the
+            # generator) when the server was sending its last message.
             with owner.state.lock:
                 owner.state.aborted.append(rid)
             raise
