@@ -38,7 +38,7 @@ import statistics
 import threading
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -47,14 +47,15 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.decode_batch import run_batch  # noqa: E402
+from benchmarks.decode_profile import profile_decode  # noqa: E402
 from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
-from dataplane.engine_io import QueueSink  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
-from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
 from kernels import pdl  # noqa: E402
+from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
 
 COPY_BYTES = 2 << 30
 # Device-to-device copy of the H200 in ../shared/ANCHORS.md (bytes read +
@@ -126,26 +127,6 @@ def instrument(runner, log: StepLog) -> None:
         return result
 
     runner.launch, runner.launch_ahead, runner.collect = timed_launch, timed_launch_ahead, timed_collect
-
-
-def run_batch(engine, batch: int, prompt_len: int, new_tokens: int, tag: str,
-              sampling: SamplingParams | None = None) -> list[list[int]]:
-    """Runs ``batch`` requests together; returns each one's generated tokens.
-
-    sampling: temperature / top-p of every request (request i seeded with i);
-    None = greedy.
-    """
-    vocab = engine.model_info.vocab_size
-    sinks = []
-    for i in range(batch):
-        sink = QueueSink()
-        prompt = [(97 * i + 31 * j) % (vocab - 10) + 10 for j in range(prompt_len)]
-        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-        if sampling is not None:
-            params = replace(params, temperature=sampling.temperature, top_p=sampling.top_p, seed=i)
-        engine.add_request(f"{tag}-{i}", prompt, params, sink)
-        sinks.append(sink)
-    return [[t for out in sink.outputs(timeout=900) for t in out.new_token_ids] for sink in sinks]
 
 
 def expert_bytes(store, num_layers: int, num_experts: int) -> torch.Tensor:
@@ -253,57 +234,6 @@ def set_precision(store, state: str) -> None:
         elif want > have:
             store.promote(blk, want)
     store.sync()
-
-
-PROFILE_PROMPT_LEN = 8  # one short prefill step, then decode steps only
-PROFILE_TOP = 15
-
-
-def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool) -> dict:
-    """GPU kernel time per decode step by kernel name.
-
-    Two profiled requests of the same batch: prefill + 1 token, and prefill +
-    steps + 1 tokens; the per-kernel difference over steps is the decode
-    steps alone (at B=64 the prefill of 64 prompts is hundreds of launches,
-    which a single profile spread over the steps)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    on_gpu = engine.arena.device.type == "cuda"
-    run_batch(engine, batch, PROFILE_PROMPT_LEN, 4, f"pw-{batch}")  # capture the bucket first
-
-    def spent(e) -> float:  # microseconds (CPU self time in a dry run on the CPU)
-        return e.device_time_total if on_gpu else e.self_cpu_time_total
-
-    def kernel_times(new_tokens: int, tag: str) -> dict[str, tuple[float, int]]:
-        with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
-            run_batch(engine, batch, PROFILE_PROMPT_LEN, new_tokens, tag)
-        return {e.key[:80]: (spent(e), e.count) for e in prof.key_averages() if spent(e) > 0}
-
-    base = kernel_times(1, f"p0-{batch}")
-    full = kernel_times(steps + 1, f"p-{batch}")
-    per_step = {}  # name -> (us, calls) per decode step
-    for name, (us, calls) in full.items():
-        base_us, base_calls = base.get(name, (0.0, 0))
-        per_step[name] = ((us - base_us) / steps, (calls - base_calls) / steps)
-    top = sorted(per_step.items(), key=lambda kv: kv[1][0], reverse=True)[:PROFILE_TOP]
-    result = {
-        "batch": batch,
-        "bits": bits,
-        "graphs": graphs,
-        "steps": steps,
-        "method": "profile(prefill + steps + 1 tokens) - profile(prefill + 1 token), per step",
-        # Launches with programmatic dependent launch start before the previous
-        # grid ends and wait in the kernel: their durations include that wait,
-        # so at these sizes the kernel times overlap and their sum exceeds the step.
-        "pdl_inflates_durations": on_gpu and batch <= pdl.PDL_MAX_ROWS,
-        "gpu_ms_per_step": sum(us for us, _ in per_step.values()) / 1e3,
-        "kernels": [{"name": name, "calls_per_step": calls, "ms_per_step": us / 1e3} for name, (us, calls) in top],
-    }
-    print(f"\nprofile B={batch} bits {bits}: GPU {result['gpu_ms_per_step']:.2f} ms/step"
-          + (" (PDL launches: durations include their waits)" if result["pdl_inflates_durations"] else ""))
-    for k in result["kernels"]:
-        print(f"  {k['ms_per_step']:7.3f} ms {k['calls_per_step']:6.1f}x  {k['name']}")
-    return result
 
 
 def write_result(args, engine, bandwidth: float, build_s: float, rows: list, profiles: list,
