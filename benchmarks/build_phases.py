@@ -9,10 +9,12 @@ each to pinned host pages at 12-16 blocks/s. This times, with a device sync
 after each phase, the steps of that loop for ``--blocks`` blocks of
 Mixtral's shapes: random matrix, ``encode``, ``HostPagePool.take`` (a new
 1 GiB pinned slab every ~16 blocks), and the device-to-host copy of the
-fields. Then it times fresh 1 GiB slabs, kept alive: ``torch.zeros(pin_memory=True)``
+fields; and, beside ``encode``, the Triton ``quant_pack`` with the same
+least-squares fit (its time, and whether its codes equal encode's). Then
+it times fresh 1 GiB slabs, kept alive: ``torch.zeros(pin_memory=True)``
 (the pool up to session 17; with ``PYTORCH_CUDA_ALLOC_CONF`` set, torch's
 host-register options apply) and pageable zeros page-locked by
-``cudaHostRegister``.
+``cudaHostRegister`` (the pool since session 18).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(REPO))
 from dataplane.weights.codec import encode  # noqa: E402
 from dataplane.weights.host_pages import MAX_SLAB_BYTES, HostPagePool  # noqa: E402
 from dataplane.weights.layout import NUM_FIELDS, field_size, pages_for  # noqa: E402
+from kernels.quant_pack import quant_pack  # noqa: E402
 
 MIXTRAL_FFN, MIXTRAL_HIDDEN = 14336, 4096
 PAGE_BYTES = 2 << 20  # the arena's page size in the e2e build
@@ -57,6 +60,11 @@ def block_phases(blocks: int, device: torch.device) -> list[dict]:
         w, t_rand = timed(lambda: torch.empty(shape, device=device, dtype=torch.bfloat16).normal_(
             0.0, 0.02, generator=gen), device)
         blk, t_encode = timed(lambda: encode(w), device)
+        packed, t_pack = timed(lambda: quant_pack(w, least_squares=True), device)
+        pack_codes_equal = all(
+            torch.equal(packed[f][: field_size(blk.n, blk.k, f).code_bytes],
+                        blk.field_bytes(f)[: field_size(blk.n, blk.k, f).code_bytes])
+            for f in range(NUM_FIELDS))
         t_take = t_copy = 0.0
         before = pool.allocated_bytes
         for f in range(NUM_FIELDS):
@@ -67,7 +75,8 @@ def block_phases(blocks: int, device: torch.device) -> list[dict]:
             t_take += t
             _, t = timed(lambda: pages.view(-1)[: data.numel()].copy_(data), device)
             t_copy += t
-        rows.append({"block": i, "random_s": t_rand, "encode_s": t_encode, "take_s": t_take,
+        rows.append({"block": i, "random_s": t_rand, "encode_s": t_encode, "quant_pack_lsq_s": t_pack,
+                     "quant_pack_codes_equal": pack_codes_equal, "take_s": t_take,
                      "bytes_s": t_copy, "new_slab": pool.allocated_bytes != before})
     return rows
 
@@ -112,7 +121,7 @@ def main() -> int:
     torch.empty(1, device=device)  # context first
     rows = block_phases(args.blocks, device)
     slabs = {k: fresh_slabs(k, args.slabs, device) for k in args.kinds.split(",")}
-    phases = ("random_s", "encode_s", "take_s", "bytes_s")
+    phases = ("random_s", "encode_s", "quant_pack_lsq_s", "take_s", "bytes_s")
     slab_takes = [r["take_s"] for r in rows if r["new_slab"]]
     total = {p: sum(r[p] for r in rows) for p in phases}
     result = {
@@ -125,6 +134,7 @@ def main() -> int:
     print(f"{args.blocks} Mixtral blocks; seconds in all (per block):")
     for p in phases:
         print(f"  {p:9} {total[p]:7.2f} ({total[p] / max(len(rows), 1) * 1e3:6.1f} ms)")
+    print(f"  quant_pack codes equal encode's in {sum(r['quant_pack_codes_equal'] for r in rows)} of {len(rows)}")
     print(f"  new slabs {len(slab_takes)}, their take median {statistics.median(slab_takes or [0.0]):.3f} s")
     for name, r in slabs.items():
         print(f"  1 GiB {name:13} alloc median {statistics.median(r['alloc_s']):.3f} s over {len(r['alloc_s'])}, "
