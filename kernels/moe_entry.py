@@ -128,7 +128,10 @@ def _moe_entry_kernel(
     # 3. this chunk's share of the logits
     y_k = (nw_k * (s_k.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     tl.store(partial_ptr + (row * n_chunks + chunk) * BLOCK_E + e, tl.sum(w * y_k[None, :], axis=1))
-    # 4. the row's last chunk routes it
+    # 4. the row's last chunk routes it. The barriers put every thread's
+    # stores before the one thread's release (and, with one row, before the
+    # other threads read the ids back).
+    tl.debug_barrier()
     if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == n_chunks - 1:
         c = tl.arange(0, NC_PAD)
         parts = tl.load(partial_ptr + (row * n_chunks + c[:, None]) * BLOCK_E + e[None, :],
@@ -139,6 +142,7 @@ def _moe_entry_kernel(
                   E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
         tl.atomic_xchg(count_ptr + row, 0)
         # 5. the last row routed sorts the pairs (one row: it is the last)
+        tl.debug_barrier()
         rows_before = T - 1
         if T > 1:
             rows_before = tl.atomic_add(count_ptr + T, 1, sem="acq_rel")
