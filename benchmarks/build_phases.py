@@ -14,7 +14,7 @@ least-squares fit (its time, and whether its codes equal encode's). Then
 it times fresh 1 GiB slabs, kept alive: ``torch.zeros(pin_memory=True)``
 (the pool up to session 17; with ``PYTORCH_CUDA_ALLOC_CONF`` set, torch's
 host-register options apply) and pageable zeros page-locked by
-``cudaHostRegister`` (the pool since session 18).
+``cudaHostRegister`` (``HostPagePool`` since session 18).
 """
 
 from __future__ import annotations
@@ -86,25 +86,20 @@ def fresh_slabs(kind: str, count: int, device: torch.device) -> dict:
     (so none comes from the caching host allocator), and the rate of a 1 GiB
     device-to-host copy into the last one (pinned memory copies at ~55 GB/s,
     pageable at a fraction of it)."""
+    pool = HostPagePool(MAX_SLAB_BYTES, pin=True, slabs=False)  # a fresh 1 GiB buffer per take
     slabs, times = [], []
     for _ in range(count):
         t0 = time.perf_counter()
         if kind == "torch_pinned":  # what HostPagePool did up to session 17
             slab = torch.zeros(MAX_SLAB_BYTES, dtype=torch.uint8, pin_memory=True)
-        else:  # "registered": pageable, first touched by torch's threads, then page-locked
-            slab = torch.zeros(MAX_SLAB_BYTES, dtype=torch.uint8)
-            err = int(torch.cuda.cudart().cudaHostRegister(slab.data_ptr(), MAX_SLAB_BYTES, 0))
-            if err:
-                raise RuntimeError(f"cudaHostRegister failed: {err}")
+        else:  # "registered": HostPagePool's pinned slab since session 18
+            slab = pool.take(1).view(-1)
         times.append(time.perf_counter() - t0)
         slabs.append(slab)
     src = torch.ones(MAX_SLAB_BYTES, dtype=torch.uint8, device=device)
     _, t_copy = timed(lambda: slabs[-1].copy_(src, non_blocking=True), device)
     ok = bool(slabs[-1][:: 1 << 20].eq(1).all())
     pinned = slabs[-1].is_pinned()
-    if kind == "registered":
-        for slab in slabs:
-            torch.cuda.cudart().cudaHostUnregister(slab.data_ptr())
     return {"alloc_s": times, "d2h_gb_per_s": MAX_SLAB_BYTES / t_copy / 1e9, "copy_ok": ok,
             "is_pinned": pinned}
 

@@ -283,6 +283,20 @@ def check_planes(planes: torch.Tensor, first: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be plane 0 of one contiguous [{count}, ...] buffer")
 
 
+def check_prep_inputs(prep: MoePrep, num_tokens: int, hidden: int, n_pairs: int, num_experts: int,
+                      slot_cost: torch.Tensor | None, device: torch.device) -> None:
+    """The prep buffers fit these sizes (their x planes one buffer), and
+    slot_cost (if any) is int32 [E] on the device: what a launch that fills
+    them (moe_prepare, kernels/moe_entry.py) needs."""
+    if (prep.xp.shape != (num_tokens, hidden) or prep.sorted_ids.shape != (n_pairs,)
+            or prep.active.shape != (num_experts,)):
+        raise ValueError("prep buffers do not match these sizes")
+    check_planes(prep.x_planes, prep.xp, "xp")
+    if slot_cost is not None and (slot_cost.shape != (num_experts,) or slot_cost.dtype != torch.int32
+                                  or slot_cost.device != device):
+        raise ValueError(f"slot_cost must be int32 [{num_experts}] on {device}")
+
+
 def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 prep: MoePrep | None = None, slot_cost: torch.Tensor | None = None) -> MoePrep:
     """Runs the prep launch. x: [T, H] float; topk_ids: [T, top_k] int.
@@ -307,12 +321,7 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     if prep is None:
         prep = alloc_prep(t, topk_ids.shape[1], h, num_experts, x.device)
-    elif prep.xp.shape != (t, h) or prep.sorted_ids.shape != (n_pairs,) or prep.active.shape != (num_experts,):
-        raise ValueError("prep buffers do not match these sizes")
-    check_planes(prep.x_planes, prep.xp, "xp")
-    if slot_cost is not None and (slot_cost.shape != (num_experts,) or slot_cost.dtype != torch.int32
-                                  or slot_cost.device != x.device):
-        raise ValueError(f"slot_cost must be int32 [{num_experts}] on {x.device}")
+    check_prep_inputs(prep, t, h, n_pairs, num_experts, slot_cost, x.device)
     do_sort = n_pairs <= MAX_PAIRS_IN_KERNEL
     n_chunks = triton.cdiv(h // GROUP, GROUPS_PER_STEP)
     _moe_prep_kernel[(1 + t * n_chunks,)](

@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 
 from kernels.arrival_counters import ArrivalCounters
-from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, _virtual_to_actual, check_planes, \
-    moe_prepare_reference, sort_pairs, stage_chunk
+from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, _virtual_to_actual, \
+    check_prep_inputs, moe_prepare_reference, sort_pairs, stage_chunk
 from kernels.pdl import pdl_options, wait_for_previous_grid
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.router import RoutingTargets, _check_top_k, _statistics_args, gate_route_reference, \
@@ -197,12 +197,7 @@ def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
     _check_top_k(top_k, num_experts)
     if not moe_entry_suits(t, top_k, gate_weight):
         raise ValueError(f"moe_entry does not apply to {t} tokens, top-{top_k}, gate {tuple(gate_weight.shape)}")
-    if prep.xp.shape != (t, hidden) or prep.sorted_ids.shape != (t * top_k,) or prep.active.shape != (num_experts,):
-        raise ValueError("prep buffers do not match these sizes")
-    check_planes(prep.x_planes, prep.xp, "xp")
-    if slot_cost is not None and (slot_cost.shape != (num_experts,) or slot_cost.dtype != torch.int32
-                                  or slot_cost.device != device):
-        raise ValueError(f"slot_cost must be int32 [{num_experts}] on {device}")
+    check_prep_inputs(prep, t, hidden, t * top_k, num_experts, slot_cost, device)
     res_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=device)
     weights = torch.empty(t, top_k, dtype=torch.float32, device=device)

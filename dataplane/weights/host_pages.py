@@ -1,11 +1,11 @@
 """Host pages for the weight store's master copies.
 
 On a GPU the masters live in pinned memory so promotions can copy them
-asynchronously. PyTorch's pinned allocator rounds every allocation up to a
-power of two, which for per-field buffers (e.g. 18 MiB -> 32 MiB) nearly
-doubles the host memory of a large model (Mixtral-8x7B: ~54 GB of masters).
-So pinned pages are carved from slabs whose sizes are powers of two: the
-waste is the unused tail of the current slab only.
+asynchronously. They are carved from slabs (doubling up to 1 GiB), so a
+model's ~54 GB of masters (Mixtral-8x7B) take about fifty page-lockings,
+not one per field, and the waste is the unused tail of the current slab only.
+(Slabs began as a guard against torch's pinned allocator, which rounds every
+allocation up to a power of two; the pool no longer uses it.)
 
 A pinned slab is not torch's pinned allocation (``cudaHostAlloc``) but
 pageable zeros that torch's CPU threads first touch in parallel, page-locked
@@ -14,8 +14,8 @@ afterwards with ``cudaHostRegister``. Measured on the H200 machine
 ``torch.zeros(pin_memory=True)`` and 0.37 s registered, and device-to-host
 copies into it ran at 44.8 and 52.3 GB/s
 (benchmarks/results/build_phases_s18_slabs_h200.json). In the synthetic
-Mixtral-8x7B build the slabs had taken ~0.76 s per GiB, two thirds of its
-58 s (build_phases_s18_h200.json); registered, the build took 27-33 s.
+Mixtral-8x7B build the slabs had taken ~0.76 s per GiB, ~38 of its 58 s
+by their count (build_phases_s18_h200.json); registered, the build took 27-33 s.
 """
 
 from __future__ import annotations

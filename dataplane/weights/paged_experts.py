@@ -12,8 +12,6 @@ Two paths, the same function:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,10 +19,9 @@ from torch import nn
 from dataplane.weights.layout import NUM_PROJ, PROJ_DOWN, PROJ_GATE, PROJ_UP, block_index
 from dataplane.weights.store import WeightStore
 from kernels.arrival_counters import ArrivalCounters
+from kernels.moe_entry import moe_entry_suits
+from kernels.moe_mixed import PagedWeights, fused_moe_from_residual, fused_moe_mixed
 from kernels.router import RoutingTargets
-
-if TYPE_CHECKING:
-    from kernels.moe_paged import PagedWeights
 
 
 class PagedExperts(nn.Module):
@@ -143,8 +140,6 @@ class PagedExperts(nn.Module):
         """ExpertsWithEntry: the fused kernel and entry are on, kernels/moe_entry.py
         applies to these sizes, and every block is resident (not asked inside
         a CUDA-graph capture, whose replays the runner gates on residency)."""
-        from kernels.moe_entry import moe_entry_suits
-
         if not (self.fused_kernel and self.fused_entry and moe_entry_suits(num_tokens, top_k, gate_weight)):
             return False
         if gate_weight.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -157,24 +152,18 @@ class PagedExperts(nn.Module):
                               targets: RoutingTargets | None) -> tuple[torch.Tensor, torch.Tensor]:
         """ExpertsWithEntry, after entry_ready: (output [T, H], residual + delta),
         the output float32 with accumulator_out, else the residual's dtype."""
-        from kernels.moe_mixed import fused_moe_from_residual
-
         out, res = fused_moe_from_residual(delta, residual, norm_weight, eps, gate_weight, top_k, self._paged_weights(),
                                            self.layer, self.num_experts, self.ffn_size, self.counters, targets)
         return (out if self.accumulator_out else out.to(residual.dtype)), res
 
     def _paged_weights(self) -> PagedWeights:
         """The kernels' view of the store: arena storage, page table, block fields."""
-        from kernels.moe_mixed import PagedWeights
-
         storage = self.store.arena.storage
         assert storage is not None
         return PagedWeights(storage, self.store.page_table, self.store.block_fields)
 
     def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
-        from kernels.moe_mixed import fused_moe_mixed
-
         out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts,
                               self.ffn_size, counters=self.counters)  # [T, H] float32
         return out if self.accumulator_out else out.to(x.dtype)

@@ -10,7 +10,7 @@ from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import alloc_prep, moe_prepare
 from kernels.moe_entry import moe_entry, moe_entry_reference, moe_entry_suits
 from kernels.rmsnorm import add_rmsnorm
-from kernels.router import gate_route, route_reference
+from kernels.router import gate_route
 
 EPS = 1e-5
 
@@ -89,7 +89,7 @@ def test_entry_matches_plain_torch_in_float32(device):
     t, h, e, k = 4, 9 * wl.GROUP, 5, 2
     delta, residual, norm_w, w = _inputs(t, h, e, torch.float32, seed=3)
     delta = delta.to(torch.float32)
-    ref_res, probs, ref_ids, ref_w, ref_prep = moe_entry_reference(delta, residual, norm_w, EPS, w, k)
+    ref_res, _, ref_ids, ref_w, ref_prep = moe_entry_reference(delta, residual, norm_w, EPS, w, k)
     prep = _fresh_prep(t, k, h, e, device, torch.float16)
     res, ids, weights = moe_entry(delta.to(device), residual.to(device), norm_w.to(device), EPS, w.to(device), k,
                                   prep, ArrivalCounters())
@@ -100,8 +100,6 @@ def test_entry_matches_plain_torch_in_float32(device):
     torch.testing.assert_close(prep.xsum.cpu(), ref_prep.xsum, rtol=1e-3, atol=1e-3)
     assert torch.equal(prep.offsets.cpu(), ref_prep.offsets)
     assert bool((prep.out == 0).all())
-    _, want_ids, _ = route_reference(torch.log(probs), k)  # the reference's own routing is self-consistent
-    assert torch.equal(want_ids, ref_ids)
 
 
 def test_entry_suits_and_bad_input(device):
@@ -115,7 +113,7 @@ def test_entry_suits_and_bad_input(device):
     counters = ArrivalCounters()
     for args, message in [
         ((delta[0], residual, norm_w, EPS, w, 2, prep), r"\[T, H\]"),
-        ((delta.float().double(), residual, norm_w, EPS, w, 2, prep), "delta must be"),
+        ((delta.double(), residual, norm_w, EPS, w, 2, prep), "delta must be"),
         ((delta, residual, norm_w[:-1], EPS, w, 2, prep), "norm_weight"),
         ((delta, residual, norm_w, EPS, w.float(), 2, prep), "gate_weight"),
         ((delta, residual, norm_w, EPS, w, 9, prep), "top_k"),
