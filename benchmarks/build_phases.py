@@ -115,7 +115,8 @@ def main() -> int:
     device = torch.device("cuda")
     torch.empty(1, device=device)  # context first
     rows = block_phases(args.blocks, device)
-    slabs = {k: fresh_slabs(k, args.slabs, device) for k in args.kinds.split(",")}
+    kinds = args.kinds.split(",") if args.slabs > 0 else []  # --slabs 0: the block phases only
+    slabs = {k: fresh_slabs(k, args.slabs, device) for k in kinds}
     phases = ("random_s", "encode_s", "quant_pack_lsq_s", "take_s", "bytes_s")
     slab_takes = [r["take_s"] for r in rows if r["new_slab"]]
     total = {p: sum(r[p] for r in rows) for p in phases}
