@@ -119,14 +119,11 @@ def main() -> None:
     ap.add_argument("--num-stages", type=int, default=3)
     ap.add_argument("--no-asm", action="store_true", help="without the PTX byte permute")
     ap.add_argument("--maxnreg", type=int, help="register cap per thread (MoeTiles.maxnreg)")
-    ap.add_argument("--lanes", type=int, default=0, help="gate/up: K groups on the lanes (MoeTiles.lanes; 0 = off)")
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
     # PDL: as the H200 runs them (kernels/pdl.py; one wait at the kernel's start)
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
                   "PDL": True}
-    if args.kernel == "gate_up":
-        constexprs.update(LANES=args.lanes)
     if args.kernel == "down":
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)

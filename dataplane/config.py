@@ -101,9 +101,6 @@ class DataplaneConfig(BaseSettings):
     # add, the norm, the router and the MoE prep (kernels/moe_entry.py); False
     # keeps the three launches apart (A/B runs).
     fuse_moe_entry: bool = True
-    # With one token, the MoE gate/up launch puts the K groups on the lanes
-    # (kernels/moe_token_lanes.py); False keeps the K loop (A/B runs).
-    moe_token_lanes: bool = True
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

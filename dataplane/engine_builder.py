@@ -232,8 +232,7 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
         matrices = synthetic_expert_blocks(model.spec, device, config.seed) if lazy_experts else None
         # The model's norms round the experts' float32 output where they add it.
         store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits, matrices=matrices,
-                                 accumulator_out=True, fused_entry=config.fuse_moe_entry,
-                                 token_lanes=config.moe_token_lanes)
+                                 accumulator_out=True, fused_entry=config.fuse_moe_entry)
         controller = PrecisionController(
             store,
             arena,

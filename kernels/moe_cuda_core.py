@@ -180,23 +180,3 @@ def group_dot(f0, f1, f2, f3, f4, act, act_scale, NF: tl.constexpr, BN: tl.const
         part = part * class_multiplier(NF)
     merged = _sum_last(_sum_last(part))  # [BN, span] int32
     return _sum_last(merged.to(tl.float32) * act_scale[None, :])
-
-
-
-@triton.jit
-def group_dot_items(f0, f1, f2, f3, f4, acts, act_scale, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
-    """group_dot with activations per item instead of one group for all: fp32
-    [BN], item i's fields (as group_dot takes them) against its own group of
-    int16 pairs, given split as group_dot splits them (acts: the eight int32
-    [BN, span, h, p] tensors lo0, hi0, .., lo3, hi3: item_activations) with
-    act_scale fp32 [BN, 2] (kernels/moe_token_lanes.py: each lane holds its
-    own group)."""
-    lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = acts
-    codes = code_words(f0, f1, f2, f3, f4, NF, USE_ASM)  # [BN, c, h, p, w]
-    codes = tl.permute(tl.reshape(codes, (BN, 2, 2, 2, 2, 2)), (0, 1, 3, 4, 2, 5))  # [BN, span, h, p, c2, w]
-    b0, b1, b2, b3 = _split_pair(codes)  # [BN, span, h, p]
-    part = _dot_four_words(b0, b1, b2, b3, lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, USE_ASM)  # [BN, span, h, p]
-    if NF <= 3:
-        part = part * class_multiplier(NF)
-    merged = _sum_last(_sum_last(part))  # [BN, span] int32
-    return _sum_last(merged.to(tl.float32) * act_scale)

@@ -15,7 +15,6 @@ import triton.language as tl
 from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_token_lanes import block_matmul_lanes_any
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
@@ -27,20 +26,20 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 @triton.jit
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, LANES: tl.constexpr, USE_ASM: tl.constexpr):
+                   top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows; per tile, the second of the gate/up pair to arrive
     # (counters[tile index]) combines SiLU(gate) * up.
     for m0 in range(start, end, BM):
         _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
                       counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
-                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, LANES, USE_ASM)
+                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
                   hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, LANES: tl.constexpr, USE_ASM: tl.constexpr):
+                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -48,32 +47,19 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
     tok = (flat // top_k).to(tl.int64)
     xs_ptrs = xsum_ptr + tok * (H // 128)
+    if BM == 1:
+        tok1 = (tl.load(sorted_ptr + m0) // top_k).to(tl.int64)  # one token, valid (m0 < end)
+        xt_ptrs, qs_ptrs = int16_row_pointers(xp_ptr, xq_scale_ptr, tok1, H)
+    else:
+        xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
+        qs_ptrs = xq_scale_ptr
+    acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
+                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
+                           1, BN, BM, USE_ASM)
     keep = (n < F)[:, None] & valid[None, :]
     pos64 = pos.to(tl.int64)
     mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
-    if LANES > 0:
-        # One token, K groups on the lanes (kernels/moe_token_lanes.py): the
-        # rows' sums go to this program's slice of gu, read back once all
-        # warps have stored theirs.
-        tok1 = (tl.load(sorted_ptr + m0) // top_k).to(tl.int64)
-        words = xp_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-        row = tl.cast(m0, tl.int64)
-        block_matmul_lanes_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, tile * BN, log2p,
-                               words + tok1 * (H // 2), xq_scale_ptr + tok1 * (H // SPAN), xsum_ptr + tok1 * (H // 128),
-                               gu_ptr + (row * 2 + which) * F + tile * BN, BN, LANES, USE_ASM)
-        tl.debug_barrier()
-        acc = tl.load(mine, mask=keep, other=0.0)
-    else:
-        if BM == 1:
-            tok1 = (tl.load(sorted_ptr + m0) // top_k).to(tl.int64)  # one token, valid (m0 < end)
-            xt_ptrs, qs_ptrs = int16_row_pointers(xp_ptr, xq_scale_ptr, tok1, H)
-        else:
-            xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
-            qs_ptrs = xq_scale_ptr
-        acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
-                               H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
-                               1, BN, BM, USE_ASM)
-        tl.store(mine, acc, mask=keep)
+    tl.store(mine, acc, mask=keep)
     tl.debug_barrier()
     if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
         other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
@@ -133,8 +119,7 @@ def _moe_gate_up_kernel(
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
-    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, LANES: tl.constexpr, USE_ASM: tl.constexpr,
-    PDL: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
@@ -165,11 +150,11 @@ def _moe_gate_up_kernel(
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, LANES, USE_ASM)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, 0, USE_ASM)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
             else:
-                _gate_up_tiles(*args, BN, BM, LANES, USE_ASM)
+                _gate_up_tiles(*args, BN, BM, USE_ASM)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -181,7 +166,6 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
-    lanes = tiles.lanes(hidden)
     kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
@@ -189,7 +173,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
         ws.prep.xp.numel(), ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m,
-        BM_WIDE=tiles.block_m_wide, LANES=lanes,
-        USE_ASM=tiles.use_asm, **tiles.launch_options(lanes > 0), **pdl_options(ws.h.device, t),
+        BM_WIDE=tiles.block_m_wide,
+        USE_ASM=tiles.use_asm, **tiles.launch_options(), **pdl_options(ws.h.device, t),
     )
     settle_carveout(ws, kernel, tiles)

@@ -47,7 +47,7 @@ __all__ = ["PagedWeights", "PROJS_PER_EXPERT", "alloc_workspace", "fused_moe_fro
 def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     weights: PagedWeights, layer: int, num_experts: int, ffn: int,
                     tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None,
-                    counters: ArrivalCounters | None = None, token_lanes: bool = True) -> torch.Tensor:
+                    counters: ArrivalCounters | None = None) -> torch.Tensor:
     """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
 
     x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
@@ -65,7 +65,7 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         raise ValueError("topk_ids and topk_weights must both be [T, k]")
     top_k = topk_ids.shape[1]
     workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
-                                                        x.device, tiles, workspace, counters, token_lanes)
+                                                        x.device, tiles, workspace, counters)
     if t == 0:
         return workspace.prep.out
     moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields)
@@ -77,8 +77,7 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                             gate_weight: torch.Tensor, top_k: int, weights: PagedWeights, layer: int,
                             num_experts: int, ffn: int, counters: ArrivalCounters,
-                            targets: RoutingTargets | None = None,
-                            token_lanes: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                            targets: RoutingTargets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(MoE layer output fp32 [T, H], residual + delta): fused_moe_mixed of
     x = RMSNorm(residual + delta) routed by gate_weight, its first launch
     kernels/moe_entry.py (residual add, norm, router and prep in one). Where
@@ -88,7 +87,7 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
         raise ValueError(f"need residual [T, H] and gate_weight [{num_experts}, H]")
     t, hidden = residual.shape
     workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
-                                                        residual.device, None, None, counters, token_lanes)
+                                                        residual.device, None, None, counters)
     res_out, _, topk_weights = moe_entry(delta, residual, norm_weight, eps, gate_weight, top_k, workspace.prep,
                                          counters, targets, down_fields)
     if t:
@@ -99,11 +98,10 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
 
 def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: int, num_experts: int, ffn: int,
                  device: torch.device, tiles: MoeTiles | None, workspace: MoeWorkspace | None,
-                 counters: ArrivalCounters | None,
-                 token_lanes: bool = True) -> tuple[MoeWorkspace, MoeTiles, int, torch.Tensor]:
+                 counters: ArrivalCounters | None) -> tuple[MoeWorkspace, MoeTiles, int, torch.Tensor]:
     """Checks one layer's sizes; (workspace, tiles, log2 of the page size, the
     active experts' slot cost: the down blocks' resident field counts, read
-    at run time). token_lanes: choose_tiles's, where tiles is None."""
+    at run time)."""
     if hidden % GROUP or ffn % GROUP:
         raise ValueError(f"hidden and ffn must be multiples of {GROUP}")
     if layer < 0 or num_experts <= 0:
@@ -114,8 +112,7 @@ def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: 
     if tiles is None:
         sms = (torch.cuda.get_device_properties(device).multi_processor_count
                if device.type == "cuda" else DEFAULT_SMS)
-        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda",
-                             token_lanes=token_lanes)
+        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda")
     if GROUP % tiles.block_n_up or ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide 128 and ffn {ffn}")
     if workspace is None:

@@ -72,9 +72,6 @@ class MoeTiles:
     but saves a pass over the weights of every expert over block_m tokens
     (random routing at B=64: 426 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
-    token_lanes: with the one-token tile, gate/up puts the K groups on the
-    lanes (kernels/moe_token_lanes.py) where lanes(hidden) allows it.
-    lanes_maxnreg: register cap of that gate/up launch (None: maxnreg).
     balance_down: the down launch's programs share each row tile's work by
     view cost (kernels/moe_down.py, DOWN_GROUP_COST), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
@@ -92,8 +89,6 @@ class MoeTiles:
     block_m_wide: int = 0
     limit_carveout: bool = True
     balance_down: bool = False
-    token_lanes: bool = False
-    lanes_maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -112,14 +107,6 @@ class MoeTiles:
         (x planes from the prep launch, h planes from gate/up)."""
         return torch.int16 if self.block_m == CUDA_CORE_TOKEN_TILE else torch.float16
 
-    def lanes(self, hidden: int) -> int:
-        """Groups on the lanes of the gate/up launch (0: the K-loop tile): the
-        hidden size's 128-groups when the one-token tile takes token_lanes
-        and they are a power of two <= 32 that divides its rows."""
-        groups = hidden // GROUP
-        fits = groups <= CUDA_CORE_ROWS_PER_WARP and not groups & (groups - 1) and self.block_n_up % groups == 0
-        return groups if self.token_lanes and self.block_m == CUDA_CORE_TOKEN_TILE and fits else 0
-
     def down_grid(self, num_tokens: int, top_k: int, num_experts: int, hidden: int,
                   ffn: int) -> tuple[int, int]:
         """(row tiles of H, programs per row tile) of the down launch: split_k
@@ -127,13 +114,11 @@ class MoeTiles:
         slots = min(num_experts, num_tokens * top_k)
         return triton.cdiv(hidden, self.block_n_down), min(max(1, self.split_k), ffn // GROUP) * slots
 
-    def launch_options(self, lanes: bool = False) -> dict:
-        """Compiler options of the weight launches (lanes: of a gate/up launch
-        with the K groups on the lanes)."""
+    def launch_options(self) -> dict:
+        """Compiler options of both weight launches."""
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        cap = self.lanes_maxnreg if lanes and self.lanes_maxnreg is not None else self.maxnreg
-        if cap is not None:
-            opts["maxnreg"] = cap
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
         return opts
 
 
@@ -141,8 +126,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
-                 limit_carveout: bool = True, balance_down: bool | None = None,
-                 token_lanes: bool = True, lanes_maxnreg: int | None = None) -> MoeTiles:
+                 limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs;
     one token: the CUDA-core tile, one row per thread (num_warps follows the
     rows, 64 where 128 would leave multiprocessors idle in gate/up).
@@ -190,5 +174,4 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                    balance_down=balance_down, token_lanes=token_lanes and block_m == CUDA_CORE_TOKEN_TILE,
-                    lanes_maxnreg=lanes_maxnreg)
+                    balance_down=balance_down)

@@ -88,7 +88,6 @@ def quantize_experts(
     cache_decoded: bool | None = None,
     accumulator_out: bool = False,
     fused_entry: bool = True,
-    token_lanes: bool = True,
     progress: bool = True,
 ) -> WeightStore:
     """Replaces every expert module of ``model`` in place with PagedExperts; returns their store.
@@ -98,7 +97,7 @@ def quantize_experts(
     in block-index order, used instead of the expert modules' weights (which
     may then live on ``meta``); their shapes are checked against the modules.
     accumulator_out: see PagedExperts (only for models whose norms round the
-    experts' float32 output). fused_entry, token_lanes: see PagedExperts. The layers share
+    experts' float32 output). fused_entry: see PagedExperts. The layers share
     one set of arrival counters.
     """
     layers = find_expert_layers(model)
@@ -122,5 +121,5 @@ def quantize_experts(
         parent = model.get_submodule(parent_name)
         setattr(parent, attr, PagedExperts(store, i, num_experts, hidden, ffn, cache_decoded=cache_decoded,
                                            counters=counters, accumulator_out=accumulator_out,
-                                           fused_entry=fused_entry, token_lanes=token_lanes))
+                                           fused_entry=fused_entry))
     return store

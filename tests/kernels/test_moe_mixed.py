@@ -33,11 +33,9 @@ def mixed_fields(layer, e, proj):
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-@pytest.mark.parametrize("bn_up,split,balance,block_m,lanes",
-                         [(128, 2, True, 16, False), (64, 3, True, 16, False), (128, 2, False, 16, False),
-                          (64, 3, False, 16, False), (128, 2, True, 1, False), (64, 3, False, 1, False),
-                          (64, 3, True, 1, True)])
-def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m, lanes):
+@pytest.mark.parametrize("bn_up,split,balance,block_m", [(128, 2, True, 16), (64, 3, True, 16), (128, 2, False, 16),
+                                                        (64, 3, False, 16), (128, 2, True, 1), (64, 3, False, 1)])
+def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m):
     # balance: the down launch shares each row tile's work by view cost, so
     # programs start and end inside an expert's K range; else equal K splits.
     # block_m 1: the CUDA-core product, one token per tile (here up to 6 tiles
@@ -48,8 +46,7 @@ def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m, lanes)
     x = torch.randn(t, H)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=block_m, split_k=split, balance_down=balance,
-                     token_lanes=lanes)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=block_m, split_k=split, balance_down=balance)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
@@ -68,13 +65,10 @@ def test_cuda_core_tile_each_view(device, bits):
     ids = torch.tensor([[0, 2], [1, 2]])
     tw = torch.rand(2, 2)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F)
-    for rows, lanes in ((64, False), (128, False), (64, True), (128, True)):
-        # lanes: gate/up with the K groups on the lanes (H / 128 = 2 here)
-        tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=2, num_warps=rows // 32,
-                         token_lanes=lanes)
-        assert tiles.lanes(H) == (2 if lanes else 0)
+    for rows in (64, 128):
+        tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=2, num_warps=rows // 32)
         out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F, tiles)
-        assert rel_err(out, ref) < 3e-3, (bits, rows, lanes)
+        assert rel_err(out, ref) < 3e-3, (bits, rows)
 
 
 def test_scale_words_across_page_breaks(device):
@@ -245,12 +239,6 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert (qwen.block_m, qwen.block_n_up, qwen.block_n_down, qwen.num_warps) == (1, 64, 64, 2)
     assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16
     assert choose_tiles(1, 2, 8, 4096, 14336, block_m=16).block_m == 16
-    # The one-token gate/up puts K's groups on the lanes where they are a
-    # power of two <= 32 that divides the rows (Mixtral 32, Qwen 16).
-    assert one.token_lanes and one.lanes(4096) == 32 and qwen.lanes(2048) == 16
-    assert choose_tiles(1, 2, 8, 4096, 14336, token_lanes=False).lanes(4096) == 0
-    assert one.lanes(7168) == 0 and one.lanes(8192) == 0  # 56 groups; 64 groups span two warps
-    assert not choose_tiles(4, 2, 8, 4096, 14336).token_lanes  # tensor-core tiles
 
 
 def test_workspace_must_match_the_tiles(device):
@@ -316,15 +304,13 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,lanes", [(128, False), (64, False), (128, True), (64, True)])
-def test_gpu_cuda_core_tile_one_token_and_replay(rows, lanes):
+@pytest.mark.parametrize("rows", [128, 64])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows):
     # The one-token launches as choose_tiles builds them (one row per
-    # thread; lanes: K's 8 groups on the lanes in gate/up); the captured step
-    # replays with other experts and a demoted block.
+    # thread); the captured step replays with other experts and a demoted block.
     gen = torch.Generator().manual_seed(13)
     ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
-    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32,
-                     token_lanes=lanes)
+    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
