@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 import torch
 
@@ -49,6 +50,17 @@ class ScaleFit(str, Enum):
 
 
 DEFAULT_SCALE_FIT = ScaleFit.LSQ  # measured: benchmarks/weights_codec.py (view error vs RTN)
+
+
+class BlockBytes(Protocol):
+    """One block at every precision as the weight store reads it: its shape
+    and each field's byte string (codes then the view's scales). EncodedBlock
+    here; block_encoder.PackedBlock from the Triton packer."""
+
+    n: int
+    k: int
+
+    def field_bytes(self, f: int) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)

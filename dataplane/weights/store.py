@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from dataplane.memory.arena import Arena, OutOfPages, PageTag
-from dataplane.weights.codec import EncodedBlock, decode_view, field_from_bytes
+from dataplane.weights.codec import BlockBytes, decode_view, field_from_bytes
 from dataplane.weights.copy_engine import Copy, CopyEngine, CopyHandle, default_copy_engine
 from dataplane.weights.host_pages import HostPagePool
 from dataplane.weights.layout import (
@@ -85,7 +85,7 @@ class WeightStore:
     def __init__(
         self,
         arena: Arena,
-        blocks: Iterable[EncodedBlock],
+        blocks: Iterable[BlockBytes],
         *,
         initial_bits: int | Sequence[int] = VIEW_BITS[-1],
         copy_engine: CopyEngine | None = None,
@@ -125,7 +125,7 @@ class WeightStore:
         self._place_initial(initial_bits)
 
     # -- construction -------------------------------------------------------------
-    def _host_pages(self, blk: EncodedBlock, f: int) -> torch.Tensor:
+    def _host_pages(self, blk: BlockBytes, f: int) -> torch.Tensor:
         data = blk.field_bytes(f)  # uint8 [nbytes] on the encoder's device
         pages = self._host_pool.take(pages_for(data.numel(), self.page_bytes))  # [pages, page_bytes], zeroed
         pages.view(-1)[: data.numel()].copy_(data)

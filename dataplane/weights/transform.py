@@ -16,7 +16,8 @@ from torch import nn
 from tqdm import tqdm
 
 from dataplane.memory.arena import Arena
-from dataplane.weights.codec import DEFAULT_SCALE_FIT, EncodedBlock, ScaleFit, encode
+from dataplane.weights.block_encoder import encode_block
+from dataplane.weights.codec import DEFAULT_SCALE_FIT, BlockBytes, ScaleFit
 from dataplane.weights.copy_engine import CopyEngine
 from dataplane.weights.layout import VIEW_BITS
 from dataplane.weights.paged_experts import PagedExperts
@@ -60,21 +61,22 @@ def find_expert_layers(model: nn.Module) -> list[_ExpertLayer]:
 
 def encode_layers(
     layers: Sequence[_ExpertLayer], scale_fit: ScaleFit = DEFAULT_SCALE_FIT, progress: bool = True
-) -> Iterator[EncodedBlock]:
-    """Encodes every block of ``layers`` lazily, in block-index order (expert-major, then gate, up, down)."""
+) -> Iterator[BlockBytes]:
+    """Encodes every block of ``layers`` lazily, in block-index order (expert-major, then gate, up, down),
+    each by block_encoder.encode_block (the Triton packer for GPU tensors)."""
     mats = [
         m for layer in layers for e in range(layer.gate.shape[0]) for m in (layer.gate[e], layer.up[e], layer.down[e])
     ]
     for m in tqdm(mats, desc="quantizing expert blocks", unit="block", disable=not progress):
-        yield encode(m, scale_fit)
+        yield encode_block(m, scale_fit)
 
 
 def encode_matrices(
     matrices: Iterable[torch.Tensor], total: int, scale_fit: ScaleFit = DEFAULT_SCALE_FIT, progress: bool = True
-) -> Iterator[EncodedBlock]:
-    """Encodes block matrices as they arrive (``total`` of them, for the progress bar)."""
+) -> Iterator[BlockBytes]:
+    """Encodes block matrices as they arrive (``total`` of them, for the progress bar), as encode_layers."""
     for m in tqdm(matrices, total=total, desc="quantizing expert blocks", unit="block", disable=not progress):
-        yield encode(m, scale_fit)
+        yield encode_block(m, scale_fit)
 
 
 def quantize_experts(
