@@ -186,7 +186,11 @@ def _group_min_max(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     """w [N, G, GROUP] -> lo [N, G, 1], step s [N, G, 1] of the 8-bit grid, q [N, G, GROUP] int32."""
     lo = w.amin(dim=-1, keepdim=True)
     hi = w.amax(dim=-1, keepdim=True)
-    s = (hi - lo) / _CODE_MAX
+    # A tensor divisor: torch's CUDA division by a Python scalar multiplies by
+    # its reciprocal, which is not the IEEE quotient the layout names (on an
+    # H200, 0.13 % of codes then rounded the other way at ties:
+    # benchmarks/results/pack_parity_s19_h200.json).
+    s = (hi - lo) / torch.full_like(hi, _CODE_MAX)
     s = torch.where(hi == lo, torch.ones_like(s), s)
     q = torch.clamp(torch.round((w - lo) / s), 0, _CODE_MAX).to(torch.int32)
     return lo, s, q
