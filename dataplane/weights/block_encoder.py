@@ -6,8 +6,10 @@ plain-torch codec (codec.encode) is the reference and runs anywhere; on a
 GPU the Triton packer (kernels/quant_pack.py) writes the byte strings in one
 launch, with the codec's scale fits (LSQ: the same codes, pairs within an
 fp16 rounding step of the codec's, tests/kernels/test_pack_matches_codec.py).
-The synthetic Mixtral-8x7B build encodes 768 blocks: with codec.encode about
-25 ms each on the H200 (benchmarks/results/build_phases_s18_h200.json).
+The synthetic Mixtral-8x7B build encodes 768 blocks: 25.2 ms each with
+codec.encode, 0.7 ms with the packer on the H200
+(benchmarks/results/build_phases_s19_h200.json); the build took 9-19 s with
+the packer, 27-35 s with the codec (benchmarks/NOTES.md, session 19).
 """
 
 from __future__ import annotations
