@@ -250,6 +250,7 @@ def write_result(args, engine, bandwidth: float, build_s: float, rows: list, pro
         "preset": args.preset,
         "fuse_qkv": not args.no_fuse_qkv,
         "fuse_moe_entry": not args.no_fuse_moe_entry,
+        "dense_gemv": args.dense_gemv,
         "pdl_max_rows": pdl.PDL_MAX_ROWS,
         "overlap_steps": not args.no_overlap,
         "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
@@ -286,6 +287,9 @@ def main() -> int:
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
     parser.add_argument("--no-fuse-moe-entry", action="store_true",
                         help="DataplaneConfig.fuse_moe_entry = False (add-norm, router and MoE prep apart)")
+    parser.add_argument("--dense-gemv", action="store_true",
+                        help="DataplaneConfig.dense_gemv = True (attention projections of 1-4 tokens by "
+                             "kernels/dense_gemv.py)")
     parser.add_argument("--pdl-max-rows", type=int, default=None,
                         help="kernels.pdl.PDL_MAX_ROWS for this run (A/B runs of PDL; 0 for kernel-time "
                              "profiles whose durations are not inflated by PDL waits)")
@@ -318,7 +322,7 @@ def main() -> int:
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
-        max_arena_pages=args.max_arena_pages,
+        dense_gemv=args.dense_gemv, max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap,
     )
     built = build(config)

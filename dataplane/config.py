@@ -101,6 +101,10 @@ class DataplaneConfig(BaseSettings):
     # add, the norm, the router and the MoE prep (kernels/moe_entry.py); False
     # keeps the three launches apart (A/B runs).
     fuse_moe_entry: bool = True
+    # The attention projections of 1-4 token batches by kernels/dense_gemv.py
+    # (its weight stream started under the previous launch) instead of cuBLAS;
+    # off until measured end to end (benchmarks/e2e_decode.py --dense-gemv).
+    dense_gemv: bool = False
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

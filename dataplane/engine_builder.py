@@ -32,6 +32,7 @@ from dataplane.precision.ladder import WalkLimits
 from dataplane.scheduler import ReclaimPages, Scheduler, SchedulerConfig
 from dataplane.weights.layout import expert_tile_bytes
 from dataplane.weights.transform import quantize_experts
+from kernels.dense_gemv import GEMV_MAX_TOKENS
 from kernels.moe_workspace import workspace_bytes
 from kernels.paged_attention import MIN_DOT
 
@@ -146,26 +147,28 @@ def load_model(
     """
     if config.synthetic is not None:
         spec, model = build_synthetic(config.synthetic, device, dtype, seed=config.seed, dense_experts=dense_experts)
-        _fuse_projections(model, device, config.fuse_qkv)
+        _fuse_projections(model, device, config)
         return _model_info(config, spec, config.synthetic, "", None), model
     assert config.model_path is not None
     ckpt = Checkpoint(config.model_path)
     tokenizer = ckpt.tokenizer_info()
     model = build_model(ckpt.spec, device, dtype)
     model.load_weights(ckpt.iter_tensors(device=device))
-    _fuse_projections(model, device, config.fuse_qkv)
+    _fuse_projections(model, device, config)
     return _model_info(config, ckpt.spec, ckpt.name, str(ckpt.path.resolve()), tokenizer), model.eval()
 
 
-def _fuse_projections(model: nn.Module, device: torch.device, fuse_qkv: bool) -> None:
-    """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv)."""
-    if not fuse_qkv:
-        return
-    model.fuse_qkv()
-    if device.type == "cuda":
-        # The unfused weights' blocks go back to the driver: plan_memory sizes
-        # the arena from the device's free memory.
-        torch.cuda.empty_cache()
+def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
+    """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv, then
+    use_dense_gemv for DataplaneConfig.dense_gemv)."""
+    if config.fuse_qkv:
+        model.fuse_qkv()
+        if device.type == "cuda":
+            # The unfused weights' blocks go back to the driver: plan_memory sizes
+            # the arena from the device's free memory.
+            torch.cuda.empty_cache()
+    if config.dense_gemv:
+        model.use_dense_gemv(GEMV_MAX_TOKENS)
 
 
 def _model_info(

@@ -11,18 +11,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.dense_gemv import GEMV_DTYPES, dense_gemv
+
 
 class Linear(nn.Module):
-    """y = x @ weight.T with weight [out_features, in_features]."""
+    """y = x @ weight.T with weight [out_features, in_features].
+
+    gemv_max_tokens: on CUDA, fp16/bf16 batches of 1..gemv_max_tokens rows
+    take kernels/dense_gemv.py (its weight stream begins before the previous
+    launch ends); 0 (the default) keeps torch's GEMM. Set by a model's
+    use_dense_gemv transform (DataplaneConfig.dense_gemv).
+    """
 
     def __init__(self, in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.gemv_max_tokens = 0
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in_features] -> [T, out_features]
+        if (0 < x.shape[0] <= self.gemv_max_tokens and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
+                and x.dtype in GEMV_DTYPES and x.dtype == self.weight.dtype):
+            return dense_gemv(x, self.weight)
         return F.linear(x, self.weight)
 
 

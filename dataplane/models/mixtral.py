@@ -119,8 +119,16 @@ class MixtralAttention(nn.Module):
         parts = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
         fused = Linear(self.q_proj.in_features, sum(w.shape[0] for w in parts), torch.device("meta"), parts[0].dtype)
         fused.weight = nn.Parameter(torch.cat([w.detach() for w in parts]), requires_grad=False)  # [q+k+v, H]
+        fused.gemv_max_tokens = self.q_proj.gemv_max_tokens
         self.qkv_proj = fused
         self.q_proj = self.k_proj = self.v_proj = None
+
+    def use_dense_gemv(self, max_tokens: int) -> None:
+        """Batches of up to max_tokens rows take the decode GEMV kernel in
+        every projection of this layer (Linear.gemv_max_tokens; 0: torch)."""
+        for proj in (self.qkv_proj, self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+            if proj is not None:
+                proj.gemv_max_tokens = max_tokens
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         # x: [T, H]; positions: [T]
@@ -245,6 +253,13 @@ class MixtralForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, MixtralAttention):
                 module.fuse_qkv()
+
+    def use_dense_gemv(self, max_tokens: int) -> None:
+        """Every attention projection takes the decode GEMV kernel for batches
+        of up to max_tokens rows (MixtralAttention.use_dense_gemv)."""
+        for module in self.modules():
+            if isinstance(module, MixtralAttention):
+                module.use_dense_gemv(max_tokens)
 
     # -- loading -------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,140 @@
+"""y = x @ W^T for one to four tokens (the decode step's attention
+projections), its weight stream started before the previous launch ends.
+
+Why: at B=1 the q/k/v and o products are matrix-vector products whose time
+is W's bytes, yet cuBLAS took 27.8 us a Mixtral layer for 84 MB that need
+19.6 us at the anchor bandwidth, plus a split-K reduce launch
+(benchmarks/results/e2e_h200_s19_b1_profile.json); the launches before each
+(the input norm; rotary, attention and its merge) are a few microseconds of
+latency during which HBM idles. A kernel taking part in programmatic
+dependent launch (kernels/pdl.py) may become resident while the previous one
+runs; W does not depend on it, so each program first asks the L2 for the
+first `prefetch_k` columns of its rows, then waits, then streams its rows
+over K as the plain GEMV does (session 6's kernel, benchmarks/NOTES.md: fp32
+products per (token, row, k lane), one reduction at the end; no tensor
+cores, whose 16-row x tile would cost as much shared memory as W).
+
+Contract: x [T, K] and W [N, K] of one dtype (fp16 or bf16), unit last
+stride, 1 <= T <= GEMV_MAX_TOKENS; out [T, N] in x's dtype, fp32
+accumulation. Only W is read before the wait: W must not be written by the
+launches it may overlap (model weights, never the arena).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.pdl import pdl_options, wait_for_previous_grid
+
+GEMV_DTYPES = (torch.float16, torch.bfloat16)
+GEMV_MAX_TOKENS = 4
+LINE_ELEMS = 64  # 16-bit elements in a 128-byte line
+_LINE_ELEMS = tl.constexpr(LINE_ELEMS)
+# Launch shape: the best GEMV of session 6's sweep at Mixtral q/k/v, B=1
+# (benchmarks/results/dense_gemv_sweep_h200.json: 18.4 us against cuBLAS's
+# 19.1 with W rotated past the L2).
+BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 8, 512, 4, 3
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    """Rows per program, K chunk, and the columns of each row asked of the L2
+    before the wait (LINE_ELEMS times a power of two, clamped to K; 0: none)."""
+
+    block_n: int = BLOCK_N
+    block_k: int = BLOCK_K
+    prefetch_k: int = 1024
+    num_warps: int = NUM_WARPS
+    num_stages: int = NUM_STAGES
+
+    def __post_init__(self) -> None:
+        lines = self.prefetch_k // LINE_ELEMS
+        if self.prefetch_k < 0 or self.prefetch_k % LINE_ELEMS or lines & (lines - 1):
+            raise ValueError(f"prefetch_k must be 0 or {LINE_ELEMS} times a power of two, got {self.prefetch_k}")
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    # Asks the L2 for the 128-byte lines at ptrs; writes no register that is
+    # read, faults on no valid address.
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [ptrs.to(tl.uint64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [T, K] fp16/bf16
+    w_ptr,  # [N, K] fp16/bf16
+    out_ptr,  # [T, N]
+    T, N, K, stride_x, stride_w, stride_o,
+    BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr, PDL: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    rows = tl.minimum(n, N - 1).to(tl.int64)
+    if PREFETCH_LINES > 0:
+        if USE_ASM:
+            line = tl.minimum(tl.arange(0, PREFETCH_LINES) * _LINE_ELEMS, K - 1)
+            _prefetch_l2(w_ptr + rows[:, None] * stride_w + line[None, :])  # [BN, lines]
+    wait_for_previous_grid(PDL)
+    t = tl.arange(0, BT)
+    toks = tl.minimum(t, T - 1).to(tl.int64)
+    kk = tl.arange(0, BK)
+    w_ptrs = w_ptr + rows[:, None] * stride_w + kk[None, :]  # [BN, BK]
+    x_ptrs = x_ptr + toks[:, None] * stride_x + kk[None, :]  # [BT, BK]
+    acc = tl.zeros((BT, BN, BK), tl.float32)
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            x = tl.load(x_ptrs)
+        else:
+            inside = (k0 + kk) < K
+            w = tl.load(w_ptrs, mask=inside[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=inside[None, :], other=0.0)
+        acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]  # [BT, BN, BK]
+        w_ptrs += BK
+        x_ptrs += BK
+    y = tl.sum(acc, axis=2)  # [BT, BN]
+    keep = (t < T)[:, None] & (n < N)[None, :]
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_o + n[None, :], y.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, N] = x [T, K] @ weight [N, K]^T for 1 <= T <= GEMV_MAX_TOKENS, in
+    one launch (the module docstring); out: an optional [T, N] result buffer."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"need x [T, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
+        raise ValueError(f"x and weight must share fp16 or bf16, got {x.dtype} and {weight.dtype}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("x and weight need a unit last stride")
+    if x.device != weight.device:
+        raise ValueError("x and weight must be on one device")
+    tokens, k = x.shape
+    n = weight.shape[0]
+    if not 1 <= tokens <= GEMV_MAX_TOKENS or k == 0 or n == 0:
+        raise ValueError(f"dense_gemv takes 1..{GEMV_MAX_TOKENS} tokens and K, N > 0; got {tokens} x {k} -> {n}")
+    if out is None:
+        out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
+    elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{tokens}, {n}] {x.dtype} with a unit last stride")
+    tiles = tiles or GemvTiles()
+    grid = (triton.cdiv(n, tiles.block_n),)
+    _gemv_kernel[grid](
+        x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        BT=triton.next_power_of_2(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
+        PREFETCH_LINES=tiles.prefetch_k // LINE_ELEMS,
+        USE_ASM=x.is_cuda, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_options(x.device, tokens),
+    )
+    return out
+
+
+def dense_gemv_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The same product in fp32, rounded once to x's dtype."""
+    return (x.float() @ weight.float().T).to(x.dtype)
