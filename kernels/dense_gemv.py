@@ -38,6 +38,10 @@ _LINE_ELEMS = tl.constexpr(LINE_ELEMS)
 # (benchmarks/results/dense_gemv_sweep_h200.json: 18.4 us against cuBLAS's
 # 19.1 with W rotated past the L2).
 BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 8, 512, 4, 3
+# Columns of each row asked of the L2 before the wait when no tiles are given
+# (a quarter of Mixtral's K; not measured). benchmarks/e2e_decode.py
+# --dense-gemv-prefetch-k sets it for a run.
+PREFETCH_K = 1024
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class GemvTiles:
 
     block_n: int = BLOCK_N
     block_k: int = BLOCK_K
-    prefetch_k: int = 1024
+    prefetch_k: int = PREFETCH_K
     num_warps: int = NUM_WARPS
     num_stages: int = NUM_STAGES
 
@@ -123,7 +127,7 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = 
         out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
     elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{tokens}, {n}] {x.dtype} with a unit last stride")
-    tiles = tiles or GemvTiles()
+    tiles = tiles or GemvTiles(prefetch_k=PREFETCH_K)
     grid = (triton.cdiv(n, tiles.block_n),)
     _gemv_kernel[grid](
         x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
