@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dataplane.weights.codec import encode, field_from_bytes, unpack_field  # noqa: E402
+from dataplane.weights.codec import _group_min_max, encode, field_from_bytes, unpack_field  # noqa: E402
 from dataplane.weights.layout import FIELD_WIDTHS, GROUP, NUM_FIELDS  # noqa: E402
 from kernels.quant_pack import quant_pack  # noqa: E402
 
@@ -45,8 +45,7 @@ def parity(n: int, k: int, seed: int, device: str) -> dict:
         q_pack |= b << shift
     diff = q_codec != q_pack
     wg = w.float().reshape(n, k // GROUP, GROUP)
-    lo = wg.amin(-1, keepdim=True)
-    s = (wg.amax(-1, keepdim=True) - lo) / 255
+    lo, s, _ = _group_min_max(wg)  # the codec's 8-bit grid
     x = ((wg - lo) / s).reshape(n, k)  # the value both round
     tie_dist = (x[diff] - x[diff].floor() - 0.5).abs()
     return {"shape": [n, k], "weights": n * k, "field_mismatches": fields, "q_mismatches": int(diff.sum()),

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dataplane.weights.codec import DEFAULT_SCALE_FIT, EncodedBlock, ScaleFit, encode
-from dataplane.weights.layout import check_block_shape
+from dataplane.weights.codec import DEFAULT_SCALE_FIT, EncodedBlock, ScaleFit, check_matrix, encode
 from kernels.quant_pack import quant_pack
 
 
@@ -40,15 +39,11 @@ def encode_block(w: torch.Tensor, scale_fit: ScaleFit = DEFAULT_SCALE_FIT,
                  packed: bool | None = None) -> EncodedBlock | PackedBlock:
     """W [N, K] at every precision for the store. packed: by the Triton packer
     (None: where W is on a GPU), else by codec.encode. Same checks either way:
-    the layout's shape rules and finite weights (ValueError)."""
-    if w.dim() != 2:
-        raise ValueError(f"a block is 2-D [N, K], got shape {tuple(w.shape)}")
+    codec.check_matrix (ValueError)."""
     if not (w.is_cuda if packed is None else packed):
         return encode(w, scale_fit)
+    check_matrix(w)
     n, k = w.shape
-    check_block_shape(n, k)
-    if not torch.isfinite(w).all():
-        raise ValueError("cannot quantize a matrix with inf/nan entries")
     if w.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         w = w.float()
     strings = quant_pack(w.contiguous(), least_squares=scale_fit == ScaleFit.LSQ)

@@ -221,14 +221,20 @@ def _lsq_params(w: torch.Tensor, t: torch.Tensor, mid_scale: torch.Tensor) -> tu
     return scale, offset
 
 
-def encode(w: torch.Tensor, scale_fit: ScaleFit = DEFAULT_SCALE_FIT) -> EncodedBlock:
-    """Quantizes W [N, K] (any float dtype) into an EncodedBlock (tensors on W's device)."""
+def check_matrix(w: torch.Tensor) -> None:
+    """Rejects what no encoder of the layout can take (ValueError): not 2-D
+    [N, K], a shape the layout cannot hold, inf/nan entries."""
     if w.dim() != 2:
-        raise ValueError(f"encode expects a 2-D [N, K] matrix, got shape {tuple(w.shape)}")
-    n, k = w.shape
-    check_block_shape(n, k)
+        raise ValueError(f"a block is a 2-D [N, K] matrix, got shape {tuple(w.shape)}")
+    check_block_shape(*w.shape)
     if not torch.isfinite(w).all():
         raise ValueError("cannot quantize a matrix with inf/nan entries")
+
+
+def encode(w: torch.Tensor, scale_fit: ScaleFit = DEFAULT_SCALE_FIT) -> EncodedBlock:
+    """Quantizes W [N, K] (any float dtype) into an EncodedBlock (tensors on W's device)."""
+    check_matrix(w)
+    n, k = w.shape
     wg = w.detach().to(torch.float32).reshape(n, k // GROUP, GROUP)  # [N, G, GROUP]
     lo, s, q = _group_min_max(wg)
     fields = []
