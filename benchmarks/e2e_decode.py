@@ -54,8 +54,7 @@ from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
-from kernels import dense_gemv, pdl  # noqa: E402
-from kernels.dense_gemv import GemvTiles  # noqa: E402
+from kernels import pdl  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
 
 COPY_BYTES = 2 << 30
@@ -251,8 +250,7 @@ def write_result(args, engine, bandwidth: float, build_s: float, rows: list, pro
         "preset": args.preset,
         "fuse_qkv": not args.no_fuse_qkv,
         "fuse_moe_entry": not args.no_fuse_moe_entry,
-        "dense_gemv": args.dense_gemv,
-        "dense_gemv_prefetch_k": dense_gemv.PREFETCH_K,
+        "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
         "pdl_max_rows": pdl.PDL_MAX_ROWS,
         "overlap_steps": not args.no_overlap,
         "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
@@ -289,11 +287,10 @@ def main() -> int:
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
     parser.add_argument("--no-fuse-moe-entry", action="store_true",
                         help="DataplaneConfig.fuse_moe_entry = False (add-norm, router and MoE prep apart)")
-    parser.add_argument("--dense-gemv", action="store_true",
-                        help="DataplaneConfig.dense_gemv = True (attention projections of 1-4 tokens by "
-                             "kernels/dense_gemv.py)")
-    parser.add_argument("--dense-gemv-prefetch-k", type=int, default=None,
-                        help="kernels.dense_gemv.PREFETCH_K for this run (0: no L2 prefetch before the wait)")
+    parser.add_argument("--dense-gemv-max-tokens", type=int,
+                        default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
+                        help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
+                             "rows by kernels/dense_gemv.py; 0: cuBLAS)")
     parser.add_argument("--pdl-max-rows", type=int, default=None,
                         help="kernels.pdl.PDL_MAX_ROWS for this run (A/B runs of PDL; 0 for kernel-time "
                              "profiles whose durations are not inflated by PDL waits)")
@@ -314,9 +311,6 @@ def main() -> int:
     if args.pdl_max_rows is not None:
         # Read by pdl.pdl_options at every launch; set before any kernel runs.
         pdl.PDL_MAX_ROWS = args.pdl_max_rows
-    if args.dense_gemv_prefetch_k is not None:
-        GemvTiles(prefetch_k=args.dense_gemv_prefetch_k)  # rejects a bad value before the build
-        dense_gemv.PREFETCH_K = args.dense_gemv_prefetch_k
     batches = [int(b) for b in args.batches.split(",")]
     states = args.bits.split(",")
     sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)
@@ -329,7 +323,7 @@ def main() -> int:
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
-        dense_gemv=args.dense_gemv, max_arena_pages=args.max_arena_pages,
+        dense_gemv_max_tokens=args.dense_gemv_max_tokens, max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap,
     )
     built = build(config)

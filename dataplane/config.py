@@ -101,10 +101,12 @@ class DataplaneConfig(BaseSettings):
     # add, the norm, the router and the MoE prep (kernels/moe_entry.py); False
     # keeps the three launches apart (A/B runs).
     fuse_moe_entry: bool = True
-    # The attention projections of 1-4 token batches by kernels/dense_gemv.py
-    # (its weight stream started under the previous launch) instead of cuBLAS;
-    # off until measured end to end (benchmarks/e2e_decode.py --dense-gemv).
-    dense_gemv: bool = False
+    # On CUDA, the attention projections of batches of up to this many rows by
+    # kernels/dense_gemv.py instead of cuBLAS; 0: cuBLAS always. One row: end
+    # to end 3-4 % faster at B=1, 6-7 % slower at B=4 (e2e_h200_s20_gemv*.json).
+    # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
+    # config does not import Triton).
+    dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

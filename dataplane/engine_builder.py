@@ -32,7 +32,6 @@ from dataplane.precision.ladder import WalkLimits
 from dataplane.scheduler import ReclaimPages, Scheduler, SchedulerConfig
 from dataplane.weights.layout import expert_tile_bytes
 from dataplane.weights.transform import quantize_experts
-from kernels.dense_gemv import GEMV_MAX_TOKENS
 from kernels.moe_workspace import workspace_bytes
 from kernels.paged_attention import MIN_DOT
 
@@ -160,15 +159,15 @@ def load_model(
 
 def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
     """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv, then
-    use_dense_gemv for DataplaneConfig.dense_gemv)."""
+    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens)."""
     if config.fuse_qkv:
         model.fuse_qkv()
         if device.type == "cuda":
             # The unfused weights' blocks go back to the driver: plan_memory sizes
             # the arena from the device's free memory.
             torch.cuda.empty_cache()
-    if config.dense_gemv:
-        model.use_dense_gemv(GEMV_MAX_TOKENS)
+    if config.dense_gemv_max_tokens:
+        model.use_dense_gemv(config.dense_gemv_max_tokens)
 
 
 def _model_info(

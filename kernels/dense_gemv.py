@@ -1,23 +1,22 @@
 """y = x @ W^T for one to four tokens (the decode step's attention
-projections), its weight stream started before the previous launch ends.
+projections at B=1), one launch taking part in programmatic dependent launch.
 
 Why: at B=1 the q/k/v and o products are matrix-vector products whose time
 is W's bytes, yet cuBLAS took 27.8 us a Mixtral layer for 84 MB that need
 19.6 us at the anchor bandwidth, plus a split-K reduce launch
-(benchmarks/results/e2e_h200_s19_b1_profile.json); the launches before each
-(the input norm; rotary, attention and its merge) are a few microseconds of
-latency during which HBM idles. A kernel taking part in programmatic
-dependent launch (kernels/pdl.py) may become resident while the previous one
-runs; W does not depend on it, so each program first asks the L2 for the
-first `prefetch_k` columns of its rows, then waits, then streams its rows
-over K as the plain GEMV does (session 6's kernel, benchmarks/NOTES.md: fp32
-products per (token, row, k lane), one reduction at the end; no tensor
-cores, whose 16-row x tile would cost as much shared memory as W).
+(benchmarks/results/e2e_h200_s19_b1_profile.json). This is session 6's GEMV
+(benchmarks/NOTES.md: fp32 products per (token, row, k lane), one reduction
+at the end; no tensor cores, whose 16-row x tile would cost as much shared
+memory as W) with the PDL wait of kernels/pdl.py, so that its programs
+become resident under the previous launch. End to end it decodes the
+synthetic Mixtral-8x7B 4-bit at B=1 3-4 % faster than cuBLAS and at B=4 6-7 %
+slower (benchmarks/results/e2e_h200_s20_gemv*.json), hence
+DataplaneConfig.dense_gemv_max_tokens. An L2 prefetch of W's first columns
+before the wait was measured too and gained nothing (same files); removed.
 
 Contract: x [T, K] and W [N, K] of one dtype (fp16 or bf16), unit last
 stride, 1 <= T <= GEMV_MAX_TOKENS; out [T, N] in x's dtype, fp32
-accumulation. Only W is read before the wait: W must not be written by the
-launches it may overlap (model weights, never the arena).
+accumulation.
 """
 
 from __future__ import annotations
@@ -32,41 +31,29 @@ from kernels.pdl import pdl_options, wait_for_previous_grid
 
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMV_MAX_TOKENS = 4
-LINE_ELEMS = 64  # 16-bit elements in a 128-byte line
-_LINE_ELEMS = tl.constexpr(LINE_ELEMS)
 # Launch shape: the best GEMV of session 6's sweep at Mixtral q/k/v, B=1
 # (benchmarks/results/dense_gemv_sweep_h200.json: 18.4 us against cuBLAS's
 # 19.1 with W rotated past the L2).
 BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 8, 512, 4, 3
-# Columns of each row asked of the L2 before the wait when no tiles are given
-# (a quarter of Mixtral's K; not measured). benchmarks/e2e_decode.py
-# --dense-gemv-prefetch-k sets it for a run.
-PREFETCH_K = 1024
 
 
 @dataclass(frozen=True)
 class GemvTiles:
-    """Rows per program, K chunk, and the columns of each row asked of the L2
-    before the wait (LINE_ELEMS times a power of two, clamped to K; 0: none)."""
+    """Rows per program (a power of two), K chunk (a power of two), warps
+    and pipeline stages of one launch."""
 
     block_n: int = BLOCK_N
     block_k: int = BLOCK_K
-    prefetch_k: int = PREFETCH_K
     num_warps: int = NUM_WARPS
     num_stages: int = NUM_STAGES
 
     def __post_init__(self) -> None:
-        lines = self.prefetch_k // LINE_ELEMS
-        if self.prefetch_k < 0 or self.prefetch_k % LINE_ELEMS or lines & (lines - 1):
-            raise ValueError(f"prefetch_k must be 0 or {LINE_ELEMS} times a power of two, got {self.prefetch_k}")
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    # Asks the L2 for the 128-byte lines at ptrs; writes no register that is
-    # read, faults on no valid address.
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                              [ptrs.to(tl.uint64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two, got {v}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
 
 
 @triton.jit
@@ -76,14 +63,10 @@ def _gemv_kernel(
     out_ptr,  # [T, N]
     T, N, K, stride_x, stride_w, stride_o,
     BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr, PDL: tl.constexpr, USE_ASM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     rows = tl.minimum(n, N - 1).to(tl.int64)
-    if PREFETCH_LINES > 0:
-        if USE_ASM:
-            line = tl.minimum(tl.arange(0, PREFETCH_LINES) * _LINE_ELEMS, K - 1)
-            _prefetch_l2(w_ptr + rows[:, None] * stride_w + line[None, :])  # [BN, lines]
     wait_for_previous_grid(PDL)
     t = tl.arange(0, BT)
     toks = tl.minimum(t, T - 1).to(tl.int64)
@@ -127,13 +110,12 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = 
         out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
     elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{tokens}, {n}] {x.dtype} with a unit last stride")
-    tiles = tiles or GemvTiles(prefetch_k=PREFETCH_K)
+    tiles = tiles or GemvTiles()
     grid = (triton.cdiv(n, tiles.block_n),)
     _gemv_kernel[grid](
         x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BT=triton.next_power_of_2(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
-        PREFETCH_LINES=tiles.prefetch_k // LINE_ELEMS,
-        USE_ASM=x.is_cuda, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **pdl_options(x.device, tokens),
     )
     return out

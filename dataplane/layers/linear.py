@@ -20,7 +20,7 @@ class Linear(nn.Module):
     gemv_max_tokens: on CUDA, fp16/bf16 batches of 1..gemv_max_tokens rows
     take kernels/dense_gemv.py (its weight stream begins before the previous
     launch ends); 0 (the default) keeps torch's GEMM. Set by a model's
-    use_dense_gemv transform (DataplaneConfig.dense_gemv).
+    use_dense_gemv transform (DataplaneConfig.dense_gemv_max_tokens).
     """
 
     def __init__(self, in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> None:

@@ -1,4 +1,4 @@
-"""DataplaneConfig.dense_gemv's transform: which projections take the decode
+"""DataplaneConfig.dense_gemv_max_tokens's transform: which projections take the decode
 GEMV kernel (kernels/dense_gemv.py), and on a GPU that they give torch's
 product for 1-4 tokens and hand larger batches to torch."""
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dataplane.config import DataplaneConfig
+from dataplane.engine_builder import build
 from dataplane.layers.linear import Linear
 from dataplane.models.mixtral import MixtralAttention
 from dataplane.models.synthetic import build_synthetic
@@ -27,6 +29,22 @@ def test_every_attention_projection_and_nothing_else(fuse_first):
     in_attention = {id(p) for a in attention for p in (a.qkv_proj, a.o_proj)}
     others = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in in_attention]
     assert all(m.gemv_max_tokens == 0 for m in others)  # the LM head stays on torch
+
+
+def test_config_bound_is_the_kernel_s():
+    field = DataplaneConfig.model_fields["dense_gemv_max_tokens"]
+    assert max(m.le for m in field.metadata if hasattr(m, "le")) == GEMV_MAX_TOKENS
+    with pytest.raises(ValueError):
+        DataplaneConfig(dense_gemv_max_tokens=GEMV_MAX_TOKENS + 1)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 2])
+def test_builder_applies_the_config(max_tokens):
+    config = DataplaneConfig(synthetic="mixtral-tiny", device="cpu", dense_gemv_max_tokens=max_tokens)
+    model = build(config).engine.runner.model
+    attention = [m for m in model.modules() if isinstance(m, MixtralAttention)]
+    assert attention and all(a.qkv_proj.gemv_max_tokens == max_tokens and a.o_proj.gemv_max_tokens == max_tokens
+                             for a in attention)
 
 
 def test_off_the_gpu_the_product_is_torch_s():

@@ -1,6 +1,6 @@
 """kernels/dense_gemv.py against its fp32 reference at irregular shapes (K
 not a multiple of the chunk, N not of the rows per program, 1-4 tokens),
-with and without the L2 prefetch, and its input checks."""
+at two launch shapes, and its input checks."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_matches_reference(device, tokens, n, k, dtype):
     x = torch.randn(tokens, k, generator=gen).to(device=device, dtype=dtype)
     w = (torch.randn(n, k, generator=gen) * 0.05).to(device=device, dtype=dtype)
     want = dense_gemv_reference(x, w)
-    for tiles in (GemvTiles(block_k=256), GemvTiles(block_k=128, block_n=16, prefetch_k=0)):
+    for tiles in (GemvTiles(block_k=256), GemvTiles(block_k=128, block_n=16)):
         got = dense_gemv(x, w, tiles)
         assert got.shape == (tokens, n) and got.dtype == dtype
         assert rel_err(got, want) < (4e-3 if dtype == torch.float16 else 2e-2), tiles
@@ -51,4 +51,6 @@ def test_rejects_bad_input(device):
     with pytest.raises(ValueError, match="out must be"):
         dense_gemv(x, w, out=torch.empty(1, 9, device=device, dtype=torch.float16))
     with pytest.raises(ValueError, match="power of two"):
-        GemvTiles(prefetch_k=192)
+        GemvTiles(block_n=12)
+    with pytest.raises(ValueError, match="num_stages"):
+        GemvTiles(num_stages=0)
