@@ -57,8 +57,7 @@ from kernels.moe_mixed import (  # noqa: E402
     run_gate_up,
 )
 from kernels.moe_tiles import choose_tiles  # noqa: E402
-from kernels.paged_attention import kv_cache_view  # noqa: E402
-from kernels.paged_decode import paged_attention_decode  # noqa: E402
+from kernels.paged_attention import kv_cache_view, paged_attention_decode  # noqa: E402
 
 L2_BYTES = 60 * 2**20
 ROTATE_TARGET = 2 * L2_BYTES  # do_bench also flushes the L2 before every replay

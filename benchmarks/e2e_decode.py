@@ -251,7 +251,6 @@ def write_result(args, engine, bandwidth: float, build_s: float, rows: list, pro
         "fuse_qkv": not args.no_fuse_qkv,
         "fuse_moe_entry": not args.no_fuse_moe_entry,
         "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
-        "fuse_decode_rotary": not args.no_fuse_decode_rotary,
         "pdl_max_rows": pdl.PDL_MAX_ROWS,
         "overlap_steps": not args.no_overlap,
         "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
@@ -288,8 +287,6 @@ def main() -> int:
     parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
     parser.add_argument("--no-fuse-moe-entry", action="store_true",
                         help="DataplaneConfig.fuse_moe_entry = False (add-norm, router and MoE prep apart)")
-    parser.add_argument("--no-fuse-decode-rotary", action="store_true",
-                        help="DataplaneConfig.fuse_decode_rotary = False (rotary + KV write in a launch of its own)")
     parser.add_argument("--dense-gemv-max-tokens", type=int,
                         default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
                         help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
@@ -326,8 +323,7 @@ def main() -> int:
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
-        dense_gemv_max_tokens=args.dense_gemv_max_tokens, fuse_decode_rotary=not args.no_fuse_decode_rotary,
-        max_arena_pages=args.max_arena_pages,
+        dense_gemv_max_tokens=args.dense_gemv_max_tokens, max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap,
     )
     built = build(config)

@@ -107,10 +107,6 @@ class DataplaneConfig(BaseSettings):
     # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
-    # In decode-kernel steps, rotate the step's queries and keys and store its
-    # keys and values inside the attention launch (kernels/paged_decode.py);
-    # False keeps the rotary + KV-write launch apart (A/B runs).
-    fuse_decode_rotary: bool = True
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

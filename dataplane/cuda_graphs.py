@@ -34,7 +34,6 @@ from dataplane.kv_cache import KVCacheManager
 from dataplane.layers.attention import AttentionMetadata
 from dataplane.routing_stats import RoutingStats
 from dataplane.weights.paged_experts import PagedExperts
-from kernels.arrival_counters import ArrivalCounters
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -158,9 +157,6 @@ class DecodeGraphs:
         self._stores = list({id(m.store): m.store for m in paged}.values())
         self._graphs: dict[int, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        # Borrowed by the decode attention kernel; zeroed between launches, so
-        # every graph shares them.
-        self._counters = ArrivalCounters()
         self.replays = 0
         self.captures = 0
 
@@ -260,8 +256,7 @@ class DecodeGraphs:
             block_size=self.kv.block_size,
             sliding_window=None,
         )
-        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=g.routing, kv_arena=self.kv.cache_view,
-                             counters=self._counters)
+        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=g.routing, kv_arena=self.kv.cache_view)
 
         def step() -> torch.Tensor:
             g.routing.reset()

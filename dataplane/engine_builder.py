@@ -159,8 +159,7 @@ def load_model(
 
 def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
     """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv, then
-    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens, use_fused_decode_rotary
-    for fuse_decode_rotary)."""
+    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens)."""
     if config.fuse_qkv:
         model.fuse_qkv()
         if device.type == "cuda":
@@ -169,7 +168,6 @@ def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneC
             torch.cuda.empty_cache()
     if config.dense_gemv_max_tokens:
         model.use_dense_gemv(config.dense_gemv_max_tokens)
-    model.use_fused_decode_rotary(config.fuse_decode_rotary)
 
 
 def _model_info(

@@ -12,7 +12,6 @@ import torch
 
 from dataplane.layers.attention import AttentionMetadata
 from dataplane.routing_stats import RoutingStats
-from kernels.arrival_counters import ArrivalCounters
 
 
 @dataclass
@@ -28,7 +27,3 @@ class ForwardContext:
     # (KVCacheManager.cache_view) when decode steps may use the Triton
     # kernels (CUDA); None keeps the plain-torch attention.
     kv_arena: torch.Tensor | None = None
-    # Zeroed counters the decode attention kernel borrows to merge its context
-    # partitions in its own launch (kernels/paged_attention.py); None: a
-    # second launch merges them. Owned by whoever builds the context.
-    counters: ArrivalCounters | None = None

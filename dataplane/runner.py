@@ -29,7 +29,6 @@ from dataplane.weights.layout import NUM_PROJ
 from dataplane.weights.paged_experts import PagedExperts
 from dataplane.weights.store import WeightStore
 from dataplane.scheduler import ScheduledSeq
-from kernels.arrival_counters import ArrivalCounters
 
 
 @dataclass
@@ -119,8 +118,6 @@ class ModelRunner:
         self.graphs = graphs
         self.paged_experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
         self.steps_launched_ahead = 0  # launch_ahead calls that queued a step
-        # Borrowed by the decode attention kernel (ForwardContext.counters).
-        self.counters = ArrivalCounters()
         self._touch_groups = _touch_groups(self.paged_experts, num_layers)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
@@ -165,8 +162,7 @@ class ModelRunner:
         )
         routing = RoutingStats(self.num_layers, self.num_experts, token_seq, len(scheduled))
         kv_arena = self.kv.cache_view if self.decode_kernels else None
-        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=routing, kv_arena=kv_arena,
-                             counters=self.counters)
+        ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=routing, kv_arena=kv_arena)
         return dev(input_ids, torch.int64), dev(positions, torch.int64), ctx
 
     def decode_rows(self, scheduled: list[ScheduledSeq], known_tokens: bool = True) -> DecodeRows | None:

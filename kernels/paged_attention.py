@@ -1,5 +1,4 @@
-"""Attention over the paged KV arena: the cache's view, KV writes, prefill
-(decode: kernels/paged_decode.py).
+"""Attention over the paged KV arena: decode (GQA, split context), KV writes, prefill.
 
 The KV cache is the arena's storage viewed as
 [pages, layers, 2, block_size, kv_heads, head_dim] (kv_cache_view): one page
@@ -7,6 +6,10 @@ holds block_size tokens of every layer. A sequence's pages are listed in its
 block-table row (int32 [seqs, max_blocks]); context_lens (int32 [seqs]) says
 how many tokens are valid.
 
+* paged_attention_decode: one query token per sequence. A program takes one
+  (sequence, kv head, context partition) and all query heads of that kv head,
+  so each K/V block is read once for the whole group; partitions are merged by
+  a second small kernel (flash-decoding) when there are several.
 * write_kv_cache: stores new tokens' K and V at their slots (page * block_size
   + offset; negative = skip).
 * prefill_attention: causal attention over the new tokens of each sequence
@@ -21,7 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_options, wait_for_previous_grid
+
 MIN_DOT = 16  # smallest tl.dot dimension
+TARGET_PROGRAMS = 264  # about two programs per multiprocessor on an H200
 
 
 def kv_cache_view(storage: torch.Tensor, num_layers: int, block_size: int, kv_heads: int,
@@ -36,18 +42,140 @@ def kv_cache_view(storage: torch.Tensor, num_layers: int, block_size: int, kv_he
 
 
 @triton.jit
-def online_softmax_step(q, k, v, visible, sm_scale, m_i, l_i, acc):
-    """One key block of flash attention: q [M, D], k, v [N, D], visible
-    [M or 1, N] (False scores count as -inf); running max m_i [M], sum of
-    exponentials l_i [M], numerator acc [M, D] fp32 -> their updates."""
-    sc = tl.dot(q, tl.trans(k)) * sm_scale  # [M, N]
-    sc = tl.where(visible, sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+def _decode_kernel(
+    q_ptr,  # [S, NH, D]
+    kv_ptr,  # [pages, layers, 2, BS, KVH, D]
+    bt_ptr,  # [S, max_blocks] int32
+    ctx_ptr,  # [S] int32
+    out_ptr,  # [S, NH, D] (used when P == 1)
+    pm_ptr,  # [S, NH, P] fp32 partition running max (P > 1)
+    pl_ptr,  # [S, NH, P] fp32 partition sum of exp
+    pacc_ptr,  # [S, NH, P, D] fp32 partition numerator
+    layer, sm_scale, max_blocks, page_stride, NH, KVH,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, P: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    wait_for_previous_grid(PDL)
+    s = tl.program_id(0)
+    kvh = tl.program_id(1)
+    part = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + s)
+    n_blocks = tl.cdiv(ctx, BS)
+    per_part = tl.cdiv(n_blocks, P)
+    b0 = part * per_part
+    b1 = tl.minimum(b0 + per_part, n_blocks)
+    gi = tl.arange(0, G_PAD)
+    heads = kvh * G + gi
+    hmask = gi < G
+    d = tl.arange(0, D)
+    t = tl.arange(0, BS)
+    q = tl.load(q_ptr + (s * NH + heads[:, None]).to(tl.int64) * D + d[None, :], mask=hmask[:, None], other=0.0)
+    m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((G_PAD,), tl.float32)
+    acc = tl.zeros((G_PAD, D), tl.float32)
+    tok_off = t[:, None] * (KVH * D) + kvh * D + d[None, :]  # [BS, D]
+    layer_off = layer * (2 * BS * KVH * D)
+    for b in range(b0, b1):
+        page = tl.load(bt_ptr + s.to(tl.int64) * max_blocks + b).to(tl.int64)
+        base = kv_ptr + page * page_stride + layer_off
+        # Slots past the context hold stale bytes (a page freed by a demoted
+        # expert block, say) that may read as NaN: never load them (0 * NaN = NaN).
+        live = b * BS + t < ctx  # [BS]
+        k = tl.load(base + tok_off, mask=live[:, None], other=0.0)  # [BS, D]
+        v = tl.load(base + BS * KVH * D + tok_off, mask=live[:, None], other=0.0)
+        sc = tl.dot(q, tl.trans(k)) * sm_scale  # [G_PAD, BS]
+        sc = tl.where(live[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    row = s * NH + heads
+    if P == 1:
+        res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + row[:, None].to(tl.int64) * D + d[None, :], res.to(out_ptr.dtype.element_ty),
+                 mask=hmask[:, None])
+    else:
+        tl.store(pm_ptr + row * P + part, m_i, mask=hmask)
+        tl.store(pl_ptr + row * P + part, l_i, mask=hmask)
+        tl.store(pacc_ptr + (row[:, None] * P + part).to(tl.int64) * D + d[None, :], acc, mask=hmask[:, None])
+
+
+@triton.jit
+def _decode_merge_kernel(
+    pm_ptr,  # [S * NH, P] fp32
+    pl_ptr,  # [S * NH, P] fp32
+    pacc_ptr,  # [S * NH, P, D] fp32
+    out_ptr,  # [S * NH, D]
+    P: tl.constexpr, P_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr,
+):
+    wait_for_previous_grid(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    pi = tl.arange(0, P_PAD)
+    pmask = pi < P
+    d = tl.arange(0, D)
+    m = tl.load(pm_ptr + row * P + pi, mask=pmask, other=float("-inf"))
+    l = tl.load(pl_ptr + row * P + pi, mask=pmask, other=0.0)
+    acc = tl.load(pacc_ptr + (row * P + pi[:, None]) * D + d[None, :], mask=pmask[:, None], other=0.0)
+    mx = tl.max(m, axis=0)
+    w = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)
+    total = tl.sum(w * l, axis=0)
+    res = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * D + d, res.to(out_ptr.dtype.element_ty))
+
+
+def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           sm_scale: float | None = None,
+                           num_partitions: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [S, NH, D] = softmax(q K^T * scale) V over each sequence's cached tokens.
+
+    q: [S, NH, D] (dtype of the cache); kv_cache: kv_cache_view(...);
+    block_tables: int32 [S, max_blocks]; context_lens: int32 [S] (0 gives 0).
+    num_partitions: context splits per (sequence, kv head); None = fill the GPU.
+    out: optional [S, NH, D] result buffer (every element is written).
+    """
+    if q.dim() != 3 or kv_cache.dim() != 6:
+        raise ValueError("q must be [S, NH, D] and kv_cache [pages, layers, 2, BS, KVH, D]")
+    s, nh, dim = q.shape
+    pages, layers, two, bs, kvh, kd = kv_cache.shape
+    if two != 2 or kd != dim or nh % kvh:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, kv_cache {tuple(kv_cache.shape)}")
+    if not 0 <= layer < layers:
+        raise ValueError(f"layer {layer} out of range [0, {layers})")
+    if q.dtype != kv_cache.dtype or not q.is_contiguous() or not kv_cache[0].is_contiguous():
+        raise ValueError("q and each page of kv_cache must be contiguous, of one dtype")
+    if bs < MIN_DOT or bs & (bs - 1) or dim < MIN_DOT or dim & (dim - 1):
+        raise ValueError("block_size and head_dim must be powers of two >= 16")
+    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != s:
+        raise ValueError("block_tables must be int32 [S, max_blocks]")
+    if context_lens.dtype != torch.int32 or context_lens.shape != (s,):
+        raise ValueError("context_lens must be int32 [S]")
+    block_tables = block_tables.contiguous()
+    group = nh // kvh
+    if num_partitions is None:
+        num_partitions = max(1, min(block_tables.shape[1], TARGET_PROGRAMS // max(1, s * kvh)))
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError("out must be a contiguous tensor like q")
+    p = num_partitions
+    pm = torch.empty(s, nh, p, dtype=torch.float32, device=q.device)
+    pl = torch.empty_like(pm)
+    pacc = torch.empty(s, nh, p, dim, dtype=torch.float32, device=q.device)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(dim)
+    _decode_kernel[(s, kvh, p)](
+        q, kv_cache, block_tables, context_lens, out, pm, pl, pacc,
+        layer, scale, block_tables.shape[1], kv_cache.stride(0), nh, kvh,
+        G=group, G_PAD=max(MIN_DOT, triton.next_power_of_2(group)), D=dim, BS=bs, P=p, num_warps=4,
+        **pdl_options(q.device, s),
+    )
+    if p > 1:
+        _decode_merge_kernel[(s * nh,)](pm, pl, pacc, out, P=p, P_PAD=triton.next_power_of_2(p), D=dim,
+                                        num_warps=4, **pdl_options(q.device, s))
+    return out
 
 
 @triton.jit
@@ -120,8 +248,14 @@ def _prefill_kernel(
             kv_off = ((start + j[:, None]).to(tl.int64) * KVH + kvh) * D + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=jmask[:, None], other=0.0)
             v = tl.load(v_ptr + kv_off, mask=jmask[:, None], other=0.0)
-            visible = (j[None, :] <= i[:, None]) & jmask[None, :]
-            m_i, l_i, acc = online_softmax_step(q, k, v, visible, sm_scale, m_i, l_i, acc)
+            sc = tl.dot(q, tl.trans(k)) * sm_scale
+            sc = tl.where((j[None, :] <= i[:, None]) & jmask[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + ((start + i[:, None]).to(tl.int64) * NH + head) * D + d[None, :],
                  res.to(out_ptr.dtype.element_ty), mask=imask[:, None])
@@ -153,6 +287,24 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
 
 
 # -- plain-torch references ------------------------------------------------------
+def paged_attention_decode_reference(q, kv_cache, layer, block_tables, context_lens, sm_scale=None):
+    s, nh, dim = q.shape
+    bs, kvh = kv_cache.shape[3], kv_cache.shape[4]
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(dim)
+    out = torch.zeros(s, nh, dim, dtype=torch.float32, device=q.device)
+    for i in range(s):
+        n = int(context_lens[i])
+        if n == 0:
+            continue
+        pages = block_tables[i, : -(-n // bs)].long()
+        kv = kv_cache[pages, layer].float()  # [blocks, 2, BS, KVH, D]
+        k = kv[:, 0].reshape(-1, kvh, dim)[:n].repeat_interleave(nh // kvh, dim=1)
+        v = kv[:, 1].reshape(-1, kvh, dim)[:n].repeat_interleave(nh // kvh, dim=1)
+        att = torch.einsum("hd,thd->ht", q[i].float(), k) * scale
+        out[i] = torch.einsum("ht,thd->hd", att.softmax(-1), v)
+    return out
+
+
 def prefill_attention_reference(q, k, v, cu_seqlens, sm_scale=None):
     nh, dim = q.shape[1], q.shape[2]
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(dim)

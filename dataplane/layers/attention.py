@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.arrival_counters import ArrivalCounters
-from kernels.paged_decode import DecodeRotary, paged_attention_decode
+from kernels.paged_attention import paged_attention_decode
 
 
 @dataclass
@@ -202,25 +201,15 @@ def kernel_decode_attention(
     layer: int,
     meta: AttentionMetadata,
     scale: float,
-    counters: ArrivalCounters | None = None,
-    rotary: DecodeRotary | None = None,
 ) -> torch.Tensor:
     """A decode-only step's attention through the Triton kernel, over a cache
-    that already holds the step's keys and values (RotaryEmbedding.rotate_into_cache)
-    unless ``rotary`` is given.
+    that already holds the step's keys and values (RotaryEmbedding.rotate_into_cache).
 
     q: [B, heads, head_dim]; kv_arena: [pages, layers, 2, block_size, kv_heads,
     head_dim]. Same result as paged_decode_attention, with no host sync
     (CUDA-graph safe): only device tensors of ``meta`` are read. No sliding
-    window. counters: the kernel merges its context partitions in its own
-    launch with a view of them; None: in a second launch. rotary: q, k, v
-    are unrotated and the cache does not hold the step's tokens yet; the
-    kernel rotates and stores them (kernels/paged_decode.py).
+    window.
     """
     if meta.sliding_window is not None:
         raise ValueError("the decode kernel has no sliding window")
-    view = None if counters is None else counters.take((q.shape[0] * kv_arena.shape[4],), q.device)
-    if rotary is None:
-        q = q.contiguous()
-    return paged_attention_decode(q, kv_arena, layer, meta.block_tables, meta.context_lens, scale,
-                                  counters=view, rotary=rotary)
+    return paged_attention_decode(q.contiguous(), kv_arena, layer, meta.block_tables, meta.context_lens, scale)

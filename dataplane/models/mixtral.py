@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from dataplane.forward_context import ForwardContext
-from dataplane.layers.attention import DecodeRotary, kernel_decode_attention, paged_attention, write_kv
+from dataplane.layers.attention import kernel_decode_attention, paged_attention, write_kv
 from dataplane.layers.linear import Embedding, Linear
 from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
@@ -108,10 +108,6 @@ class MixtralAttention(nn.Module):
         self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, device, dtype)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, device)
         self.qkv_proj: Linear | None = None  # set by fuse_qkv (then q/k/v_proj are None)
-        # Decode kernels rotate and store the step's keys inside the attention
-        # launch (kernels/paged_decode.py) instead of a launch before it; set
-        # by use_fused_decode_rotary.
-        self.fuse_decode_rotary = False
 
     def fuse_qkv(self) -> None:
         """Replaces q_proj, k_proj and v_proj by one projection of their stacked
@@ -126,11 +122,6 @@ class MixtralAttention(nn.Module):
         fused.gemv_max_tokens = self.q_proj.gemv_max_tokens
         self.qkv_proj = fused
         self.q_proj = self.k_proj = self.v_proj = None
-
-    def use_fused_decode_rotary(self, on: bool) -> None:
-        """Whether decode-kernel steps rotate q and k and store k and v inside
-        the attention launch (True) or in a launch of their own."""
-        self.fuse_decode_rotary = on
 
     def use_dense_gemv(self, max_tokens: int) -> None:
         """Batches of up to max_tokens rows take the decode GEMV kernel in
@@ -153,14 +144,8 @@ class MixtralAttention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         meta = ctx.attn
         if ctx.kv_arena is not None and meta.sliding_window is None and meta.decode_only:
-            if self.fuse_decode_rotary:
-                rotary = DecodeRotary(positions, self.rotary.inv_freq, k, v, meta.slot_mapping)
-                out = kernel_decode_attention(q, ctx.kv_arena, self.layer_index, meta, self.scale, ctx.counters,
-                                              rotary)
-            else:
-                q = self.rotary.rotate_into_cache(positions, q, k, v, ctx.kv_arena, self.layer_index,
-                                                  meta.slot_mapping)
-                out = kernel_decode_attention(q, ctx.kv_arena, self.layer_index, meta, self.scale, ctx.counters)
+            q = self.rotary.rotate_into_cache(positions, q, k, v, ctx.kv_arena, self.layer_index, meta.slot_mapping)
+            out = kernel_decode_attention(q, ctx.kv_arena, self.layer_index, meta, self.scale)
         else:
             q, k = self.rotary(positions, q, k)
             k_cache, v_cache = ctx.kv_caches[self.layer_index]
@@ -275,13 +260,6 @@ class MixtralForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, MixtralAttention):
                 module.use_dense_gemv(max_tokens)
-
-    def use_fused_decode_rotary(self, on: bool) -> None:
-        """Every attention layer's decode-kernel steps rotate and store the
-        step's keys inside the attention launch (MixtralAttention.use_fused_decode_rotary)."""
-        for module in self.modules():
-            if isinstance(module, MixtralAttention):
-                module.use_fused_decode_rotary(on)
 
     # -- loading -------------------------------------------------------------
     @torch.no_grad()

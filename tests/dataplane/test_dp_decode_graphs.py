@@ -75,10 +75,9 @@ def _with_static_decode(built) -> DecodeGraphs:
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="runs Triton kernels on CPU tensors: needs the interpreter, which tests/conftest.py "
                            "turns on only without a GPU (the GPU test below covers this machine)")
-@pytest.mark.parametrize("fuse_decode_rotary", [True, False])
-def test_static_decode_path_matches_eager_on_cpu(fuse_decode_rotary: bool) -> None:
+def test_static_decode_path_matches_eager_on_cpu() -> None:
     eager = build(_config(device="cpu", dtype="float32"))
-    static = build(_config(device="cpu", dtype="float32", fuse_decode_rotary=fuse_decode_rotary))
+    static = build(_config(device="cpu", dtype="float32"))
     graphs = _with_static_decode(static)
     results = []
     for built, tag in ((eager, "e"), (static, "s")):
@@ -91,9 +90,6 @@ def test_static_decode_path_matches_eager_on_cpu(fuse_decode_rotary: bool) -> No
     assert got == want
     assert graphs.replays >= NEW_TOKENS - 1  # every decode step after the prefills
     assert 4 in graphs._graphs  # batches of 3 padded to the bucket of 4
-    # The decode attention merged its partitions in its own launch (the
-    # counters were borrowed: allocated) and handed them back zeroed.
-    assert graphs._counters.allocated_bytes() > 0 and graphs._counters.all_zero()
     # Padding rows are not counted: each computed token routes top_k times per layer.
     top_k = static.engine.runner.model.spec.top_k
     tokens = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (NEW_TOKENS - 1)

@@ -5,8 +5,7 @@ inputs only once the launch before it has written them."""
 import pytest
 import torch
 
-from kernels.paged_attention import kv_cache_view
-from kernels.paged_decode import paged_attention_decode, paged_attention_decode_reference
+from kernels.paged_attention import kv_cache_view, paged_attention_decode, paged_attention_decode_reference
 from kernels.pdl import PDL_MAX_ROWS, pdl_options
 
 
