@@ -11,12 +11,11 @@ Contract of a kernel that takes part: its first statement is
 `wait_for_previous_grid(PDL)`, before it touches memory, so that no read or
 write of it moves ahead of anything the previous kernel does (the wait
 returns once that grid has completed and its writes are visible). The call
-then lets the next launch begin. Hence only the launch itself overlaps. The
-one exception is a read of memory that no launch writes (model weights):
-kernels/dense_gemv.py asks the L2 for its first weight lines before its
-wait. A
-kernel after one that does not take part (cuBLAS, torch) launches early only
-if that kernel lets it; its wait keeps it correct either way.
+then lets the next launch begin. Hence only the launch itself overlaps (an
+L2 prefetch of weights before the wait was measured in kernels/dense_gemv.py
+and gained nothing, benchmarks/NOTES.md session 20). A kernel after one that
+does not take part (cuBLAS, torch) launches early only if that kernel lets
+it; its wait keeps it correct either way.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ class Linear(nn.Module):
     """y = x @ weight.T with weight [out_features, in_features].
 
     gemv_max_tokens: on CUDA, fp16/bf16 batches of 1..gemv_max_tokens rows
-    take kernels/dense_gemv.py (its weight stream begins before the previous
-    launch ends); 0 (the default) keeps torch's GEMM. Set by a model's
+    take kernels/dense_gemv.py (a GEMV taking part in PDL, so its programs
+    become resident under the previous launch); 0 (the default) keeps torch's
+    GEMM. Set by a model's
     use_dense_gemv transform (DataplaneConfig.dense_gemv_max_tokens).
     """
 
