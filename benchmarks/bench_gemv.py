@@ -23,7 +23,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -95,7 +94,9 @@ def main() -> int:
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "commit": args.commit,
                                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                     "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "triton": triton.__version__, "method": "graph of back-to-back launches over rotated W copies, PDL off", "rows": rows}, indent=1))
+                                    "triton": triton.__version__,
+                                    "method": "graph of back-to-back launches over rotated W copies, PDL off",
+                                    "rows": rows}, indent=1))
     print("shape  T  cuBLAS us  GEMV default us  best tiles  best us  best GB/s")
     for r in rows:
         print(f"{r['shape']:5s} {r['tokens']:2d} {r['cublas_us']:9.1f} {r['default_us']:16.1f} "

@@ -103,7 +103,8 @@ class DataplaneConfig(BaseSettings):
     fuse_moe_entry: bool = True
     # On CUDA, the attention projections of batches of up to this many rows by
     # kernels/dense_gemv.py instead of cuBLAS; 0: cuBLAS always. One row: end
-    # to end 3-4 % faster at B=1, 6-7 % slower at B=4 (e2e_h200_s20_gemv*.json).
+    # to end 4.0 % faster at B=1; with it up to 2 or 4 rows, 1.2 % slower at
+    # B=2 and 6.9 % at B=4 (e2e_h200_s20_{cublas,gemv_nopf,b2_*}.json).
     # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)

@@ -9,10 +9,11 @@ is W's bytes, yet cuBLAS took 27.8 us a Mixtral layer for 84 MB that need
 at the end; no tensor cores, whose 16-row x tile would cost as much shared
 memory as W) with the PDL wait of kernels/pdl.py, so that its programs
 become resident under the previous launch. End to end it decodes the
-synthetic Mixtral-8x7B 4-bit at B=1 3-4 % faster than cuBLAS and at B=4 6-7 %
-slower (benchmarks/results/e2e_h200_s20_gemv*.json), hence
-DataplaneConfig.dense_gemv_max_tokens. An L2 prefetch of W's first columns
-before the wait was measured too and gained nothing (same files); removed.
+synthetic Mixtral-8x7B 4-bit at B=1 4.0 % faster than cuBLAS, at B=2 1.2 %
+and at B=4 6.9 % slower (benchmarks/results/e2e_h200_s20_{cublas,gemv_nopf,
+b2_*}.json), hence DataplaneConfig.dense_gemv_max_tokens. An L2 prefetch of
+W's first columns before the wait gained nothing (e2e_h200_s20_gemv.json);
+removed.
 
 Contract: x [T, K] and W [N, K] of one dtype (fp16 or bf16), unit last
 stride, 1 <= T <= GEMV_MAX_TOKENS; out [T, N] in x's dtype, fp32

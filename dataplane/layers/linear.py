@@ -20,8 +20,8 @@ class Linear(nn.Module):
     gemv_max_tokens: on CUDA, fp16/bf16 batches of 1..gemv_max_tokens rows
     take kernels/dense_gemv.py (a GEMV taking part in PDL, so its programs
     become resident under the previous launch); 0 (the default) keeps torch's
-    GEMM. Set by a model's
-    use_dense_gemv transform (DataplaneConfig.dense_gemv_max_tokens).
+    GEMM. Set by a model's use_dense_gemv transform
+    (DataplaneConfig.dense_gemv_max_tokens).
     """
 
     def __init__(self, in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> None:
