@@ -66,7 +66,7 @@ MAX_ROTATIONS = 8
 # under 1 MiB, so smaller pages keep the padding (and the store) small.
 PAGE_BYTES = {MIXTRAL.name: 2 * 2**20, QWEN.name: 256 * 2**10}
 BITS = ["8", "6", "4", "3", "2", "mixed"]
-DEFAULT_TUNE = dict(block_n=128, num_stages=3, use_asm=True)
+DEFAULT_TUNE = dict(block_n=128, use_asm=True)  # num_stages: choose_tiles' default per tile
 BATCHES = [1, 4, 16, 64]
 
 

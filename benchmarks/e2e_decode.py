@@ -54,7 +54,7 @@ from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
-from kernels import pdl  # noqa: E402
+from kernels import moe_tiles, pdl  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
 
 COPY_BYTES = 2 << 30
@@ -252,6 +252,7 @@ def write_result(args, engine, bandwidth: float, build_s: float, rows: list, pro
         "fuse_moe_entry": not args.no_fuse_moe_entry,
         "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
         "pdl_max_rows": pdl.PDL_MAX_ROWS,
+        "one_token_stages": moe_tiles.CUDA_CORE_STAGES,
         "overlap_steps": not args.no_overlap,
         "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
                          "between (about two steps); engine_step_ms and tok_per_s are the rates",
@@ -294,6 +295,9 @@ def main() -> int:
     parser.add_argument("--pdl-max-rows", type=int, default=None,
                         help="kernels.pdl.PDL_MAX_ROWS for this run (A/B runs of PDL; 0 for kernel-time "
                              "profiles whose durations are not inflated by PDL waits)")
+    parser.add_argument("--one-token-stages", type=int, default=None,
+                        help="kernels.moe_tiles.CUDA_CORE_STAGES for this run (pipeline depth of the "
+                             "one-token MoE loop; A/B runs)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -311,6 +315,9 @@ def main() -> int:
     if args.pdl_max_rows is not None:
         # Read by pdl.pdl_options at every launch; set before any kernel runs.
         pdl.PDL_MAX_ROWS = args.pdl_max_rows
+    if args.one_token_stages is not None:
+        # Read by moe_tiles.choose_tiles when the engine picks its tiles.
+        moe_tiles.CUDA_CORE_STAGES = args.one_token_stages
     batches = [int(b) for b in args.batches.split(",")]
     states = args.bits.split(",")
     sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)

@@ -26,7 +26,6 @@ from kernels.moe_cuda_core import group_dot, view_place
 from kernels.moe_decode import decode_tile
 
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
-CUDA_CORE_STAGES = tl.constexpr(3)
 
 
 @triton.jit
@@ -159,7 +158,7 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                  xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
-                 BM: tl.constexpr, USE_ASM: tl.constexpr):
+                 BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
 
     arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
@@ -174,6 +173,8 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     activations (weight_layout.quantize_activations): xt_ptrs int32 pointers
     [64] to the words of group 0, qs_ptrs fp32 pointers [2] to the scales of
     its spans (unused for BM >= 16), xt_mask and plane_off unused.
+    STAGES: pipeline depth of the CUDA-core loop (MoeTiles.num_stages); the
+    tensor-core loop takes the launch's num_stages instead.
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
     """
@@ -253,10 +254,10 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
                                            qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM)
         else:
             # The CUDA-core product has no tensor-core operand for Triton's
-            # pipeliner to stream the loads through; ask for the stages (2,
-            # 3 and 4 ran alike on the H200, with fp32 products and with
-            # dp2a: benchmarks/results/moe_tune_b1_s14_h200.json).
-            for g in tl.range(gs, ge, num_stages=CUDA_CORE_STAGES):
+            # pipeliner to stream the loads through, and the launch's
+            # num_stages alone streams nothing: ask for the stages here
+            # (STAGES - 1 groups of loads in flight while one is multiplied).
+            for g in tl.range(gs, ge, num_stages=STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                                            qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM)
@@ -268,18 +269,18 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
 def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                      xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                     USE_ASM: tl.constexpr):
+                     USE_ASM: tl.constexpr, STAGES: tl.constexpr):
     """block_matmul specialised on the block's run-time field count nf (1..5)."""
     args = (arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
             xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs)
     if nf == 1:
-        acc = block_matmul(*args, XS_SUB, 1, BN, BM, USE_ASM)
+        acc = block_matmul(*args, XS_SUB, 1, BN, BM, USE_ASM, STAGES)
     elif nf == 2:
-        acc = block_matmul(*args, XS_SUB, 2, BN, BM, USE_ASM)
+        acc = block_matmul(*args, XS_SUB, 2, BN, BM, USE_ASM, STAGES)
     elif nf == 3:
-        acc = block_matmul(*args, XS_SUB, 3, BN, BM, USE_ASM)
+        acc = block_matmul(*args, XS_SUB, 3, BN, BM, USE_ASM, STAGES)
     elif nf == 4:
-        acc = block_matmul(*args, XS_SUB, 4, BN, BM, USE_ASM)
+        acc = block_matmul(*args, XS_SUB, 4, BN, BM, USE_ASM, STAGES)
     else:
-        acc = block_matmul(*args, XS_SUB, 5, BN, BM, USE_ASM)
+        acc = block_matmul(*args, XS_SUB, 5, BN, BM, USE_ASM, STAGES)
     return acc

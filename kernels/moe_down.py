@@ -21,18 +21,20 @@ from kernels.weight_layout import GROUP
 @triton.jit
 def _down_tiles(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end,
                 n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
-                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
+                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
+                STAGES: tl.constexpr):
     # Tokens [start, end), BM at a time, through BN rows of the down block
     # over groups [g0, g1), weighted and added into out.
     for m0 in range(start, end, BM):
         _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
-                   n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM)
+                   n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM, STAGES)
 
 
 @triton.jit
 def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
                n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
-               BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr):
+               BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
+               STAGES: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -47,7 +49,7 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
     xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
     acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
                            log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB, q_x, qs_ptrs,
-                           HS_SUB, BN, BM, USE_ASM)
+                           HS_SUB, BN, BM, USE_ASM, STAGES)
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
     tok = (flat // top_k).to(tl.int64)
     wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
@@ -73,7 +75,7 @@ def _group_cost(nf):
 def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr,
                   bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
                   q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-                  USE_ASM: tl.constexpr):
+                  USE_ASM: tl.constexpr, STAGES: tl.constexpr):
     # Groups [g0, g1) of the down block of the expert in `slot`, rows n, all
     # of its tokens; nothing when one of the expert's blocks is host-only.
     expert, blk, nf_g, nf_u, nf_d = expert_blocks(active_ptr, bf_ptr, slot, block0)
@@ -85,11 +87,11 @@ def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active
                 n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
         if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
             if end - start <= BM:
-                _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+                _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
             else:
-                _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM)
+                _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM, STAGES)
         else:
-            _down_tiles(*args, BN, BM, HS_SUB, USE_ASM)
+            _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "split", "groups_per_split"])
@@ -111,6 +113,7 @@ def _moe_down_kernel(
     q_x,  # element offset of the second plane of h
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
     USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, PDL: tl.constexpr,
+    STAGES: tl.constexpr,  # the CUDA-core loop's pipeline depth (MoeTiles.num_stages)
 ):
     # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
@@ -162,7 +165,7 @@ def _moe_down_kernel(
                     _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr,
                                   arena_ptr, pt_ptr, bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F,
                                   pt_block_stride, pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB,
-                                  USE_ASM)
+                                  USE_ASM, STAGES)
     else:
         slot = pid_p // split
         g0 = (pid_p % split) * groups_per_split
@@ -170,7 +173,7 @@ def _moe_down_kernel(
         if (slot < n_act) & (g0 < g1):
             _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr,
                           arena_ptr, pt_ptr, bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride,
-                          pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM)
+                          pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES)
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
@@ -192,7 +195,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         split, triton.cdiv(ffn // GROUP, split), top_k, ws.h.numel(),
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
-        E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down,
+        E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
         **tiles.launch_options(), **pdl_options(ws.h.device, t),
     )
     settle_carveout(ws, kernel, tiles)

@@ -26,20 +26,21 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 @triton.jit
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+                   top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+                   STAGES: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows; per tile, the second of the gate/up pair to arrive
     # (counters[tile index]) combines SiLU(gate) * up.
     for m0 in range(start, end, BM):
         _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
                       counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
-                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM)
+                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
                   hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -55,7 +56,7 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
         qs_ptrs = xq_scale_ptr
     acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
                            H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
-                           1, BN, BM, USE_ASM)
+                           1, BN, BM, USE_ASM, STAGES)
     keep = (n < F)[:, None] & valid[None, :]
     pos64 = pos.to(tl.int64)
     mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
@@ -120,6 +121,7 @@ def _moe_gate_up_kernel(
     block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
+    STAGES: tl.constexpr,  # the CUDA-core loop's pipeline depth (MoeTiles.num_stages)
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
@@ -150,11 +152,11 @@ def _moe_gate_up_kernel(
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES)
             else:
-                _gate_up_tiles(*args, BN, BM, USE_ASM)
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -174,6 +176,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.xp.numel(), ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
-        USE_ASM=tiles.use_asm, **tiles.launch_options(), **pdl_options(ws.h.device, t),
+        USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, **tiles.launch_options(),
+        **pdl_options(ws.h.device, t),
     )
     settle_carveout(ws, kernel, tiles)

@@ -30,6 +30,11 @@ BASE_TOKEN_TILE = 16
 # 64 rows with dp2a ran as 128 (moe_tune_b1_s14_h200.json).
 CUDA_CORE_TOKEN_TILE = 1
 CUDA_CORE_ROWS_PER_WARP = 32
+# Pipeline depth of the one-token tile's K loop (MoeTiles.num_stages; its
+# loads go through shared memory, STAGES - 1 groups in flight).
+CUDA_CORE_STAGES = 3
+# Pipeline depth of the tensor-core tiles (Triton's num_stages).
+TENSOR_CORE_STAGES = 3
 # Resident programs per multiprocessor: both weight kernels use 255 registers
 # per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
@@ -124,7 +129,7 @@ class MoeTiles:
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int = 3, num_warps: int = 4, maxnreg: int | None = None,
+                 num_stages: int | None = None, num_warps: int = 4, maxnreg: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
                  limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs;
@@ -133,7 +138,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
 
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
-    leave multiprocessors idle. block_m: tokens per tile (None: from the mean
+    leave multiprocessors idle. num_stages: pipeline depth (None:
+    CUDA_CORE_STAGES for the one-token tile, else TENSOR_CORE_STAGES).
+    block_m: tokens per tile (None: from the mean
     tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when the mean
     load is over half a tile, so that some expert likely gets more than
     block_m tokens, else 0): see MoeTiles.
@@ -144,6 +151,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     one_token = block_m is None and num_tokens == 1
     if one_token:
         block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
+    if num_stages is None:
+        num_stages = CUDA_CORE_STAGES if block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE_STAGES
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:

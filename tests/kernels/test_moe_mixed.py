@@ -14,7 +14,7 @@ from kernels.moe_mixed import (
     moe_mixed_reference,
     run_gate_up,
 )
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tiles import CUDA_CORE_STAGES, TENSOR_CORE_STAGES, MoeTiles, choose_tiles
 from kernels.smem_carveout import carveout_of
 from tests.kernels.paged_store import random_moe
 
@@ -239,6 +239,9 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert (qwen.block_m, qwen.block_n_up, qwen.block_n_down, qwen.num_warps) == (1, 64, 64, 2)
     assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16
     assert choose_tiles(1, 2, 8, 4096, 14336, block_m=16).block_m == 16
+    # Pipeline depth: per tile kind unless given.
+    assert one.num_stages == CUDA_CORE_STAGES and wide.num_stages == TENSOR_CORE_STAGES
+    assert choose_tiles(1, 2, 8, 4096, 14336, num_stages=2).num_stages == 2
 
 
 def test_workspace_must_match_the_tiles(device):
@@ -304,13 +307,15 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [128, 64])
-def test_gpu_cuda_core_tile_one_token_and_replay(rows):
+@pytest.mark.parametrize("rows,stages", [(128, 3), (64, 3), (128, 7)])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages):
     # The one-token launches as choose_tiles builds them (one row per
-    # thread); the captured step replays with other experts and a demoted block.
+    # thread); the captured step replays with other experts and a demoted
+    # block. 7 stages: over 100 KiB of shared memory per program.
     gen = torch.Generator().manual_seed(13)
     ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
-    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32)
+    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32,
+                     num_stages=stages)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
