@@ -11,9 +11,10 @@ import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
-from kernels.moe_workspace import MoeWorkspace, check_h_planes, down_plan_width, settle_carveout
+from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
+    settle_carveout
 from kernels.pdl import pdl_options, wait_for_previous_grid
 from kernels.weight_layout import GROUP
 
@@ -63,6 +64,7 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
 # 351 / 410 / 478 us, in units of ~32 us); index 0 (host-only) costs nothing.
 DOWN_GROUP_COST = (0, 8, 10, 11, 13, 15)
 _COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in DOWN_GROUP_COST[1:])
+DOWN_PLAN_FIELDS_C = tl.constexpr(DOWN_PLAN_FIELDS)
 
 
 @triton.jit
@@ -72,26 +74,22 @@ def _group_cost(nf):
 
 
 @triton.jit
-def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr, arena_ptr, pt_ptr,
-                  bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
+def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
+                  start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
                   q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
                   USE_ASM: tl.constexpr, STAGES: tl.constexpr):
-    # Groups [g0, g1) of the down block of the expert in `slot`, rows n, all
-    # of its tokens; nothing when one of the expert's blocks is host-only.
-    expert, blk, nf_g, nf_u, nf_d = expert_blocks(active_ptr, bf_ptr, slot, block0)
-    if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
-        start = tl.load(offsets_ptr + expert)
-        end = tl.load(offsets_ptr + expert + 1)
-        pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
-        args = (h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end,
-                n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
-        if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
-            if end - start <= BM:
-                _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
-            else:
-                _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM, STAGES)
-        else:
+    # Groups [g0, g1) of the down block of the expert whose first block is
+    # blk (its three blocks resident), rows n, its tokens [start, end).
+    pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
+    args = (h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end,
+            n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
+    if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
+        if end - start <= BM:
             _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
+        else:
+            _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM, STAGES)
+    else:
+        _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "split", "groups_per_split"])
@@ -108,8 +106,8 @@ def _moe_down_kernel(
     pt_ptr,  # [num_blocks, 5, max_pages] int32
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
-    plan_ptr,  # [programs, E_PAD] int32 scratch, one row per program (BALANCE only)
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
+    plan_ptr,  # [programs, DOWN_PLAN_FIELDS * E_PAD] int32 scratch, one row per program (BALANCE only)
+    block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
     q_x,  # element offset of the second plane of h
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
     USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, PDL: tl.constexpr,
@@ -132,21 +130,31 @@ def _moe_down_kernel(
     n = pid_n * BN + tl.arange(0, BN)
     rows = tl.minimum(n, H - 1)
     if BALANCE:
+        # Every load here waits on at most the active ids (see slot_expert).
         e = tl.arange(0, E_PAD)
+        known = e < E
+        ids = tl.minimum(tl.maximum(tl.load(active_ptr + e, mask=known, other=0), 0), E - 1)
+        blks = block0 + ids * 3
+        nf_g = tl.load(bf_ptr + blks, mask=known, other=0)
+        nf_u = tl.load(bf_ptr + blks + 1, mask=known, other=0)
+        nf_d = tl.load(bf_ptr + blks + 2, mask=known, other=0)
+        starts = tl.load(offsets_ptr + ids, mask=known, other=0)
+        ends = tl.load(offsets_ptr + ids + 1, mask=known, other=0)
         live = e < n_act
-        blks = block0 + tl.load(active_ptr + e, mask=live, other=0) * 3
-        nf_g = tl.load(bf_ptr + blks, mask=live, other=0)
-        nf_u = tl.load(bf_ptr + blks + 1, mask=live, other=0)
-        nf_d = tl.load(bf_ptr + blks + 2, mask=live, other=0)
         unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d), 0)  # [E_PAD]
-        # The slots' work ends go through this program's row of plan and come
-        # back as loads from uniform addresses: values taken from the
-        # reduction directly are per-thread to ptxas, and an expert slot or a
-        # group range derived from them made every K loop re-derive its
-        # addresses (Triton 3.6 SASS: 4-bit loop 434 -> 545 instructions, 224
-        # bytes of spills; measured +18 % on the down launch).
-        plan = plan_ptr + (pid_n * tl.num_programs(1) + pid_p).to(tl.int64) * E_PAD
+        # The slots' work ends and tables go through this program's row of
+        # plan and come back as loads from uniform addresses: values taken
+        # from the reduction directly are per-thread to ptxas, and an expert
+        # slot or a group range derived from them made every K loop re-derive
+        # its addresses (Triton 3.6 SASS: 4-bit loop 434 -> 545 instructions,
+        # 224 bytes of spills; measured +18 % on the down launch). Row: work
+        # ends | first block | down fields | start | end, E_PAD each.
+        plan = plan_ptr + (pid_n * tl.num_programs(1) + pid_p).to(tl.int64) * (DOWN_PLAN_FIELDS_C * E_PAD)
         tl.store(plan + e, tl.cumsum(unit * n_groups, axis=0))
+        tl.store(plan + E_PAD + e, blks)
+        tl.store(plan + 2 * E_PAD + e, nf_d)
+        tl.store(plan + 3 * E_PAD + e, starts)
+        tl.store(plan + 4 * E_PAD + e, ends)
         tl.debug_barrier()
         for slot in range(0, n_act):
             # The share's bounds are reloaded per slot, not carried across
@@ -156,24 +164,26 @@ def _moe_down_kernel(
             hi = ((pid_p + 1) * total // tl.num_programs(1)).to(tl.int32)
             begin = tl.load(plan + slot - 1, mask=slot > 0, other=0)
             finish = tl.load(plan + slot)
-            c = (finish - begin) // n_groups
+            c = (finish - begin) // n_groups  # 0: not active, or a block host-only
             if (c > 0) & (finish > lo) & (begin < hi):
                 # groups whose first unit begin + g c lies in [lo, hi)
                 g0 = tl.maximum(lo - begin + c - 1, 0) // c
                 g1 = tl.minimum(tl.maximum(hi - begin + c - 1, 0) // c, n_groups)
                 if g0 < g1:
-                    _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr,
-                                  arena_ptr, pt_ptr, bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F,
-                                  pt_block_stride, pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB,
-                                  USE_ASM, STAGES)
+                    _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr,
+                                  tl.load(plan + E_PAD + slot), tl.load(plan + 2 * E_PAD + slot),
+                                  tl.load(plan + 3 * E_PAD + slot), tl.load(plan + 4 * E_PAD + slot), g0, g1, n,
+                                  rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x, BN, BM,
+                                  BM_WIDE, HS_SUB, USE_ASM, STAGES)
     else:
-        slot = pid_p // split
+        slot = pid_p // split  # < E: the grid has split programs per slot
         g0 = (pid_p % split) * groups_per_split
         g1 = tl.minimum(g0 + groups_per_split, n_groups)
-        if (slot < n_act) & (g0 < g1):
-            _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr, tw_ptr,
-                          arena_ptr, pt_ptr, bf_ptr, out_ptr, slot, g0, g1, n, rows, block0, H, F, pt_block_stride,
-                          pt_field_stride, log2p, top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES)
+        expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
+        if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
+            _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
+                          start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
+                          BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES)
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
@@ -183,7 +193,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     slots = min(num_experts, t * top_k)
     row_tiles, progs_per_tile = tiles.down_grid(t, top_k, num_experts, hidden, ffn)
     split = progs_per_tile // slots
-    if ws.down_plan.shape != (row_tiles * progs_per_tile, down_plan_width(num_experts)):
+    if ws.down_plan.shape != (row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts)):
         raise ValueError("workspace was allocated for other tiles")
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
@@ -191,7 +201,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
     kernel = _moe_down_kernel[(row_tiles, progs_per_tile)](
         ws.h, ws.hq_scale, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out, ws.down_plan,
-        layer * num_experts * PROJS_PER_EXPERT, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
+        layer * num_experts * PROJS_PER_EXPERT, num_experts, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         split, triton.cdiv(ffn // GROUP, split), top_k, ws.h.numel(),
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,

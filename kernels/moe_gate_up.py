@@ -15,7 +15,7 @@ import triton.language as tl
 from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_blocks
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
 from kernels.pdl import pdl_options, wait_for_previous_grid
@@ -118,7 +118,7 @@ def _moe_gate_up_kernel(
     h_ptr,  # [3, T * top_k, F] fp16 out, sorted, virtual in-group order: the planes (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 out, scales of the int16 h (BM 1)
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
-    block0, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
+    block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
     STAGES: tl.constexpr,  # the CUDA-core loop's pipeline depth (MoeTiles.num_stages)
@@ -132,31 +132,31 @@ def _moe_gate_up_kernel(
     tile = tl.program_id(0) // 2
     which = tl.program_id(0) % 2
     slot = tl.program_id(1)
-    if slot < tl.load(num_active_ptr):
-        expert, blk, nf_g, nf_u, nf_d = expert_blocks(active_ptr, bf_ptr, slot, block0)
-        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
-            nf = tl.where(which == 0, nf_g, nf_u)
-            start = tl.load(offsets_ptr + expert)
-            end = tl.load(offsets_ptr + expert + 1)
-            n = tile * BN + tl.arange(0, BN)
-            rows = tl.minimum(n, F - 1)
-            pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
-            # Where row n of h goes: its virtual position inside its group.
-            col = (n // 128) * 128 + actual_to_virtual(n % 128)
-            counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
-            args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
-                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                    top_k, q_x, q_h)
-            if BM_WIDE > BM:  # compile time: this launch has a wide tile
-                # The 16-token branch first: the compiler lays it out first, and
-                # placed after the wide loops it ran 5-7 % slower with equal
-                # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
-                if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
-                else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES)
-            else:
+    n_act = tl.load(num_active_ptr)
+    expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
+    # One condition on every loaded value: the compiler would otherwise sink
+    # each load below the branch before it, one round trip after another.
+    if (slot < n_act) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
+        nf = tl.where(which == 0, nf_g, nf_u)
+        n = tile * BN + tl.arange(0, BN)
+        rows = tl.minimum(n, F - 1)
+        pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
+        # Where row n of h goes: its virtual position inside its group.
+        col = (n // 128) * 128 + actual_to_virtual(n % 128)
+        counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
+        args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
+                hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
+                top_k, q_x, q_h)
+        if BM_WIDE > BM:  # compile time: this launch has a wide tile
+            # The 16-token branch first: the compiler lays it out first, and
+            # placed after the wide loops it ran 5-7 % slower with equal
+            # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
+            if end - start <= BM:
                 _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
+            else:
+                _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES)
+        else:
+            _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -171,7 +171,8 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
-        ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, hidden, ffn,
+        ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts,
+        hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
         ws.prep.xp.numel(), ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m,

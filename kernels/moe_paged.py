@@ -26,12 +26,26 @@ class PagedWeights:
 
 
 @triton.jit
-def expert_blocks(active_ptr, bf_ptr, slot, block0):
-    # The expert in `slot`, its first block (gate; up and down follow) and the
-    # three blocks' resident field counts (0 = host-only).
-    expert = tl.load(active_ptr + slot)
+def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E):
+    """The expert in `slot` (0 <= slot < E), its first block (gate; up and
+    down follow), the three blocks' resident field counts (0 = host-only) and
+    its range [start, end) of the sorted list.
+
+    Issued without waiting for num_active, so that the launch's first loads
+    form two rounds (the slot's expert, then its tables) instead of four
+    (ncu stall sampling of the one-token gate/up launch: the prologue's
+    chain of dependent loads held ~7 % of the warps' samples,
+    benchmarks/results/moe_ncu_b1_stalls_s21_h200.json). Slots at or past
+    num_active hold stale ids (the prep writes the active ones only): the id
+    is clamped into [0, E) so that every load stays in bounds, and the
+    caller must ignore such slots.
+    """
+    expert = tl.minimum(tl.maximum(tl.load(active_ptr + slot), 0), E - 1)
     blk = block0 + expert * 3
-    return expert, blk, tl.load(bf_ptr + blk), tl.load(bf_ptr + blk + 1), tl.load(bf_ptr + blk + 2)
+    nf_g = tl.load(bf_ptr + blk)
+    nf_u = tl.load(bf_ptr + blk + 1)
+    nf_d = tl.load(bf_ptr + blk + 2)
+    return expert, blk, nf_g, nf_u, nf_d, tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1)
 
 
 def check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: int) -> int:

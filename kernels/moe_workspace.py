@@ -28,9 +28,14 @@ class MoeWorkspace:
     # The CUDA-core tile (tiles.activation_dtype int16): h is h quantized
     # (weight_layout.quantize_activations, pair order), h_planes [1, T * k, F].
     hq_scale: torch.Tensor  # [T * k, F / 64] fp32 scales of the int16 h ([T * k, 0] with fp16 planes)
-    down_plan: torch.Tensor  # [down programs, down_plan_width(E)] int32, the down launch's scratch
+    down_plan: torch.Tensor  # [down programs, DOWN_PLAN_FIELDS * down_plan_width(E)] int32, the down launch's scratch
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
+
+
+# Vectors of down_plan_width(E) slots in a row of the down launch's plan:
+# work ends, first block, down fields, start and end of the sorted tokens.
+DOWN_PLAN_FIELDS = 5
 
 
 def down_plan_width(num_experts: int) -> int:
@@ -61,8 +66,8 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                 else torch.zeros(shape, dtype=torch.int32, device=device)),
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
-        down_plan=torch.empty(row_tiles * progs_per_tile, down_plan_width(num_experts), dtype=torch.int32,
-                              device=device),
+        down_plan=torch.empty(row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts),
+                              dtype=torch.int32, device=device),
     )
 
 
