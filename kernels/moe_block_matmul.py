@@ -256,7 +256,8 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             # The CUDA-core product has no tensor-core operand for Triton's
             # pipeliner to stream the loads through, and the launch's
             # num_stages alone streams nothing: ask for the stages here
-            # (STAGES - 1 groups of loads in flight while one is multiplied).
+            # (in the sm_90 SASS: STAGES - 1 shared-memory buffers, STAGES - 2
+            # groups of loads in flight while one is multiplied).
             for g in tl.range(gs, ge, num_stages=STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,

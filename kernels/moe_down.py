@@ -180,7 +180,8 @@ def _moe_down_kernel(
         g0 = (pid_p % split) * groups_per_split
         g1 = tl.minimum(g0 + groups_per_split, n_groups)
         expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
-        if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
+        # One condition on every loaded value (as in the gate/up launch).
+        if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
             _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
                           start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
                           BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES)

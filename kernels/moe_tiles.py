@@ -31,13 +31,14 @@ BASE_TOKEN_TILE = 16
 CUDA_CORE_TOKEN_TILE = 1
 CUDA_CORE_ROWS_PER_WARP = 32
 # Pipeline depth of the one-token tile's K loop (MoeTiles.num_stages; its
-# loads go through shared memory, stages - 1 groups in flight). Mixtral B=1,
-# us per layer at 2 / 4 / 8 bits / mixed 2-6, 3 -> 4 stages: 66.8 / 80.2 /
-# 113.6 / 86.7 -> 65.6 / 78.4 / 113.8 / 84.6; 5, 6, 7 stages slower again
-# (8-bit 119.1 / 123.5 / 128.6); Qwen1.5-MoE 4-bit 22.8 -> 21.0
-# (benchmarks/results/moe_tune_stages_b1_s21_h200.json). End to end 4-bit
-# B=1 +1.2 % (e2e_h200_s21_stages*.json). Before session 21 the kernel fixed
-# 3, so the launch-shape sweeps of num_stages had not changed this loop.
+# loads go through stages - 1 shared-memory buffers, stages - 2 groups in
+# flight while one is multiplied). Mixtral B=1, us per layer at 2 / 4 / 8 bits
+# / mixed 2-6, 3 -> 4 stages: 66.8 / 80.2 / 113.6 / 86.7 -> 65.6 / 78.4 /
+# 113.8 / 84.6; 5, 6, 7 stages slower again (8-bit 119.1 / 123.5 / 128.6);
+# Qwen1.5-MoE 4-bit 22.8 -> 21.0
+# (benchmarks/results/moe_tune_stages_b1_s21_h200.json). End to end 4-bit B=1
+# +1.2 % (e2e_h200_s21_stages*.json). Before session 21 the kernel fixed 3, so
+# the launch-shape sweeps of num_stages had not changed this loop.
 CUDA_CORE_STAGES = 4
 # Pipeline depth of the tensor-core tiles (Triton's num_stages).
 TENSOR_CORE_STAGES = 3
@@ -63,6 +64,8 @@ BALANCE_MAX_EXPERTS = 16
 class MoeTiles:
     """Launch shape. block_n_up must divide 128; split_k 0 = fill the GPU.
 
+    num_stages: pipeline depth, the launches' option for the tensor-core
+    loops and the one-token loop's own (kernels/moe_block_matmul.py STAGES).
     use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
     only; the interpreter cannot run inline assembly).
     maxnreg: cap on registers per thread (more programs per multiprocessor,
