@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import moe_align
+from kernels import moe_align, moe_mixed
 from kernels.arrival_counters import ArrivalCounters
 from kernels import weight_layout as wl
 from kernels.moe_align import moe_prepare, moe_prepare_reference
@@ -106,6 +106,33 @@ def test_few_experts_host_only_and_token_loop(device, t, wide, balance):
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide, balance_down=balance)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
+    assert rel_err(out, ref) < 3e-3
+
+
+@pytest.mark.parametrize("block_m,balance", [(16, True), (16, False), (1, True), (1, False)])
+def test_stale_slots_past_num_active_are_ignored(device, monkeypatch, block_m, balance):
+    # Both launches read a slot's expert id before num_active (moe_paged.slot_expert):
+    # the prep writes only the active slots, so the others hold whatever the
+    # buffer held. Out-of-range ids there must neither fault nor count.
+    weights = random_moe(1, E, H, F, mixed_fields, PAGE, device, seed=8)
+    torch.manual_seed(9)
+    x = torch.randn(2, H).to(torch.float16)
+    ids = torch.tensor([[3, 1], [1, 3]])  # 4 slots, 2 active experts
+    tw = torch.rand(2, 2)
+    prepare = moe_mixed.moe_prepare
+
+    def prepare_then_scribble(*args, **kwargs):
+        prep = args[3]
+        prepare(*args, **kwargs)
+        n_act = int(prep.num_active[0])
+        assert n_act == 2
+        prep.active[n_act:] = torch.tensor([2 ** 30, -7, 2 ** 31 - 1], dtype=torch.int32)[: E - n_act]
+
+    monkeypatch.setattr(moe_mixed, "moe_prepare", prepare_then_scribble)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=2, balance_down=balance,
+                     num_warps=4)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
