@@ -134,29 +134,34 @@ def _moe_gate_up_kernel(
     slot = tl.program_id(1)
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
-    # One condition on every loaded value: the compiler would otherwise sink
-    # each load below the branch before it, one round trip after another.
-    if (slot < n_act) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
-        nf = tl.where(which == 0, nf_g, nf_u)
-        n = tile * BN + tl.arange(0, BN)
-        rows = tl.minimum(n, F - 1)
-        pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
-        # Where row n of h goes: its virtual position inside its group.
-        col = (n // 128) * 128 + actual_to_virtual(n % 128)
-        counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
-        args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
-                hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                top_k, q_x, q_h)
-        if BM_WIDE > BM:  # compile time: this launch has a wide tile
-            # The 16-token branch first: the compiler lays it out first, and
-            # placed after the wide loops it ran 5-7 % slower with equal
-            # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
-            if end - start <= BM:
-                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
+    # Every loaded value is tested in two conditions: the compiler would
+    # otherwise sink each load below the branch before it, one round trip
+    # after another. Not in one condition: with the slot test joined to the
+    # others, ptxas gave the launch 255 registers instead of 225 and the
+    # 8-bit one-token loop 406 instructions a step instead of 362 (local
+    # Triton 3.6 sm_90, benchmarks/sass_loops.py).
+    if slot < n_act:
+        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
+            nf = tl.where(which == 0, nf_g, nf_u)
+            n = tile * BN + tl.arange(0, BN)
+            rows = tl.minimum(n, F - 1)
+            pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
+            # Where row n of h goes: its virtual position inside its group.
+            col = (n // 128) * 128 + actual_to_virtual(n % 128)
+            counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
+            args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
+                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
+                    top_k, q_x, q_h)
+            if BM_WIDE > BM:  # compile time: this launch has a wide tile
+                # The 16-token branch first: the compiler lays it out first, and
+                # placed after the wide loops it ran 5-7 % slower with equal
+                # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
+                if end - start <= BM:
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
+                else:
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES)
             else:
-                _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES)
-        else:
-            _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
