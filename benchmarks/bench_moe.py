@@ -108,15 +108,16 @@ def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None
     return err
 
 
-TUNE_CANDIDATES = [dict(block_n=128, num_stages=3, num_warps=4, use_asm=True),
-                   dict(block_n=128, num_stages=3, num_warps=4, use_asm=True, maxnreg=128),
+# num_stages only where it differs from choose_tiles' default for the tile kind.
+TUNE_CANDIDATES = [dict(block_n=128, num_warps=4, use_asm=True),
+                   dict(block_n=128, num_warps=4, use_asm=True, maxnreg=128),
                    dict(block_n=128, num_stages=2, num_warps=4, use_asm=True, maxnreg=128),
-                   dict(block_n=64, num_stages=3, num_warps=4, use_asm=True, maxnreg=128),
-                   dict(block_n=128, num_stages=3, num_warps=4, use_asm=True, maxnreg=96),
-                   dict(block_n=128, num_stages=3, num_warps=8, use_asm=True, maxnreg=128),
-                   dict(block_n=128, num_stages=3, num_warps=4, use_asm=True, maxnreg=168),
-                   dict(block_n=64, num_stages=3, num_warps=4, use_asm=True),
-                   dict(block_n=64, num_stages=3, num_warps=4, use_asm=True, maxnreg=168)]
+                   dict(block_n=64, num_warps=4, use_asm=True, maxnreg=128),
+                   dict(block_n=128, num_warps=4, use_asm=True, maxnreg=96),
+                   dict(block_n=128, num_warps=8, use_asm=True, maxnreg=128),
+                   dict(block_n=128, num_warps=4, use_asm=True, maxnreg=168),
+                   dict(block_n=64, num_warps=4, use_asm=True),
+                   dict(block_n=64, num_warps=4, use_asm=True, maxnreg=168)]
 TUNE_CASES = [(1, "4"), (16, "4"), (64, "4"), (1, "2")]
 
 

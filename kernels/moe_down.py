@@ -130,16 +130,11 @@ def _moe_down_kernel(
     n = pid_n * BN + tl.arange(0, BN)
     rows = tl.minimum(n, H - 1)
     if BALANCE:
-        # Every load here waits on at most the active ids (see slot_expert).
+        # Every load here waits on at most the active ids (see slot_expert);
+        # plan slots past E read slot E - 1 again and, like all past n_act, get no work.
         e = tl.arange(0, E_PAD)
-        known = e < E
-        ids = tl.minimum(tl.maximum(tl.load(active_ptr + e, mask=known, other=0), 0), E - 1)
-        blks = block0 + ids * 3
-        nf_g = tl.load(bf_ptr + blks, mask=known, other=0)
-        nf_u = tl.load(bf_ptr + blks + 1, mask=known, other=0)
-        nf_d = tl.load(bf_ptr + blks + 2, mask=known, other=0)
-        starts = tl.load(offsets_ptr + ids, mask=known, other=0)
-        ends = tl.load(offsets_ptr + ids + 1, mask=known, other=0)
+        _, blks, nf_g, nf_u, nf_d, starts, ends = slot_expert(active_ptr, bf_ptr, offsets_ptr,
+                                                              tl.minimum(e, E - 1), block0, E)
         live = e < n_act
         unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d), 0)  # [E_PAD]
         # The slots' work ends and tables go through this program's row of

@@ -27,9 +27,10 @@ class PagedWeights:
 
 @triton.jit
 def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E):
-    """The expert in `slot` (0 <= slot < E), its first block (gate; up and
-    down follow), the three blocks' resident field counts (0 = host-only) and
-    its range [start, end) of the sorted list.
+    """The expert in `slot` (0 <= slot < E; a scalar or a vector of slots),
+    its first block (gate; up and down follow), the three blocks' resident
+    field counts (0 = host-only) and its range [start, end) of the sorted
+    list.
 
     Issued without waiting for num_active, so that the launch's first loads
     form two rounds (the slot's expert, then its tables) instead of four
