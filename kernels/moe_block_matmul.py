@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import weight_layout
-from kernels.moe_cuda_core import group_dot, view_place
+from kernels.moe_cuda_core import group_activations, group_dot, view_place
 from kernels.moe_decode import decode_tile
 
 TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
@@ -142,9 +142,10 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
         # One token on the CUDA cores (tl.dot needs 16), by dp2a against the
         # token's int16 activations (kernels/moe_cuda_core.py); with one row
         # per thread (MoeTiles: num_warps = BN / 32) each row's sum stays in
-        # its thread. Every thread reads the whole group of activations.
+        # its thread. Every thread reads the whole group of activations
+        # (from shared memory; group_activations spreads their copy).
         tl.static_assert(BM == 1, "the CUDA-core product takes one token per tile")
-        act = tl.load(xt_ptrs + g * 64)  # [64] int32: int16 pairs, pair order
+        act = group_activations(xt_ptrs + g * 64, BN)  # [64] int32: int16 pairs, pair order
         act_scale = tl.load(qs_ptrs + g * 2)  # [2] fp32 scales of the group's spans
         part = group_dot(f0, f1, f2, f3, f4, act, act_scale, NF, BN, USE_ASM)[:, None]  # [BN, 1] sum t x * place
     scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
