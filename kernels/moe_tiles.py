@@ -42,9 +42,23 @@ CUDA_CORE_ROWS_PER_WARP = 32
 CUDA_CORE_STAGES = 4
 # Pipeline depth of the tensor-core tiles (Triton's num_stages).
 TENSOR_CORE_STAGES = 3
-# Resident programs per multiprocessor: both weight kernels use 255 registers
-# per thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
+# Resident programs per multiprocessor when the compiler picks the registers
+# (MoeTiles.maxnreg None): both weight kernels use 225-255 registers per
+# thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
 PROGRAMS_PER_SM = 2
+# What a register cap allows instead (MoeTiles.resident_programs): the
+# H200's register file per multiprocessor, and the granularity in which a
+# thread's registers are allocated.
+REGISTERS_PER_SM = 65536
+REGISTER_GRANULE = 8
+THREADS_PER_SM = 2048
+# Register cap of the one-token tile (choose_tiles' default maxnreg there;
+# None: the compiler's choice). After session 22's activation copy, Triton
+# 3.6 builds both one-token launches under a cap of 168 with no spills inside
+# the K loops (12-17 more instructions a step, a 80-144-byte stack outside
+# them; benchmarks/sass_loops.py --maxnreg 168), i.e. 3 programs per
+# multiprocessor instead of 2; not measured on the device yet.
+CUDA_CORE_MAXNREG = None
 # Token tile for experts over the base tile (MoeTiles.block_m_wide). 32: at
 # Mixtral B=64 with random routing (4 of 8 experts over 16 tokens) a 32-token
 # tile for all experts cut the layer from 570 to 441 us against 16, a
@@ -71,8 +85,8 @@ class MoeTiles:
     maxnreg: cap on registers per thread (more programs per multiprocessor,
     at the risk of spills); None leaves it to the compiler.
     limit_carveout: after loading a launch over 48 KiB of shared memory, ask
-    the driver for only the carveout that PROGRAMS_PER_SM programs need, so
-    that L1 keeps the rest (kernels/smem_carveout.py); GPU only.
+    the driver for only the carveout that resident_programs programs need,
+    so that L1 keeps the rest (kernels/smem_carveout.py); GPU only.
     block_m: tokens per tile: a power of two >= BASE_TOKEN_TILE (tensor
     cores, fp16 activation planes) or CUDA_CORE_TOKEN_TILE (CUDA cores, int16
     activations: activation_dtype); any token count is correct with either,
@@ -121,6 +135,14 @@ class MoeTiles:
         (x planes from the prep launch, h planes from gate/up)."""
         return torch.int16 if self.block_m == CUDA_CORE_TOKEN_TILE else torch.float16
 
+    @property
+    def resident_programs(self) -> int:
+        """Programs per multiprocessor that the registers allow: PROGRAMS_PER_SM
+        (measured) when the compiler picks them, else what maxnreg leaves room
+        for. Sizes the down split and the shared-memory carveout, which would
+        otherwise hold a capped launch to PROGRAMS_PER_SM."""
+        return resident_programs(self.maxnreg, self.num_warps)
+
     def down_grid(self, num_tokens: int, top_k: int, num_experts: int, hidden: int,
                   ffn: int) -> tuple[int, int]:
         """(row tiles of H, programs per row tile) of the down launch: split_k
@@ -134,6 +156,16 @@ class MoeTiles:
         if self.maxnreg is not None:
             opts["maxnreg"] = self.maxnreg
         return opts
+
+
+def resident_programs(maxnreg: int | None, num_warps: int) -> int:
+    """MoeTiles.resident_programs for a register cap (None: the compiler's
+    choice) and warps per program."""
+    threads = 32 * num_warps
+    if maxnreg is None:
+        return PROGRAMS_PER_SM
+    per_thread = -(-maxnreg // REGISTER_GRANULE) * REGISTER_GRANULE
+    return max(1, min(REGISTERS_PER_SM // (per_thread * threads), THREADS_PER_SM // threads))
 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
@@ -160,6 +192,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     one_token = block_m is None and num_tokens == 1
     if one_token:
         block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
+        if maxnreg is None:
+            maxnreg = CUDA_CORE_MAXNREG
     if num_stages is None:
         num_stages = CUDA_CORE_STAGES if block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE_STAGES
     if block_m is None:
@@ -188,7 +222,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # One wave: a split that overfills the multiprocessors by a few programs
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
-    split = max(1, min(ffn // GROUP, PROGRAMS_PER_SM * num_sms // tiles_down))
+    split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,

@@ -12,7 +12,7 @@ import triton
 
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import MoePrep, act_scale_columns, alloc_prep, check_planes, planes_of
-from kernels.moe_tiles import PROGRAMS_PER_SM, MoeTiles, choose_tiles
+from kernels.moe_tiles import MoeTiles, choose_tiles
 from kernels.smem_carveout import limit_carveout_once
 from kernels.weight_layout import GROUP
 
@@ -103,4 +103,4 @@ def check_h_planes(ws: MoeWorkspace, tiles: MoeTiles) -> None:
 def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
     """After a launch: limit the loaded kernel's carveout once (MoeTiles.limit_carveout)."""
     if tiles.limit_carveout and ws.h.is_cuda:
-        limit_carveout_once(kernel, ws.carveouts_set, PROGRAMS_PER_SM, ws.h.device)
+        limit_carveout_once(kernel, ws.carveouts_set, tiles.resident_programs, ws.h.device)

@@ -269,6 +269,14 @@ def test_tiles_validate_and_widen_only_when_needed():
     # Pipeline depth: per tile kind unless given.
     assert one.num_stages == CUDA_CORE_STAGES and wide.num_stages == TENSOR_CORE_STAGES
     assert choose_tiles(1, 2, 8, 4096, 14336, num_stages=2).num_stages == 2
+    # Resident programs: measured for the compiler's registers, else from the
+    # cap; the down split fills them (Mixtral B=1: 32 row tiles x 2 experts).
+    assert (one.resident_programs, one.split_k) == (2, 4)
+    capped = choose_tiles(1, 2, 8, 4096, 14336, maxnreg=168)
+    assert (capped.maxnreg, capped.resident_programs, capped.split_k) == (168, 3, 6)
+    assert MoeTiles(maxnreg=128, num_warps=4).resident_programs == 4
+    assert MoeTiles(maxnreg=255, num_warps=4).resident_programs == 2  # 256 a thread: 64 Ki exactly
+    assert MoeTiles(maxnreg=24, num_warps=8).resident_programs == 8  # threads, not registers (10), bound it
 
 
 def test_workspace_must_match_the_tiles(device):
