@@ -54,10 +54,11 @@ REGISTER_GRANULE = 8
 THREADS_PER_SM = 2048
 # Register cap of the one-token tile (choose_tiles' default maxnreg there;
 # None: the compiler's choice). After session 22's activation copy, Triton
-# 3.6 builds both one-token launches under a cap of 168 with no spills inside
-# the K loops (12-17 more instructions a step, a 80-144-byte stack outside
-# them; benchmarks/sass_loops.py --maxnreg 168), i.e. 3 programs per
-# multiprocessor instead of 2; not measured on the device yet.
+# 3.6 builds both one-token launches under a cap of 168, and even of 128,
+# with no spills inside the K loops (12-17 more instructions a step, an
+# 80-320-byte stack outside them; benchmarks/sass_loops.py --maxnreg), i.e.
+# 3 or 4 programs per multiprocessor instead of 2; not measured on the
+# device yet.
 CUDA_CORE_MAXNREG = None
 # Token tile for experts over the base tile (MoeTiles.block_m_wide). 32: at
 # Mixtral B=64 with random routing (4 of 8 experts over 16 tokens) a 32-token
