@@ -56,10 +56,9 @@ def group_activations(act_ptrs, BN: tl.constexpr):
     the loop's pipelining makes should still be spread over the threads.
     Triton 3.6's layout pass (the H200 image's) treats a load of fewer
     elements than the program has threads as cheap to repeat and gives it
-    the layout of its users,
-    here one whole copy per thread: at 128 rows, 32 8-byte cp.async a thread
-    and step, issued by every warp (sm_90 SASS, benchmarks/NOTES.md session
-    22). Loaded as two copies of the words (128 elements, one a thread) the
+    the layout of its users, here one whole copy per thread: at 128 rows,
+    32 8-byte cp.async a thread and step, issued by every warp (sm_90 SASS,
+    benchmarks/NOTES.md session 22). Loaded as two copies of the words (128 elements, one a thread) the
     load keeps a layout of one word per thread, and each thread reads the
     group from shared memory; the second copy is never read. At 64 rows the
     plain load already has one element a thread; other tile heights (not

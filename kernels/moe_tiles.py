@@ -55,7 +55,7 @@ THREADS_PER_SM = 2048
 # Register cap of the one-token tile (choose_tiles' default maxnreg there;
 # None: the compiler's choice). After session 22's activation copy, Triton
 # 3.6 builds both one-token launches under a cap of 168, and even of 128,
-# with no spills inside the K loops (12-17 more instructions a step, an
+# with no spills inside the K loops (up to 17 more instructions a step, an
 # 80-320-byte stack outside them; benchmarks/sass_loops.py --maxnreg), i.e.
 # 3 or 4 programs per multiprocessor instead of 2; not measured on the
 # device yet.
@@ -162,9 +162,9 @@ class MoeTiles:
 def resident_programs(maxnreg: int | None, num_warps: int) -> int:
     """MoeTiles.resident_programs for a register cap (None: the compiler's
     choice) and warps per program."""
-    threads = 32 * num_warps
     if maxnreg is None:
         return PROGRAMS_PER_SM
+    threads = 32 * num_warps
     per_thread = -(-maxnreg // REGISTER_GRANULE) * REGISTER_GRANULE
     return max(1, min(REGISTERS_PER_SM // (per_thread * threads), THREADS_PER_SM // threads))
 
