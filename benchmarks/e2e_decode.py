@@ -254,6 +254,7 @@ def write_result(args, engine, bandwidth: float, build_s: float, rows: list, pro
         "pdl_max_rows": pdl.PDL_MAX_ROWS,
         "one_token_stages": moe_tiles.CUDA_CORE_STAGES,
         "one_token_maxnreg": moe_tiles.CUDA_CORE_MAXNREG,
+        "tensor_core_stages": moe_tiles.TENSOR_CORE_STAGES,
         "overlap_steps": not args.no_overlap,
         "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
                          "between (about two steps); engine_step_ms and tok_per_s are the rates",
@@ -299,6 +300,9 @@ def main() -> int:
     parser.add_argument("--one-token-stages", type=int, default=None,
                         help="kernels.moe_tiles.CUDA_CORE_STAGES for this run (pipeline depth of the "
                              "one-token MoE loop; A/B runs)")
+    parser.add_argument("--tensor-core-stages", type=int, default=None,
+                        help="kernels.moe_tiles.TENSOR_CORE_STAGES for this run (pipeline depth of the 16-token "
+                             "tensor-core MoE tile without a wide tile; A/B runs)")
     parser.add_argument("--one-token-maxnreg", type=int, default=None,
                         help="kernels.moe_tiles.CUDA_CORE_MAXNREG for this run (register cap of the "
                              "one-token MoE launches, e.g. 168 for 3 programs per multiprocessor; A/B runs)")
@@ -324,6 +328,8 @@ def main() -> int:
         moe_tiles.CUDA_CORE_STAGES = args.one_token_stages
     if args.one_token_maxnreg is not None:
         moe_tiles.CUDA_CORE_MAXNREG = args.one_token_maxnreg
+    if args.tensor_core_stages is not None:
+        moe_tiles.TENSOR_CORE_STAGES = args.tensor_core_stages
     batches = [int(b) for b in args.batches.split(",")]
     states = args.bits.split(",")
     sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)

@@ -36,7 +36,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import moe_down, moe_gate_up  # noqa: E402
-from kernels.moe_tiles import CUDA_CORE_STAGES, CUDA_CORE_TOKEN_TILE, TENSOR_CORE_STAGES  # noqa: E402
+from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, default_stages  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
 KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
@@ -117,14 +117,13 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=8, help="down: sets the plan width")
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=None,
-                    help="pipeline depth (default: choose_tiles' for the tile, moe_tiles.CUDA_CORE_STAGES or "
-                         "TENSOR_CORE_STAGES)")
+                    help="pipeline depth (default: choose_tiles' for the tile, moe_tiles.default_stages)")
     ap.add_argument("--no-asm", action="store_true", help="without the PTX byte permute")
     ap.add_argument("--maxnreg", type=int, help="register cap per thread (MoeTiles.maxnreg)")
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
     if args.num_stages is None:
-        args.num_stages = CUDA_CORE_STAGES if args.block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE_STAGES
+        args.num_stages = default_stages(args.block_m, args.block_m_wide)
     # PDL: as the H200 runs them (kernels/pdl.py; one wait at the kernel's start)
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
                   "PDL": True, "STAGES": args.num_stages}

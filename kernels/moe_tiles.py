@@ -40,8 +40,16 @@ CUDA_CORE_ROWS_PER_WARP = 32
 # +1.2 % (e2e_h200_s21_stages*.json). Before session 21 the kernel fixed 3, so
 # the launch-shape sweeps of num_stages had not changed this loop.
 CUDA_CORE_STAGES = 4
-# Pipeline depth of the tensor-core tiles (Triton's num_stages).
-TENSOR_CORE_STAGES = 3
+# Pipeline depth of the tensor-core tiles (Triton's num_stages): the 16-token
+# tile alone, and launches with a wider token tile compiled in (default_stages).
+# Mixtral, 4 -> 3 stages at 4 bits (us per layer, 0fdae1d, session 23): B=4
+# 312.1 -> 304.5, B=16 314.3 -> 305.9, B=64 342.0 -> 342.5 (its wide tile),
+# 8-bit B=16 410.6 -> 405.9; end to end B=16 +2.2 / +1.4 / +1.8 % at 4 / 8 /
+# mixed 2-6 bits, B=64 -0.9 to -1.3 % (e2e_h200_s23_tcst*.json). 4 stages take
+# 67 KB of shared memory at 16 tokens; the 32-token wide tile 84 KB and the
+# 64-token tile 116 KB, over two programs' share of the 228 KB.
+TENSOR_CORE_STAGES = 4
+WIDE_TILE_STAGES = 3
 # Resident programs per multiprocessor when the compiler picks the registers
 # (MoeTiles.maxnreg None): both weight kernels use 225-255 registers per
 # thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
@@ -169,6 +177,16 @@ def resident_programs(maxnreg: int | None, num_warps: int) -> int:
     return max(1, min(REGISTERS_PER_SM // (per_thread * threads), THREADS_PER_SM // threads))
 
 
+def default_stages(block_m: int, block_m_wide: int) -> int:
+    """choose_tiles' pipeline depth for a token tile of block_m tokens with a
+    wide tile of block_m_wide (0: none) compiled in."""
+    if block_m == CUDA_CORE_TOKEN_TILE:
+        return CUDA_CORE_STAGES
+    if block_m == BASE_TOKEN_TILE and not block_m_wide:
+        return TENSOR_CORE_STAGES
+    return WIDE_TILE_STAGES
+
+
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int | None = None, num_warps: int = 4, maxnreg: int | None = None,
@@ -181,7 +199,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
     leave multiprocessors idle. num_stages: pipeline depth (None:
-    CUDA_CORE_STAGES for the one-token tile, else TENSOR_CORE_STAGES).
+    default_stages).
     block_m: tokens per tile (None: from the mean
     tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when the mean
     load is over half a tile, so that some expert likely gets more than
@@ -195,8 +213,6 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
         if maxnreg is None:
             maxnreg = CUDA_CORE_MAXNREG
-    if num_stages is None:
-        num_stages = CUDA_CORE_STAGES if block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE_STAGES
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
@@ -208,6 +224,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # B=64 (mean 16) 431 us with it and 570 us without.
         likely_over = per_expert > block_m / 2
         block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
+    if num_stages is None:
+        num_stages = default_stages(block_m, block_m_wide)
     if balance_down is None:
         # Not with the wide tile: there Triton 3.6 keeps fewer address words
         # in registers and the 16-token loops grow (4-bit: 429 -> 461

@@ -14,7 +14,7 @@ from kernels.moe_mixed import (
     moe_mixed_reference,
     run_gate_up,
 )
-from kernels.moe_tiles import CUDA_CORE_STAGES, TENSOR_CORE_STAGES, MoeTiles, choose_tiles
+from kernels.moe_tiles import CUDA_CORE_STAGES, TENSOR_CORE_STAGES, WIDE_TILE_STAGES, MoeTiles, choose_tiles
 from kernels.smem_carveout import carveout_of
 from tests.kernels.paged_store import random_moe
 
@@ -267,7 +267,9 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16
     assert choose_tiles(1, 2, 8, 4096, 14336, block_m=16).block_m == 16
     # Pipeline depth: per tile kind unless given.
-    assert one.num_stages == CUDA_CORE_STAGES and wide.num_stages == TENSOR_CORE_STAGES
+    assert one.num_stages == CUDA_CORE_STAGES and wide.num_stages == WIDE_TILE_STAGES
+    assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == TENSOR_CORE_STAGES
+    assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == WIDE_TILE_STAGES  # 64-token tiles
     assert choose_tiles(1, 2, 8, 4096, 14336, num_stages=2).num_stages == 2
     # Resident programs: measured for the compiler's registers, else from the
     # cap; the down split fills them (Mixtral B=1: 32 row tiles x 2 experts).
