@@ -42,12 +42,13 @@ CUDA_CORE_ROWS_PER_WARP = 32
 CUDA_CORE_STAGES = 4
 # Pipeline depth of the tensor-core tiles (Triton's num_stages): the 16-token
 # tile alone, and launches with a wider token tile compiled in (default_stages).
-# Mixtral, 4 -> 3 stages at 4 bits (us per layer, 0fdae1d, session 23): B=4
+# Mixtral, 3 -> 4 stages at 4 bits (us per layer, 0fdae1d, session 23): B=4
 # 312.1 -> 304.5, B=16 314.3 -> 305.9, B=64 342.0 -> 342.5 (its wide tile),
 # 8-bit B=16 410.6 -> 405.9; end to end B=16 +2.2 / +1.4 / +1.8 % at 4 / 8 /
-# mixed 2-6 bits, B=64 -0.9 to -1.3 % (e2e_h200_s23_tcst*.json). 4 stages take
-# 67 KB of shared memory at 16 tokens; the 32-token wide tile 84 KB and the
-# 64-token tile 116 KB, over two programs' share of the 228 KB.
+# mixed 2-6 bits, B=64 -0.9 to -1.3 % (e2e_h200_s23_tcst*.json). At 4 stages
+# the 16-token tile takes 67 KB of shared memory, the 32-token wide tile 84
+# KB (slower, above), a 64-token tile 116 KB: over half the 228 KB, so one
+# program per multiprocessor.
 TENSOR_CORE_STAGES = 4
 WIDE_TILE_STAGES = 3
 # Resident programs per multiprocessor when the compiler picks the registers
@@ -61,12 +62,12 @@ REGISTERS_PER_SM = 65536
 REGISTER_GRANULE = 8
 THREADS_PER_SM = 2048
 # Register cap of the one-token tile (choose_tiles' default maxnreg there;
-# None: the compiler's choice). After session 22's activation copy, Triton
-# 3.6 builds both one-token launches under a cap of 168, and even of 128,
-# with no spills inside the K loops (up to 17 more instructions a step, an
-# 80-320-byte stack outside them; benchmarks/sass_loops.py --maxnreg), i.e.
-# 3 or 4 programs per multiprocessor instead of 2; not measured on the
-# device yet.
+# None: the compiler's choice, 236 registers under Triton 3.6). Caps compile
+# without spills inside the K loops but measured slower (Mixtral B=1, 4-bit
+# layer, session 23, moe_tune_*_b1_s23_h200.json): none 69.5-70.1 us, 240
+# 69.8, 200 70.0 (2 programs, no stack), 168 with 2 programs 79.9, 168 (3
+# programs) 89.7, 128 (4 programs) 82.7; end to end 297.5 -> 249.4 / 258.0
+# tok/s at 168 / 128. So neither more programs nor the capped code pay.
 CUDA_CORE_MAXNREG = None
 # Token tile for experts over the base tile (MoeTiles.block_m_wide). 32: at
 # Mixtral B=64 with random routing (4 of 8 experts over 16 tokens) a 32-token
