@@ -335,11 +335,11 @@ def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("use_asm", [False, True])
-def test_gpu_larger_shapes_and_graph_replay(use_asm):
+@pytest.mark.parametrize("use_asm,stages", [(False, 3), (True, 3), (True, TENSOR_CORE_STAGES)])
+def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
     gen = torch.Generator().manual_seed(10)
     ids, new_ids = (torch.randint(0, 8, (33, 2), generator=gen) for _ in range(2))
-    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=4, use_asm=use_asm)
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=4, use_asm=use_asm, num_stages=stages)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=10, demote_first_block=True)
 
 
@@ -368,18 +368,20 @@ def test_gpu_loaded_experts_with_and_without_wide_tile(wide):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wide", [0, 32])
-def test_gpu_carveout_limited_only_for_launches_over_48k(wide):
-    # The wide build needs 58 KiB of shared memory per program, the narrow one
-    # 46 KiB: only the first gets an explicit (partial) carveout.
+@pytest.mark.parametrize("wide,stages", [(0, 3), (32, 3), (0, 4)])
+def test_gpu_carveout_limited_only_for_launches_over_48k(wide, stages):
+    # At 3 stages the wide build needs 58 KiB of shared memory per program,
+    # the narrow one 46 KiB; at 4 stages the narrow one 67 KB: only those
+    # over 48 KiB get an explicit (partial) carveout.
     gen = torch.Generator().manual_seed(12)
     ids = torch.stack([torch.randperm(3, generator=gen)[:2] for _ in range(48)])
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide,
+                     num_stages=stages)
     ws = alloc_workspace(48, 2, 1024, 1408, 8, tiles, "cuda")
     check_eager_and_replay("cuda", tiles, ids, ids, seed=12, workspace=ws)
     assert len(ws.carveouts_set) == 2
     got = sorted(carveout_of(f) for f in ws.carveouts_set)
-    if wide:
+    if wide or stages > 3:
         assert all(0 < c < 100 for c in got), got
     else:
         assert got == [-1, -1]
