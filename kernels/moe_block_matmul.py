@@ -174,8 +174,8 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     activations (weight_layout.quantize_activations): xt_ptrs int32 pointers
     [64] to the words of group 0, qs_ptrs fp32 pointers [2] to the scales of
     its spans (unused for BM >= 16), xt_mask and plane_off unused.
-    STAGES: pipeline depth of the CUDA-core loop (MoeTiles.num_stages); the
-    tensor-core loop takes the launch's num_stages instead.
+    STAGES: pipeline depth of the K loop (MoeTiles.num_stages, or
+    wide_loop_stages for a launch's wide token tile).
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
     """
@@ -249,7 +249,10 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             ge, p4 = _field_segment(a4, b4, k4, gs, ge, 8)
         ps = tl.where(gs < sk, sa, sb)
         if BM >= 16:
-            for g in range(gs, ge):
+            # The launch's num_stages would pipeline a plain range too, but
+            # one depth for every loop; a launch with a wide tile gives each
+            # token tile's loop its own (MoeTiles.wide_stages).
+            for g in tl.range(gs, ge, num_stages=STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
                                            qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM)

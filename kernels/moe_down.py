@@ -77,7 +77,7 @@ def _group_cost(nf):
 def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
                   start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
                   q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-                  USE_ASM: tl.constexpr, STAGES: tl.constexpr):
+                  USE_ASM: tl.constexpr, STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr):
     # Groups [g0, g1) of the down block of the expert whose first block is
     # blk (its three blocks resident), rows n, its tokens [start, end).
     pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
@@ -87,7 +87,7 @@ def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, 
         if end - start <= BM:
             _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
         else:
-            _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM, STAGES)
+            _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM, STAGES_WIDE)
     else:
         _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
 
@@ -111,7 +111,8 @@ def _moe_down_kernel(
     q_x,  # element offset of the second plane of h
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
     USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, PDL: tl.constexpr,
-    STAGES: tl.constexpr,  # the CUDA-core loop's pipeline depth (MoeTiles.num_stages)
+    STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
+    STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
 ):
     # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
@@ -169,7 +170,7 @@ def _moe_down_kernel(
                                   tl.load(plan + E_PAD + slot), tl.load(plan + 2 * E_PAD + slot),
                                   tl.load(plan + 3 * E_PAD + slot), tl.load(plan + 4 * E_PAD + slot), g0, g1, n,
                                   rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x, BN, BM,
-                                  BM_WIDE, HS_SUB, USE_ASM, STAGES)
+                                  BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE)
     else:
         slot = pid_p // split  # < E: the grid has split programs per slot
         g0 = (pid_p % split) * groups_per_split
@@ -179,7 +180,7 @@ def _moe_down_kernel(
         if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
             _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
                           start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
-                          BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES)
+                          BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE)
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
@@ -202,6 +203,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
+        STAGES_WIDE=tiles.wide_loop_stages,
         **tiles.launch_options(), **pdl_options(ws.h.device, t),
     )
     settle_carveout(ws, kernel, tiles)

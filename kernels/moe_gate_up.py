@@ -121,7 +121,8 @@ def _moe_gate_up_kernel(
     block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
-    STAGES: tl.constexpr,  # the CUDA-core loop's pipeline depth (MoeTiles.num_stages)
+    STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
+    STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
@@ -159,7 +160,7 @@ def _moe_gate_up_kernel(
                 if end - start <= BM:
                     _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE)
             else:
                 _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
 
@@ -182,7 +183,8 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.xp.numel(), ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
-        USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, **tiles.launch_options(),
+        USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
+        **tiles.launch_options(),
         **pdl_options(ws.h.device, t),
     )
     settle_carveout(ws, kernel, tiles)

@@ -88,8 +88,11 @@ BALANCE_MAX_EXPERTS = 16
 class MoeTiles:
     """Launch shape. block_n_up must divide 128; split_k 0 = fill the GPU.
 
-    num_stages: pipeline depth, the launches' option for the tensor-core
-    loops and the one-token loop's own (kernels/moe_block_matmul.py STAGES).
+    num_stages: pipeline depth of the K loops (kernels/moe_block_matmul.py
+    STAGES; also the launches' num_stages option).
+    wide_stages: pipeline depth of the block_m_wide loops (0: num_stages).
+    Both tiles' loops are in one launch, whose shared memory is the larger
+    of their needs.
     use_asm: split byte lanes into fp16 pairs with the PTX byte permute (GPU
     only; the interpreter cannot run inline assembly).
     maxnreg: cap on registers per thread (more programs per multiprocessor,
@@ -122,6 +125,7 @@ class MoeTiles:
     split_k: int = 0
     num_warps: int = 4
     num_stages: int = 3
+    wide_stages: int = 0
     use_asm: bool = False
     maxnreg: int | None = None
     block_m_wide: int = 0
@@ -138,6 +142,9 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
+        if self.num_stages < 1 or self.wide_stages < 0:
+            raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
+                             f"{self.wide_stages}")
 
     @property
     def activation_dtype(self) -> torch.dtype:
@@ -159,6 +166,11 @@ class MoeTiles:
         programs per expert slot, which share the row tile's work."""
         slots = min(num_experts, num_tokens * top_k)
         return triton.cdiv(hidden, self.block_n_down), min(max(1, self.split_k), ffn // GROUP) * slots
+
+    @property
+    def wide_loop_stages(self) -> int:
+        """Pipeline depth of the block_m_wide loops."""
+        return self.wide_stages or self.num_stages
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -191,6 +203,7 @@ def default_stages(block_m: int, block_m_wide: int) -> int:
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int | None = None, num_warps: int = 4, maxnreg: int | None = None,
+                 wide_stages: int | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
                  limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs;
@@ -200,7 +213,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     block_n: rows per program (64 or 128; 128 amortizes more per-iteration
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
     leave multiprocessors idle. num_stages: pipeline depth (None:
-    default_stages).
+    default_stages); wide_stages: that of the wide tile's loops (None:
+    WIDE_TILE_STAGES).
     block_m: tokens per tile (None: from the mean
     tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when the mean
     load is over half a tile, so that some expert likely gets more than
@@ -227,6 +241,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
     if num_stages is None:
         num_stages = default_stages(block_m, block_m_wide)
+    if wide_stages is None:
+        wide_stages = WIDE_TILE_STAGES if block_m_wide else 0
     if balance_down is None:
         # Not with the wide tile: there Triton 3.6 keeps fewer address words
         # in registers and the 16-token loops grow (4-bit: 429 -> 461
@@ -244,6 +260,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # slots), so round down.
     split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    num_stages=num_stages, num_warps=num_warps, use_asm=use_asm, maxnreg=maxnreg,
+                    num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
+                    maxnreg=maxnreg,
                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,
                     balance_down=balance_down)

@@ -270,6 +270,13 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert one.num_stages == CUDA_CORE_STAGES and wide.num_stages == WIDE_TILE_STAGES
     assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == TENSOR_CORE_STAGES
     assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == WIDE_TILE_STAGES  # 64-token tiles
+    assert wide.wide_loop_stages == WIDE_TILE_STAGES and one.wide_loop_stages == one.num_stages
+    split_depths = choose_tiles(64, 2, 8, 4096, 14336, num_stages=4, wide_stages=3)
+    assert (split_depths.num_stages, split_depths.wide_loop_stages) == (4, 3)
+    with pytest.raises(ValueError, match="wide_stages"):
+        MoeTiles(wide_stages=-1)
+    with pytest.raises(ValueError, match="num_stages"):
+        MoeTiles(num_stages=0)
     assert choose_tiles(1, 2, 8, 4096, 14336, num_stages=2).num_stages == 2
     # Resident programs: measured for the compiler's registers, else from the
     # cap; the down split fills them (Mixtral B=1: 32 row tiles x 2 experts).
@@ -357,13 +364,15 @@ def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wide", [0, 32])
-def test_gpu_loaded_experts_with_and_without_wide_tile(wide):
+@pytest.mark.parametrize("wide,stages,wide_stages", [(0, 3, 0), (32, 3, 0), (32, 4, 3)])
+def test_gpu_loaded_experts_with_and_without_wide_tile(wide, stages, wide_stages):
     # 48 tokens on 3 of 8 experts (30-35 tokens each: one or two wide tiles,
-    # two or three narrow ones), then on 4 (16-27 each: both token classes).
+    # two or three narrow ones), then on 4 (16-27 each: both token classes);
+    # last, the two tiles' loops at different pipeline depths in one launch.
     gen = torch.Generator().manual_seed(11)
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(48)]) for n in (3, 4))
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide,
+                     num_stages=stages, wide_stages=wide_stages)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=11)
 
 
