@@ -38,7 +38,7 @@ import statistics
 import threading
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -54,8 +54,9 @@ from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
-from kernels import moe_tiles, pdl  # noqa: E402
+from kernels import pdl  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
+from kernels.moe_tuning import MoeTuning  # noqa: E402
 
 COPY_BYTES = 2 << 30
 # Device-to-device copy of the H200 in ../shared/ANCHORS.md (bytes read +
@@ -236,8 +237,8 @@ def set_precision(store, state: str) -> None:
     store.sync()
 
 
-def write_result(args, engine, bandwidth: float, build_s: float, rows: list, profiles: list,
-                 complete: bool) -> dict:
+def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_s: float, rows: list,
+                 profiles: list, complete: bool) -> dict:
     """Writes the JSON of the run so far to args.out (after every row, so that
     a run cut by a timeout keeps its rows; complete marks the last write)."""
     graphs = engine.runner.graphs
@@ -252,9 +253,11 @@ def write_result(args, engine, bandwidth: float, build_s: float, rows: list, pro
         "fuse_moe_entry": not args.no_fuse_moe_entry,
         "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
         "pdl_max_rows": pdl.PDL_MAX_ROWS,
-        "one_token_stages": moe_tiles.CUDA_CORE_STAGES,
-        "one_token_maxnreg": moe_tiles.CUDA_CORE_MAXNREG,
-        "tensor_core_stages": moe_tiles.TENSOR_CORE_STAGES,
+        "moe_tuning": asdict(config.moe_tuning),
+        # The earlier files' keys for these three.
+        "one_token_stages": config.moe_tuning.one_token_stages,
+        "one_token_maxnreg": config.moe_tuning.one_token_maxnreg,
+        "tensor_core_stages": config.moe_tuning.tensor_core_stages,
         "overlap_steps": not args.no_overlap,
         "step_ms_means": "a step's launch to its collect; with overlap_steps the next step is launched in "
                          "between (about two steps); engine_step_ms and tok_per_s are the rates",
@@ -297,15 +300,21 @@ def main() -> int:
     parser.add_argument("--pdl-max-rows", type=int, default=None,
                         help="kernels.pdl.PDL_MAX_ROWS for this run (A/B runs of PDL; 0 for kernel-time "
                              "profiles whose durations are not inflated by PDL waits)")
-    parser.add_argument("--one-token-stages", type=int, default=None,
-                        help="kernels.moe_tiles.CUDA_CORE_STAGES for this run (pipeline depth of the "
-                             "one-token MoE loop; A/B runs)")
-    parser.add_argument("--tensor-core-stages", type=int, default=None,
-                        help="kernels.moe_tiles.TENSOR_CORE_STAGES for this run (pipeline depth of the 16-token "
+    tuning = MoeTuning()
+    parser.add_argument("--one-token-stages", type=int, default=tuning.one_token_stages,
+                        help="DataplaneConfig.moe_tuning.one_token_stages (pipeline depth of the one-token MoE "
+                             "loop; A/B runs)")
+    parser.add_argument("--tensor-core-stages", type=int, default=tuning.tensor_core_stages,
+                        help="DataplaneConfig.moe_tuning.tensor_core_stages (pipeline depth of the 16-token "
                              "tensor-core MoE tile without a wide tile; A/B runs)")
-    parser.add_argument("--one-token-maxnreg", type=int, default=None,
-                        help="kernels.moe_tiles.CUDA_CORE_MAXNREG for this run (register cap of the "
-                             "one-token MoE launches, e.g. 168 for 3 programs per multiprocessor; A/B runs)")
+    parser.add_argument("--wide-launch-stages", type=int, default=tuning.wide_launch_stages,
+                        help="DataplaneConfig.moe_tuning.wide_launch_stages (the 16-token loop's depth in a "
+                             "launch with the wide tile, B=64; A/B runs)")
+    parser.add_argument("--wide-tile-stages", type=int, default=tuning.wide_tile_stages,
+                        help="DataplaneConfig.moe_tuning.wide_tile_stages (the wide tile's loops; A/B runs)")
+    parser.add_argument("--one-token-maxnreg", type=int, default=tuning.one_token_maxnreg,
+                        help="DataplaneConfig.moe_tuning.one_token_maxnreg (register cap of the one-token MoE "
+                             "launches, e.g. 168 for 3 programs per multiprocessor; A/B runs)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -323,13 +332,6 @@ def main() -> int:
     if args.pdl_max_rows is not None:
         # Read by pdl.pdl_options at every launch; set before any kernel runs.
         pdl.PDL_MAX_ROWS = args.pdl_max_rows
-    if args.one_token_stages is not None:
-        # Read by moe_tiles.choose_tiles when the engine picks its tiles.
-        moe_tiles.CUDA_CORE_STAGES = args.one_token_stages
-    if args.one_token_maxnreg is not None:
-        moe_tiles.CUDA_CORE_MAXNREG = args.one_token_maxnreg
-    if args.tensor_core_stages is not None:
-        moe_tiles.TENSOR_CORE_STAGES = args.tensor_core_stages
     batches = [int(b) for b in args.batches.split(",")]
     states = args.bits.split(",")
     sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)
@@ -344,6 +346,9 @@ def main() -> int:
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
         dense_gemv_max_tokens=args.dense_gemv_max_tokens, max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap,
+        moe_tuning=MoeTuning(one_token_stages=args.one_token_stages, tensor_core_stages=args.tensor_core_stages,
+                             wide_launch_stages=args.wide_launch_stages, wide_tile_stages=args.wide_tile_stages,
+                             one_token_maxnreg=args.one_token_maxnreg),
     )
     built = build(config)
     build_s = time.perf_counter() - t0
@@ -369,7 +374,7 @@ def main() -> int:
                 rows[-1]["mode"] = "graphs" if runner.graphs is not None else "eager"
                 rows[-1]["sampling"] = "greedy" if sampling is None else f"T={args.temperature} top_p={args.top_p}"
                 print(json.dumps(rows[-1]), flush=True)
-                write_result(args, engine, bandwidth, build_s, rows, [], complete=False)
+                write_result(args, config, engine, bandwidth, build_s, rows, [], complete=False)
         if args.eager_too and runner.graphs is not None:
             graphs, runner.graphs = runner.graphs, None  # engine thread reads it per step
             for b in batches:
@@ -382,7 +387,7 @@ def main() -> int:
                     for b in args.profile_batches.split(",") if b]
     finally:
         engine.stop()
-    result = write_result(args, engine, bandwidth, build_s, rows, profiles, complete=True)
+    result = write_result(args, config, engine, bandwidth, build_s, rows, profiles, complete=True)
     print(f"\n{args.preset}: built in {build_s:.0f} s; copy {bandwidth / 1e12:.2f} TB/s; "
           f"graphs {result['graph_captures']} captured, {result['graph_replays']} replays")
     print(f"{'mode':6} {'bits':>9} {'B':>3} {'step ms':>8} {'eng ms':>8} {'tok/s':>8} {'GB/step':>8} {'roof ms':>8} "

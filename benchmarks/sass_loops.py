@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import moe_down, moe_gate_up  # noqa: E402
 from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, default_stages  # noqa: E402
+from kernels.moe_tuning import MoeTuning  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
 KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
@@ -125,7 +126,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
     if args.num_stages is None:
-        args.num_stages = default_stages(args.block_m, args.block_m_wide)
+        args.num_stages = default_stages(args.block_m, args.block_m_wide, MoeTuning())
     # PDL: as the H200 runs them (kernels/pdl.py; one wait at the kernel's start)
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
                   "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages or args.num_stages}

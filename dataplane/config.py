@@ -16,6 +16,8 @@ import torch
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kernels.moe_tuning import MoeTuning
+
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -108,6 +110,11 @@ class DataplaneConfig(BaseSettings):
     # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
+    # Pipeline depths and register cap of the fused MoE launches per token
+    # tile (kernels/moe_tuning.py has the measurements behind the defaults);
+    # as JSON in the environment, e.g.
+    # PW_DATAPLANE_MOE_TUNING='{"tensor_core_stages": 3}' (A/B runs).
+    moe_tuning: MoeTuning = MoeTuning()
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

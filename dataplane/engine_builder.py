@@ -234,7 +234,8 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
         matrices = synthetic_expert_blocks(model.spec, device, config.seed) if lazy_experts else None
         # The model's norms round the experts' float32 output where they add it.
         store = quantize_experts(model, arena, initial_bits=config.initial_expert_bits, matrices=matrices,
-                                 accumulator_out=True, fused_entry=config.fuse_moe_entry)
+                                 accumulator_out=True, fused_entry=config.fuse_moe_entry,
+                                 moe_tuning=config.moe_tuning)
         controller = PrecisionController(
             store,
             arena,

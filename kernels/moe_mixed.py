@@ -35,6 +35,7 @@ from kernels.moe_entry import moe_entry
 from kernels.moe_gate_up import run_gate_up
 from kernels.moe_paged import PROJ_DOWN, PROJ_GATE, PROJ_UP, PROJS_PER_EXPERT, PagedWeights, check_weights
 from kernels.moe_tiles import DEFAULT_SMS, MoeTiles, choose_tiles
+from kernels.moe_tuning import MoeTuning
 from kernels.moe_workspace import MoeWorkspace, alloc_workspace
 from kernels.router import RoutingTargets
 from kernels.weight_layout import GROUP, dequantize_view, field_bytes, pages_for
@@ -47,7 +48,7 @@ __all__ = ["PagedWeights", "PROJS_PER_EXPERT", "alloc_workspace", "fused_moe_fro
 def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     weights: PagedWeights, layer: int, num_experts: int, ffn: int,
                     tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None,
-                    counters: ArrivalCounters | None = None) -> torch.Tensor:
+                    counters: ArrivalCounters | None = None, tuning: MoeTuning | None = None) -> torch.Tensor:
     """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
 
     x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
@@ -56,7 +57,8 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     workspace: buffers from alloc_workspace (reused across calls and CUDA
     graphs); the result is workspace.prep.out. counters: the shared zeroed
     arrival counters of a workspace allocated here (kernels/arrival_counters.py;
-    None: zeroed per call). Three launches, no host sync.
+    None: zeroed per call). tiles: the launch shape (None: choose_tiles with
+    tuning, itself None: MoeTuning()). Three launches, no host sync.
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
@@ -65,7 +67,7 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         raise ValueError("topk_ids and topk_weights must both be [T, k]")
     top_k = topk_ids.shape[1]
     workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
-                                                        x.device, tiles, workspace, counters)
+                                                        x.device, tiles, workspace, counters, tuning)
     if t == 0:
         return workspace.prep.out
     moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields)
@@ -77,7 +79,8 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                             gate_weight: torch.Tensor, top_k: int, weights: PagedWeights, layer: int,
                             num_experts: int, ffn: int, counters: ArrivalCounters,
-                            targets: RoutingTargets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            targets: RoutingTargets | None = None,
+                            tuning: MoeTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(MoE layer output fp32 [T, H], residual + delta): fused_moe_mixed of
     x = RMSNorm(residual + delta) routed by gate_weight, its first launch
     kernels/moe_entry.py (residual add, norm, router and prep in one). Where
@@ -87,7 +90,7 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
         raise ValueError(f"need residual [T, H] and gate_weight [{num_experts}, H]")
     t, hidden = residual.shape
     workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
-                                                        residual.device, None, None, counters)
+                                                        residual.device, None, None, counters, tuning)
     res_out, _, topk_weights = moe_entry(delta, residual, norm_weight, eps, gate_weight, top_k, workspace.prep,
                                          counters, targets, down_fields)
     if t:
@@ -98,7 +101,8 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
 
 def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: int, num_experts: int, ffn: int,
                  device: torch.device, tiles: MoeTiles | None, workspace: MoeWorkspace | None,
-                 counters: ArrivalCounters | None) -> tuple[MoeWorkspace, MoeTiles, int, torch.Tensor]:
+                 counters: ArrivalCounters | None,
+                 tuning: MoeTuning | None) -> tuple[MoeWorkspace, MoeTiles, int, torch.Tensor]:
     """Checks one layer's sizes; (workspace, tiles, log2 of the page size, the
     active experts' slot cost: the down blocks' resident field counts, read
     at run time)."""
@@ -112,7 +116,7 @@ def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: 
     if tiles is None:
         sms = (torch.cuda.get_device_properties(device).multi_processor_count
                if device.type == "cuda" else DEFAULT_SMS)
-        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda")
+        tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda", tuning=tuning)
     if GROUP % tiles.block_n_up or ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide 128 and ffn {ffn}")
     if workspace is None:

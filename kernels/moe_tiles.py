@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from kernels.moe_tuning import MoeTuning
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
@@ -30,27 +31,6 @@ BASE_TOKEN_TILE = 16
 # 64 rows with dp2a ran as 128 (moe_tune_b1_s14_h200.json).
 CUDA_CORE_TOKEN_TILE = 1
 CUDA_CORE_ROWS_PER_WARP = 32
-# Pipeline depth of the one-token tile's K loop (MoeTiles.num_stages; its
-# loads go through stages - 1 shared-memory buffers, stages - 2 groups in
-# flight while one is multiplied). Mixtral B=1, us per layer at 2 / 4 / 8 bits
-# / mixed 2-6, 3 -> 4 stages: 66.8 / 80.2 / 113.6 / 86.7 -> 65.6 / 78.4 /
-# 113.8 / 84.6; 5, 6, 7 stages slower again (8-bit 119.1 / 123.5 / 128.6);
-# Qwen1.5-MoE 4-bit 22.8 -> 21.0
-# (benchmarks/results/moe_tune_stages_b1_s21_h200.json). End to end 4-bit B=1
-# +1.2 % (e2e_h200_s21_stages*.json). Before session 21 the kernel fixed 3, so
-# the launch-shape sweeps of num_stages had not changed this loop.
-CUDA_CORE_STAGES = 4
-# Pipeline depth of the tensor-core tiles (Triton's num_stages): the 16-token
-# tile alone, and launches with a wider token tile compiled in (default_stages).
-# Mixtral, 3 -> 4 stages at 4 bits (us per layer, 0fdae1d, session 23): B=4
-# 312.1 -> 304.5, B=16 314.3 -> 305.9, B=64 342.0 -> 342.5 (its wide tile),
-# 8-bit B=16 410.6 -> 405.9; end to end B=16 +2.2 / +1.4 / +1.8 % at 4 / 8 /
-# mixed 2-6 bits, B=64 -0.9 to -1.3 % (e2e_h200_s23_tcst*.json). At 4 stages
-# the 16-token tile takes 67 KB of shared memory, the 32-token wide tile 84
-# KB (slower, above), a 64-token tile 116 KB: over half the 228 KB, so one
-# program per multiprocessor.
-TENSOR_CORE_STAGES = 4
-WIDE_TILE_STAGES = 3
 # Resident programs per multiprocessor when the compiler picks the registers
 # (MoeTiles.maxnreg None): both weight kernels use 225-255 registers per
 # thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
@@ -61,14 +41,6 @@ PROGRAMS_PER_SM = 2
 REGISTERS_PER_SM = 65536
 REGISTER_GRANULE = 8
 THREADS_PER_SM = 2048
-# Register cap of the one-token tile (choose_tiles' default maxnreg there;
-# None: the compiler's choice, 236 registers under Triton 3.6). Caps compile
-# without spills inside the K loops but measured slower (Mixtral B=1, 4-bit
-# layer, session 23, moe_tune_*_b1_s23_h200.json): none 69.5-70.1 us, 240
-# 69.8, 200 70.0 (2 programs, no stack), 168 with 2 programs 79.9, 168 (3
-# programs) 89.7, 128 (4 programs) 82.7; end to end 297.5 -> 249.4 / 258.0
-# tok/s at 168 / 128. So neither more programs nor the capped code pay.
-CUDA_CORE_MAXNREG = None
 # Token tile for experts over the base tile (MoeTiles.block_m_wide). 32: at
 # Mixtral B=64 with random routing (4 of 8 experts over 16 tokens) a 32-token
 # tile for all experts cut the layer from 570 to 441 us against 16, a
@@ -190,20 +162,20 @@ def resident_programs(maxnreg: int | None, num_warps: int) -> int:
     return max(1, min(REGISTERS_PER_SM // (per_thread * threads), THREADS_PER_SM // threads))
 
 
-def default_stages(block_m: int, block_m_wide: int) -> int:
+def default_stages(block_m: int, block_m_wide: int, tuning: MoeTuning) -> int:
     """choose_tiles' pipeline depth for a token tile of block_m tokens with a
     wide tile of block_m_wide (0: none) compiled in."""
     if block_m == CUDA_CORE_TOKEN_TILE:
-        return CUDA_CORE_STAGES
+        return tuning.one_token_stages
     if block_m == BASE_TOKEN_TILE and not block_m_wide:
-        return TENSOR_CORE_STAGES
-    return WIDE_TILE_STAGES
+        return tuning.tensor_core_stages
+    return tuning.wide_launch_stages
 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
                  num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
                  num_stages: int | None = None, num_warps: int = 4, maxnreg: int | None = None,
-                 wide_stages: int | None = None,
+                 wide_stages: int | None = None, tuning: MoeTuning | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
                  limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 16-64 tokens per tile, enough programs;
@@ -214,12 +186,15 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     work, 64 gives more programs); gate/up drops to 64 rows when 128 would
     leave multiprocessors idle. num_stages: pipeline depth (None:
     default_stages); wide_stages: that of the wide tile's loops (None:
-    WIDE_TILE_STAGES).
+    tuning.wide_tile_stages); maxnreg (None: tuning.one_token_maxnreg for the
+    one-token tile, else none); tuning: the measured defaults (None:
+    MoeTuning()).
     block_m: tokens per tile (None: from the mean
     tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when the mean
     load is over half a tile, so that some expert likely gets more than
     block_m tokens, else 0): see MoeTiles.
     """
+    tuning = tuning or MoeTuning()
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
@@ -227,7 +202,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     if one_token:
         block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
         if maxnreg is None:
-            maxnreg = CUDA_CORE_MAXNREG
+            maxnreg = tuning.one_token_maxnreg
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
@@ -240,9 +215,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         likely_over = per_expert > block_m / 2
         block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
     if num_stages is None:
-        num_stages = default_stages(block_m, block_m_wide)
+        num_stages = default_stages(block_m, block_m_wide, tuning)
     if wide_stages is None:
-        wide_stages = WIDE_TILE_STAGES if block_m_wide else 0
+        wide_stages = tuning.wide_tile_stages if block_m_wide else 0
     if balance_down is None:
         # Not with the wide tile: there Triton 3.6 keeps fewer address words
         # in registers and the 16-token loops grow (4-bit: 429 -> 461

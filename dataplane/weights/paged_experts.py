@@ -21,6 +21,7 @@ from dataplane.weights.store import WeightStore
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_entry import moe_entry_suits
 from kernels.moe_mixed import PagedWeights, fused_moe_from_residual, fused_moe_mixed
+from kernels.moe_tuning import MoeTuning
 from kernels.router import RoutingTargets
 
 
@@ -44,6 +45,7 @@ class PagedExperts(nn.Module):
         counters: ArrivalCounters | None = None,
         accumulator_out: bool = False,
         fused_entry: bool = True,
+        moe_tuning: MoeTuning | None = None,
     ) -> None:
         """counters: the fused kernel's zeroed arrival counters, shared by the
         layers of a model (quantize_experts passes one); None: this layer's own.
@@ -52,7 +54,9 @@ class PagedExperts(nn.Module):
         that round it where they add it (dataplane/models/mixtral.py, whose
         RMSNorm.add_forward does). The plain path always returns x's dtype.
         fused_entry: with the fused kernel, also take the MoE block's entry
-        over where kernels/moe_entry.py applies (ExpertsWithEntry)."""
+        over where kernels/moe_entry.py applies (ExpertsWithEntry).
+        moe_tuning: the fused kernel's pipeline depths and register cap
+        (kernels/moe_tuning.py; None: the measured defaults)."""
         super().__init__()
         self.store = store
         self.layer = layer
@@ -66,6 +70,7 @@ class PagedExperts(nn.Module):
         self.counters = ArrivalCounters() if counters is None else counters
         self.accumulator_out = accumulator_out
         self.fused_entry = fused_entry
+        self.moe_tuning = moe_tuning
         want = {PROJ_GATE: (ffn, hidden), PROJ_UP: (ffn, hidden), PROJ_DOWN: (hidden, ffn)}
         for e in range(num_experts):
             for proj, shape in want.items():
@@ -153,7 +158,8 @@ class PagedExperts(nn.Module):
         """ExpertsWithEntry, after entry_ready: (output [T, H], residual + delta),
         the output float32 with accumulator_out, else the residual's dtype."""
         out, res = fused_moe_from_residual(delta, residual, norm_weight, eps, gate_weight, top_k, self._paged_weights(),
-                                           self.layer, self.num_experts, self.ffn_size, self.counters, targets)
+                                           self.layer, self.num_experts, self.ffn_size, self.counters, targets,
+                                           tuning=self.moe_tuning)
         return (out if self.accumulator_out else out.to(residual.dtype)), res
 
     def _paged_weights(self) -> PagedWeights:
@@ -165,5 +171,5 @@ class PagedExperts(nn.Module):
     def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
         out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts,
-                              self.ffn_size, counters=self.counters)  # [T, H] float32
+                              self.ffn_size, counters=self.counters, tuning=self.moe_tuning)  # [T, H] float32
         return out if self.accumulator_out else out.to(x.dtype)

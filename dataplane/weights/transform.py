@@ -23,6 +23,7 @@ from dataplane.weights.layout import VIEW_BITS
 from dataplane.weights.paged_experts import PagedExperts
 from dataplane.weights.store import WeightStore
 from kernels.arrival_counters import ArrivalCounters
+from kernels.moe_tuning import MoeTuning
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ def quantize_experts(
     cache_decoded: bool | None = None,
     accumulator_out: bool = False,
     fused_entry: bool = True,
+    moe_tuning: MoeTuning | None = None,
     progress: bool = True,
 ) -> WeightStore:
     """Replaces every expert module of ``model`` in place with PagedExperts; returns their store.
@@ -99,8 +101,8 @@ def quantize_experts(
     in block-index order, used instead of the expert modules' weights (which
     may then live on ``meta``); their shapes are checked against the modules.
     accumulator_out: see PagedExperts (only for models whose norms round the
-    experts' float32 output). fused_entry: see PagedExperts. The layers share
-    one set of arrival counters.
+    experts' float32 output). fused_entry, moe_tuning: see PagedExperts. The
+    layers share one set of arrival counters.
     """
     layers = find_expert_layers(model)
     if not layers:
@@ -123,5 +125,5 @@ def quantize_experts(
         parent = model.get_submodule(parent_name)
         setattr(parent, attr, PagedExperts(store, i, num_experts, hidden, ffn, cache_decoded=cache_decoded,
                                            counters=counters, accumulator_out=accumulator_out,
-                                           fused_entry=fused_entry))
+                                           fused_entry=fused_entry, moe_tuning=moe_tuning))
     return store

@@ -12,6 +12,9 @@ from pydantic import ValidationError
 
 from dataplane.__main__ import parse_args
 from dataplane.config import GIB, DataplaneConfig
+from dataplane.engine_builder import build
+from dataplane.weights.paged_experts import PagedExperts
+from kernels.moe_tuning import MoeTuning
 from pagedweight.v1 import inference_pb2, inference_pb2_grpc
 
 CLI_TIMEOUT_S = 120
@@ -61,3 +64,15 @@ def test_cli_serves_and_prints_its_address(random_ckpt):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_moe_tuning_from_the_environment_reaches_every_expert_layer(monkeypatch):
+    monkeypatch.setenv("PW_DATAPLANE_MOE_TUNING", '{"tensor_core_stages": 3, "one_token_maxnreg": 200}')
+    cfg = DataplaneConfig(synthetic="mixtral-tiny", cpu_arena_bytes=4 << 20)
+    assert cfg.moe_tuning == MoeTuning(tensor_core_stages=3, one_token_maxnreg=200)
+    for bad in ({"tensor_core_stages": 0}, {"one_token_maxnreg": 999}, {"no_such_knob": 1}):
+        with pytest.raises(ValidationError):
+            DataplaneConfig(synthetic="mixtral-tiny", moe_tuning=bad)
+    model = build(cfg).engine.runner.model
+    experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
+    assert experts and all(m.moe_tuning == cfg.moe_tuning for m in experts)

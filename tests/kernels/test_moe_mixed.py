@@ -14,7 +14,8 @@ from kernels.moe_mixed import (
     moe_mixed_reference,
     run_gate_up,
 )
-from kernels.moe_tiles import CUDA_CORE_STAGES, TENSOR_CORE_STAGES, WIDE_TILE_STAGES, MoeTiles, choose_tiles
+from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tuning import MoeTuning
 from kernels.smem_carveout import carveout_of
 from tests.kernels.paged_store import random_moe
 
@@ -266,11 +267,23 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert (qwen.block_m, qwen.block_n_up, qwen.block_n_down, qwen.num_warps) == (1, 64, 64, 2)
     assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16
     assert choose_tiles(1, 2, 8, 4096, 14336, block_m=16).block_m == 16
-    # Pipeline depth: per tile kind unless given.
-    assert one.num_stages == CUDA_CORE_STAGES and wide.num_stages == WIDE_TILE_STAGES
-    assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == TENSOR_CORE_STAGES
-    assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == WIDE_TILE_STAGES  # 64-token tiles
-    assert wide.wide_loop_stages == WIDE_TILE_STAGES and one.wide_loop_stages == one.num_stages
+    # Pipeline depth: per tile kind from the tuning unless given.
+    shipped = MoeTuning()
+    assert one.num_stages == shipped.one_token_stages and wide.num_stages == shipped.wide_launch_stages
+    assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == shipped.tensor_core_stages
+    assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == shipped.wide_launch_stages  # 64-token tiles
+    assert wide.wide_loop_stages == shipped.wide_tile_stages and one.wide_loop_stages == one.num_stages
+    tuned = MoeTuning(one_token_stages=2, tensor_core_stages=5, wide_launch_stages=6, wide_tile_stages=7,
+                      one_token_maxnreg=200)
+    one_tuned = choose_tiles(1, 2, 8, 4096, 14336, tuning=tuned)
+    assert (one_tuned.num_stages, one_tuned.maxnreg) == (2, 200)
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=tuned).num_stages == 5
+    wide_tuned = choose_tiles(64, 2, 8, 4096, 14336, tuning=tuned)
+    assert (wide_tuned.num_stages, wide_tuned.wide_loop_stages, wide_tuned.maxnreg) == (6, 7, None)
+    with pytest.raises(ValueError, match="tensor_core_stages"):
+        MoeTuning(tensor_core_stages=0)
+    with pytest.raises(ValueError, match="one_token_maxnreg"):
+        MoeTuning(one_token_maxnreg=256)
     split_depths = choose_tiles(64, 2, 8, 4096, 14336, num_stages=4, wide_stages=3)
     assert (split_depths.num_stages, split_depths.wide_loop_stages) == (4, 3)
     with pytest.raises(ValueError, match="wide_stages"):
@@ -342,7 +355,7 @@ def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("use_asm,stages", [(False, 3), (True, 3), (True, TENSOR_CORE_STAGES)])
+@pytest.mark.parametrize("use_asm,stages", [(False, 3), (True, 3), (True, MoeTuning().tensor_core_stages)])
 def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
     gen = torch.Generator().manual_seed(10)
     ids, new_ids = (torch.randint(0, 8, (33, 2), generator=gen) for _ in range(2))

@@ -1,0 +1,70 @@
+"""MoeTuning: the compiler choices of the fused MoE launches that are set by
+measurement rather than derived from the shapes (pipeline depths, register
+cap). kernels/moe_tiles.choose_tiles reads one; DataplaneConfig.moe_tuning
+holds the serving process's, and A/B benchmarks build their own.
+
+Imports no Triton, so that configs can hold one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The shipped values and why (H200, Triton 3.6; benchmarks/results/):
+#
+# one_token_stages: the one-token tile's K loop (its loads go through
+# stages - 1 shared-memory buffers, stages - 2 groups in flight while one is
+# multiplied). Mixtral B=1, us per layer at 2 / 4 / 8 bits / mixed 2-6, 3 -> 4
+# stages: 66.8 / 80.2 / 113.6 / 86.7 -> 65.6 / 78.4 / 113.8 / 84.6; 5, 6, 7
+# stages slower again (8-bit 119.1 / 123.5 / 128.6); Qwen1.5-MoE 4-bit 22.8 ->
+# 21.0 (moe_tune_stages_b1_s21_h200.json). End to end 4-bit B=1 +1.2 %
+# (e2e_h200_s21_stages*.json).
+ONE_TOKEN_STAGES = 4
+# tensor_core_stages: the 16-token tensor-core tile in a launch without a wide
+# tile. Mixtral, 3 -> 4 stages at 4 bits (us per layer, 0fdae1d, session 23):
+# B=4 312.1 -> 304.5, B=16 314.3 -> 305.9, 8-bit B=16 410.6 -> 405.9; end to
+# end B=16 +2.2 / +1.4 / +1.8 % at 4 / 8 / mixed 2-6 bits
+# (e2e_h200_s23_tcst*.json). At 4 stages it takes 67 KB of shared memory.
+TENSOR_CORE_STAGES = 4
+# wide_launch_stages and wide_tile_stages: a launch with the 32-token wide
+# tile compiled in (B=64), its 16-token loop and its wide loop. Both at 4
+# stages: B=64 342.0 -> 342.5 us per layer, end to end -0.9 to -1.3 %
+# (e2e_h200_s23_tcst*.json); the wide tile then takes 84 KB of shared memory,
+# a 64-token base tile 116 KB (over half the 228 KB: one program per
+# multiprocessor), so wide_launch_stages also covers base tiles over 16 tokens.
+WIDE_LAUNCH_STAGES = 3
+WIDE_TILE_STAGES = 3
+# The hardware's limit on a thread's registers (sm_70 and later).
+MAX_REGISTERS_PER_THREAD = 255
+
+
+@dataclass(frozen=True)
+class MoeTuning:
+    """Pipeline depths and register cap that choose_tiles gives each token
+    tile kind (see the module constants for the measurements).
+
+    one_token_stages: the CUDA-core one-token tile (B=1).
+    tensor_core_stages: the 16-token tile in a launch without a wide tile.
+    wide_launch_stages: the base tile in a launch with the wide tile
+    compiled in, and base tiles over 16 tokens.
+    wide_tile_stages: the wide tile's own loops (MoeTiles.wide_stages).
+    one_token_maxnreg: register cap of the one-token launches; None leaves it
+    to the compiler (236 registers, 2 programs per multiprocessor). Caps
+    measured slower (Mixtral B=1, 4-bit layer, moe_tune_*_b1_s23_h200.json):
+    none 69.5-70.1 us, 240 69.8, 200 70.0, 168 89.7 (3 programs), 128 82.7 (4
+    programs); end to end 297.5 -> 249.4 / 258.0 tok/s at 168 / 128.
+    """
+
+    one_token_stages: int = ONE_TOKEN_STAGES
+    tensor_core_stages: int = TENSOR_CORE_STAGES
+    wide_launch_stages: int = WIDE_LAUNCH_STAGES
+    wide_tile_stages: int = WIDE_TILE_STAGES
+    one_token_maxnreg: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("one_token_stages", "tensor_core_stages", "wide_launch_stages", "wide_tile_stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.one_token_maxnreg is not None and not 0 < self.one_token_maxnreg <= MAX_REGISTERS_PER_THREAD:
+            raise ValueError(f"one_token_maxnreg must be None or in 1..{MAX_REGISTERS_PER_THREAD}, "
+                             f"got {self.one_token_maxnreg}")
