@@ -120,16 +120,20 @@ def main() -> None:
     ap.add_argument("--num-stages", type=int, default=None,
                     help="pipeline depth (default: choose_tiles' for the tile, moe_tiles.default_stages)")
     ap.add_argument("--wide-stages", type=int, default=None,
-                    help="pipeline depth of the wide tile's loops (default: --num-stages)")
+                    help="pipeline depth of the wide tile's loops (default: choose_tiles', "
+                         "MoeTuning.wide_tile_stages)")
     ap.add_argument("--no-asm", action="store_true", help="without the PTX byte permute")
     ap.add_argument("--maxnreg", type=int, help="register cap per thread (MoeTiles.maxnreg)")
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
+    tuning = MoeTuning()
     if args.num_stages is None:
-        args.num_stages = default_stages(args.block_m, args.block_m_wide, MoeTuning())
+        args.num_stages = default_stages(args.block_m, args.block_m_wide, tuning)
+    if args.wide_stages is None:
+        args.wide_stages = tuning.wide_tile_stages if args.block_m_wide else args.num_stages
     # PDL: as the H200 runs them (kernels/pdl.py; one wait at the kernel's start)
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
-                  "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages or args.num_stages}
+                  "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages}
     if args.kernel == "down":
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)

@@ -32,6 +32,9 @@ TENSOR_CORE_STAGES = 4
 # (e2e_h200_s23_tcst*.json); the wide tile then takes 84 KB of shared memory,
 # a 64-token base tile 116 KB (over half the 228 KB: one program per
 # multiprocessor), so wide_launch_stages also covers base tiles over 16 tokens.
+# The 16-token loop at 4 with the wide loop at 3 gained nothing either (4-bit
+# / 8-bit / mixed 2-6 at B=64, random routing: 387.1 / 491.4 / 391.4 ->
+# 387.8 / 498.1 / 394.6 us, moe_tune_wide_stages_b64_s24_h200.json).
 WIDE_LAUNCH_STAGES = 3
 WIDE_TILE_STAGES = 3
 # The hardware's limit on a thread's registers (sm_70 and later).
