@@ -4,19 +4,20 @@ benchmarks/e2e_decode.py --profile-batches."""
 from __future__ import annotations
 
 from benchmarks.decode_batch import run_batch
-from kernels import pdl
 
 PROFILE_PROMPT_LEN = 8  # one short prefill step, then decode steps only
 PROFILE_TOP = 15
 
 
-def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool) -> dict:
+def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool, pdl_max_rows: int) -> dict:
     """GPU kernel time per decode step by kernel name.
 
     Two profiled requests of the same batch: prefill + 1 token, and prefill +
     steps + 1 tokens; the per-kernel difference over steps is the decode
     steps alone (at B=64 the prefill of 64 prompts is hundreds of launches,
-    which a single profile spread over the steps)."""
+    which a single profile spread over the steps). pdl_max_rows: the
+    engine's DataplaneConfig.pdl_max_rows (whether these launches take part
+    in PDL)."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = engine.arena.device.type == "cuda"
@@ -46,7 +47,7 @@ def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool) -> d
         # Launches with programmatic dependent launch start before the previous
         # grid ends and wait in the kernel: their durations include that wait,
         # so at these sizes the kernel times overlap and their sum exceeds the step.
-        "pdl_inflates_durations": on_gpu and batch <= pdl.PDL_MAX_ROWS,
+        "pdl_inflates_durations": on_gpu and batch <= pdl_max_rows,
         "gpu_ms_per_step": sum(us for us, _ in per_step.values()) / 1e3,
         "kernels": [{"name": name, "calls_per_step": calls, "ms_per_step": us / 1e3} for name, (us, calls) in top],
     }

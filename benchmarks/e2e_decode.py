@@ -54,7 +54,6 @@ from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
-from kernels import pdl  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 
@@ -252,7 +251,7 @@ def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_
         "fuse_qkv": not args.no_fuse_qkv,
         "fuse_moe_entry": not args.no_fuse_moe_entry,
         "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
-        "pdl_max_rows": pdl.PDL_MAX_ROWS,
+        "pdl_max_rows": config.pdl_max_rows,
         "moe_tuning": asdict(config.moe_tuning),
         # The earlier files' keys for these three.
         "one_token_stages": config.moe_tuning.one_token_stages,
@@ -297,9 +296,10 @@ def main() -> int:
                         default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
                         help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
                              "rows by kernels/dense_gemv.py; 0: cuBLAS)")
-    parser.add_argument("--pdl-max-rows", type=int, default=None,
-                        help="kernels.pdl.PDL_MAX_ROWS for this run (A/B runs of PDL; 0 for kernel-time "
-                             "profiles whose durations are not inflated by PDL waits)")
+    parser.add_argument("--pdl-max-rows", type=int,
+                        default=DataplaneConfig.model_fields["pdl_max_rows"].default,
+                        help="DataplaneConfig.pdl_max_rows (launches over up to N rows take part in PDL; "
+                             "0 for kernel-time profiles whose durations are not inflated by PDL waits)")
     tuning = MoeTuning()
     parser.add_argument("--one-token-stages", type=int, default=tuning.one_token_stages,
                         help="DataplaneConfig.moe_tuning.one_token_stages (pipeline depth of the one-token MoE "
@@ -329,9 +329,6 @@ def main() -> int:
     parser.add_argument("--commit", default="unknown", help="git commit of the measured tree")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.pdl_max_rows is not None:
-        # Read by pdl.pdl_options at every launch; set before any kernel runs.
-        pdl.PDL_MAX_ROWS = args.pdl_max_rows
     batches = [int(b) for b in args.batches.split(",")]
     states = args.bits.split(",")
     sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)
@@ -345,7 +342,7 @@ def main() -> int:
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
         dense_gemv_max_tokens=args.dense_gemv_max_tokens, max_arena_pages=args.max_arena_pages,
-        overlap_steps=not args.no_overlap,
+        overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows,
         moe_tuning=MoeTuning(one_token_stages=args.one_token_stages, tensor_core_stages=args.tensor_core_stages,
                              wide_launch_stages=args.wide_launch_stages, wide_tile_stages=args.wide_tile_stages,
                              one_token_maxnreg=args.one_token_maxnreg),
@@ -383,7 +380,8 @@ def main() -> int:
                 rows[-1]["mode"] = "eager"
                 print(json.dumps(rows[-1]), flush=True)
             runner.graphs = graphs
-        profiles = [profile_decode(engine, int(b), args.steps, precision_label(store), runner.graphs is not None)
+        profiles = [profile_decode(engine, int(b), args.steps, precision_label(store), runner.graphs is not None,
+                                   config.pdl_max_rows)
                     for b in args.profile_batches.split(",") if b]
     finally:
         engine.stop()

@@ -115,6 +115,13 @@ class DataplaneConfig(BaseSettings):
     # as JSON in the environment, e.g.
     # PW_DATAPLANE_MOE_TUNING='{"tensor_core_stages": 3}' (A/B runs).
     moe_tuning: MoeTuning = MoeTuning()
+    # On CUDA (sm_90+), the decode step's Triton launches over at most this
+    # many token rows take part in programmatic dependent launch (each one's
+    # programs become resident under the previous launch; kernels/pdl.py has
+    # the measurements behind 16, kernels.pdl.PDL_MAX_ROWS, which a test holds
+    # equal: the config does not import Triton); 0: no PDL (kernel-time
+    # profiles, A/B runs).
+    pdl_max_rows: int = Field(default=16, ge=0)
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

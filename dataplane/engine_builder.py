@@ -34,6 +34,7 @@ from dataplane.weights.layout import expert_tile_bytes
 from dataplane.weights.transform import quantize_experts
 from kernels.moe_workspace import workspace_bytes
 from kernels.paged_attention import MIN_DOT
+from kernels.pdl import PdlPolicy
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +253,8 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
             before_step = controller.on_step
         else:
             before_step = store.poll
+    # After quantize_experts: it replaces the experts, whose launches take part too.
+    model.use_pdl(PdlPolicy(config.pdl_max_rows))
     engine = assemble_engine(
         config, info, model, arena, plan.fixed_resident_bytes, reclaim_pages, before_step=before_step
     )

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMV_MAX_TOKENS = 4
@@ -92,9 +92,10 @@ def _gemv_kernel(
 
 
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
     """[T, N] = x [T, K] @ weight [N, K]^T for 1 <= T <= GEMV_MAX_TOKENS, in
-    one launch (the module docstring); out: an optional [T, N] result buffer."""
+    one launch (the module docstring); out: an optional [T, N] result buffer;
+    pdl: which launches take part in PDL (kernels/pdl.py)."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x [T, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
@@ -117,7 +118,7 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = 
         x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BT=triton.next_power_of_2(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_options(x.device, tokens),
+        **pdl_options(x.device, tokens, pdl),
     )
     return out
 

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.weight_layout import ACT_QMAX, ACT_SPAN, GROUP, NUM_PLANES, permute_groups, plane_scales, \
     quantize_activations
 
@@ -298,13 +298,15 @@ def check_prep_inputs(prep: MoePrep, num_tokens: int, hidden: int, n_pairs: int,
 
 
 def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
-                prep: MoePrep | None = None, slot_cost: torch.Tensor | None = None) -> MoePrep:
+                prep: MoePrep | None = None, slot_cost: torch.Tensor | None = None,
+                pdl: PdlPolicy = DEFAULT_PDL) -> MoePrep:
     """Runs the prep launch. x: [T, H] float; topk_ids: [T, top_k] int.
 
     prep: buffers from alloc_prep for these sizes (allocated when None).
     slot_cost: int32 [E] on x's device, any stride: the order of the active
     experts' slots, costliest first (see the module doc); read at run time,
     so a CUDA graph follows later changes to it. None: ascending ids.
+    pdl: which launches take part in PDL (kernels/pdl.py).
     """
     if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"need x [T, H] and topk_ids [T, k], got {tuple(x.shape)}, {tuple(topk_ids.shape)}")
@@ -331,7 +333,7 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
         E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort,
         QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, num_warps=4,
-        **pdl_options(x.device, t),
+        **pdl_options(x.device, t, pdl),
     )
     if not do_sort:
         _sort_with_torch(ids, num_experts, prep, slot_cost)

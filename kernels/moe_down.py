@@ -15,7 +15,7 @@ from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
     settle_carveout
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.weight_layout import GROUP
 
 
@@ -184,8 +184,9 @@ def _moe_down_kernel(
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
-             num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int) -> None:
-    """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up)."""
+             num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int,
+             pdl: PdlPolicy = DEFAULT_PDL) -> None:
+    """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up); pdl: kernels/pdl.py."""
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
     row_tiles, progs_per_tile = tiles.down_grid(t, top_k, num_experts, hidden, ffn)
@@ -204,6 +205,6 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
         STAGES_WIDE=tiles.wide_loop_stages,
-        **tiles.launch_options(), **pdl_options(ws.h.device, t),
+        **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

@@ -51,7 +51,7 @@ import triton.language as tl
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, _virtual_to_actual, \
     check_prep_inputs, moe_prepare_reference, sort_pairs, stage_chunk
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.router import RoutingTargets, _check_top_k, _statistics_args, gate_route_reference, \
     gate_route_suits, route_row
@@ -168,7 +168,8 @@ def moe_entry_suits(num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> b
 def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
               gate_weight: torch.Tensor, top_k: int, prep: MoePrep, counters: ArrivalCounters,
               targets: RoutingTargets | None = None,
-              slot_cost: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              slot_cost: torch.Tensor | None = None,
+              pdl: PdlPolicy = DEFAULT_PDL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One launch for add_rmsnorm, gate_route and moe_prepare (module docstring).
 
     delta: [T, H] residual's dtype or float32, unit last stride; residual:
@@ -177,7 +178,7 @@ def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
     moe_prepare(rmsnorm(residual + delta), topk_ids, E, prep, slot_cost) fills
     them; counters: the zeroed arrival counters borrowed (and left zero);
     targets: routing statistics as gate_route adds them; slot_cost: as
-    moe_prepare's. Applies where moe_entry_suits. Returns (residual + delta
+    moe_prepare's; pdl: kernels/pdl.py. Applies where moe_entry_suits. Returns (residual + delta
     [T, H] in residual's dtype, topk_ids [T, k] int64, topk_weights [T, k]
     float32).
     """
@@ -218,7 +219,7 @@ def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
         BLOCK_H=triton.next_power_of_2(hidden), NC_PAD=triton.next_power_of_2(n_chunks), GB=GROUPS_PER_STEP,
         PAIRS_PAD=triton.next_power_of_2(max(t * top_k, 16)), E_PAD=triton.next_power_of_2(max(num_experts, 16)),
         QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, **flags, num_warps=4,
-        **pdl_options(device, t),
+        **pdl_options(device, t, pdl),
     )
     return res_out, ids, weights
 

@@ -18,7 +18,7 @@ from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
 
@@ -166,8 +166,8 @@ def _moe_gate_up_kernel(
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
-                top_k: int, ffn: int, tiles: MoeTiles, log2p: int) -> None:
-    """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare)."""
+                top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy = DEFAULT_PDL) -> None:
+    """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare); pdl: kernels/pdl.py."""
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
     pt = weights.page_table
@@ -185,6 +185,6 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
         **tiles.launch_options(),
-        **pdl_options(ws.h.device, t),
+        **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

@@ -37,6 +37,7 @@ from kernels.moe_paged import PROJ_DOWN, PROJ_GATE, PROJ_UP, PROJS_PER_EXPERT, P
 from kernels.moe_tiles import DEFAULT_SMS, MoeTiles, choose_tiles
 from kernels.moe_tuning import MoeTuning
 from kernels.moe_workspace import MoeWorkspace, alloc_workspace
+from kernels.pdl import DEFAULT_PDL, PdlPolicy
 from kernels.router import RoutingTargets
 from kernels.weight_layout import GROUP, dequantize_view, field_bytes, pages_for
 
@@ -48,7 +49,8 @@ __all__ = ["PagedWeights", "PROJS_PER_EXPERT", "alloc_workspace", "fused_moe_fro
 def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     weights: PagedWeights, layer: int, num_experts: int, ffn: int,
                     tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None,
-                    counters: ArrivalCounters | None = None, tuning: MoeTuning | None = None) -> torch.Tensor:
+                    counters: ArrivalCounters | None = None, tuning: MoeTuning | None = None,
+                    pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
     """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
 
     x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
@@ -58,7 +60,8 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     graphs); the result is workspace.prep.out. counters: the shared zeroed
     arrival counters of a workspace allocated here (kernels/arrival_counters.py;
     None: zeroed per call). tiles: the launch shape (None: choose_tiles with
-    tuning, itself None: MoeTuning()). Three launches, no host sync.
+    tuning, itself None: MoeTuning()). pdl: which launches take part in PDL
+    (kernels/pdl.py). Three launches, no host sync.
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
@@ -70,9 +73,9 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
                                                         x.device, tiles, workspace, counters, tuning)
     if t == 0:
         return workspace.prep.out
-    moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields)
-    run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p)
-    run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+    moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields, pdl)
+    run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
+    run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
     return workspace.prep.out
 
 
@@ -80,7 +83,8 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
                             gate_weight: torch.Tensor, top_k: int, weights: PagedWeights, layer: int,
                             num_experts: int, ffn: int, counters: ArrivalCounters,
                             targets: RoutingTargets | None = None,
-                            tuning: MoeTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            tuning: MoeTuning | None = None,
+                            pdl: PdlPolicy = DEFAULT_PDL) -> tuple[torch.Tensor, torch.Tensor]:
     """(MoE layer output fp32 [T, H], residual + delta): fused_moe_mixed of
     x = RMSNorm(residual + delta) routed by gate_weight, its first launch
     kernels/moe_entry.py (residual add, norm, router and prep in one). Where
@@ -92,10 +96,10 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
     workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
                                                         residual.device, None, None, counters, tuning)
     res_out, _, topk_weights = moe_entry(delta, residual, norm_weight, eps, gate_weight, top_k, workspace.prep,
-                                         counters, targets, down_fields)
+                                         counters, targets, down_fields, pdl)
     if t:
-        run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p)
-        run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p)
+        run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
+        run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
     return workspace.prep.out, res_out
 
 

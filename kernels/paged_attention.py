@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 MIN_DOT = 16  # smallest tl.dot dimension
 TARGET_PROGRAMS = 264  # about two programs per multiprocessor on an H200
@@ -129,13 +129,15 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            sm_scale: float | None = None,
                            num_partitions: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None,
+                           pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
     """out [S, NH, D] = softmax(q K^T * scale) V over each sequence's cached tokens.
 
     q: [S, NH, D] (dtype of the cache); kv_cache: kv_cache_view(...);
     block_tables: int32 [S, max_blocks]; context_lens: int32 [S] (0 gives 0).
     num_partitions: context splits per (sequence, kv head); None = fill the GPU.
     out: optional [S, NH, D] result buffer (every element is written).
+    pdl: which launches take part in PDL (kernels/pdl.py).
     """
     if q.dim() != 3 or kv_cache.dim() != 6:
         raise ValueError("q must be [S, NH, D] and kv_cache [pages, layers, 2, BS, KVH, D]")
@@ -170,11 +172,11 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
         q, kv_cache, block_tables, context_lens, out, pm, pl, pacc,
         layer, scale, block_tables.shape[1], kv_cache.stride(0), nh, kvh,
         G=group, G_PAD=max(MIN_DOT, triton.next_power_of_2(group)), D=dim, BS=bs, P=p, num_warps=4,
-        **pdl_options(q.device, s),
+        **pdl_options(q.device, s, pdl),
     )
     if p > 1:
         _decode_merge_kernel[(s * nh,)](pm, pl, pacc, out, P=p, P_PAD=triton.next_power_of_2(p), D=dim,
-                                        num_warps=4, **pdl_options(q.device, s))
+                                        num_warps=4, **pdl_options(q.device, s, pdl))
     return out
 
 

@@ -20,6 +20,8 @@ it; its wait keeps it correct either way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -34,17 +36,34 @@ PDL_MIN_CAPABILITY = (9, 0)
 # every launch taking part. 16 is the largest measured size that did not lose.
 # Repeated at B=64 with the MoE entry launch (de1bbd8, one call,
 # e2e_h200_s18_b64_pdl{_all,16}.json): 4453.3 with every launch, 4523.1 with
-# this limit. benchmarks/e2e_decode.py --pdl-max-rows sets it for a run.
+# this limit.
 PDL_MAX_ROWS = 16
 
 
-def pdl_options(device: torch.device, rows: int) -> dict:
+@dataclass(frozen=True)
+class PdlPolicy:
+    """Which launches take part in PDL: those over at most max_rows token
+    rows (or sequences); 0 turns PDL off (kernel-time profiles, kernels timed
+    alone). Passed down from DataplaneConfig.pdl_max_rows to every wrapper
+    of a taking-part kernel (model.use_pdl, PagedExperts.pdl)."""
+
+    max_rows: int = PDL_MAX_ROWS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_rows, int) or self.max_rows < 0:
+            raise ValueError(f"PdlPolicy.max_rows must be an int >= 0, got {self.max_rows!r}")
+
+
+DEFAULT_PDL = PdlPolicy()
+
+
+def pdl_options(device: torch.device, rows: int, policy: PdlPolicy = DEFAULT_PDL) -> dict:
     """Launch keywords of a taking-part kernel over `rows` token rows (or
     sequences): its PDL constexpr, and the launch attribute on CUDA devices
-    that have PDL, for launches of at most PDL_MAX_ROWS rows (the CPU
+    that have PDL, for launches of at most policy.max_rows rows (the CPU
     interpreter, older GPUs and larger launches run the same kernels without
     it)."""
-    if (rows <= PDL_MAX_ROWS and device.type == "cuda"
+    if (rows <= policy.max_rows and device.type == "cuda"
             and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY):
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 
 @triton.jit
@@ -57,23 +57,23 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"weight must be [{x.shape[1]}] on {x.device}")
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """[T, H] weight * x / sqrt(mean(x^2) + eps), in x's dtype."""
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
+    """[T, H] weight * x / sqrt(mean(x^2) + eps), in x's dtype (pdl: kernels/pdl.py)."""
     _check(x, weight)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         _rmsnorm_kernel[(x.shape[0],)](x, x, weight, y, y, x.shape[1], x.stride(0), x.stride(0), eps,
                                        HAS_RES=False, BLOCK_H=triton.next_power_of_2(x.shape[1]),
-                                       **pdl_options(x.device, x.shape[0]))
+                                       **pdl_options(x.device, x.shape[0], pdl))
     return y
 
 
 def add_rmsnorm(delta: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                eps: float, pdl: PdlPolicy = DEFAULT_PDL) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, rmsnorm(s)) with s = residual + delta, both [T, H] in residual's dtype.
 
     delta: residual's dtype or float32 (rounded to residual's dtype before the
-    add, the same result as adding delta.to(residual.dtype))."""
+    add, the same result as adding delta.to(residual.dtype)); pdl: kernels/pdl.py."""
     _check(delta, weight)
     if residual.shape != delta.shape or residual.stride(1) != 1 or residual.device != delta.device:
         raise ValueError("residual must match delta's [T, H] shape and device, unit last stride")
@@ -85,7 +85,7 @@ def add_rmsnorm(delta: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
         _rmsnorm_kernel[(delta.shape[0],)](delta, residual, weight, y, s, delta.shape[1], delta.stride(0),
                                            residual.stride(0), eps, HAS_RES=True,
                                            BLOCK_H=triton.next_power_of_2(delta.shape[1]),
-                                           **pdl_options(delta.device, delta.shape[0]))
+                                           **pdl_options(delta.device, delta.shape[0], pdl))
     return s, y
 
 

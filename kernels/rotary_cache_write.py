@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.rotary import check_qk, rotary_cos_sin, rotary_reference, rotate_heads
 
 # Heads per program: Mixtral (32 q, 8 kv heads of 128) gives 6 programs per
@@ -101,7 +101,8 @@ def _check(positions, inv_freq, q, k, v, kv_cache, layer, slot_mapping) -> None:
 
 
 def rotary_cache_write(positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                       v: torch.Tensor, kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor) -> torch.Tensor:
+                       v: torch.Tensor, kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor,
+                       pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
     """Rotated q [T, q_heads, D] (new, contiguous); rotated k and v stored at
     each token's slot of `layer` in kv_cache.
 
@@ -109,7 +110,7 @@ def rotary_cache_write(positions: torch.Tensor, inv_freq: torch.Tensor, q: torch
     [T, kv_heads, D] (row strides may differ, e.g. views of a fused
     projection; heads contiguous); kv_cache: [pages, layers, 2, block_size,
     kv_heads, D] (paged_attention.kv_cache_view); slot_mapping: int64 [T],
-    < 0 = the token is not stored.
+    < 0 = the token is not stored; pdl: kernels/pdl.py.
     """
     _check(positions, inv_freq, q, k, v, kv_cache, layer, slot_mapping)
     t, hq, d = q.shape
@@ -121,7 +122,7 @@ def rotary_cache_write(positions: torch.Tensor, inv_freq: torch.Tensor, q: torch
             positions, inv_freq.float(), q, k, v, qo, kv_cache, slot_mapping,
             hq, hk, q.stride(0), k.stride(0), v.stride(0), layer, kv_cache.stride(0),
             HALF=d // 2, BS=kv_cache.shape[3], HB=HEADS_PER_PROGRAM, BLOCK_HALF=triton.next_power_of_2(d // 2),
-            **pdl_options(q.device, t),
+            **pdl_options(q.device, t, pdl),
         )
     return qo
 

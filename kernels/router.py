@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_options, wait_for_previous_grid
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 # gate_route is used up to this many tokens and this many elements of W.
 # Each of its programs reads all of W (E*H elements) to make one row of
@@ -188,11 +188,11 @@ def _check_top_k(top_k: int, num_experts: int) -> None:
         raise ValueError(f"top_k must be in 1..{num_experts}, got {top_k}")
 
 
-def route(router_logits: torch.Tensor, top_k: int,
-          targets: RoutingTargets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def route(router_logits: torch.Tensor, top_k: int, targets: RoutingTargets | None = None,
+          pdl: PdlPolicy = DEFAULT_PDL) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_ids [T, k] int64, topk_weights [T, k] float32); adds statistics to targets.
 
-    router_logits: [T, E] with unit last stride.
+    router_logits: [T, E] with unit last stride; pdl: kernels/pdl.py.
     """
     if router_logits.dim() != 2 or router_logits.stride(1) != 1:
         raise ValueError(f"router_logits must be [T, E] with unit last stride, got {tuple(router_logits.shape)}")
@@ -207,7 +207,7 @@ def route(router_logits: torch.Tensor, top_k: int,
     _route_kernel[(t,)](
         router_logits, ids, weights, *stats, num_experts, router_logits.stride(0),
         K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k), **flags,
-        **pdl_options(device, t),
+        **pdl_options(device, t, pdl),
     )
     return ids, weights
 
@@ -218,14 +218,15 @@ def gate_route_suits(num_tokens: int, gate_weight: torch.Tensor) -> bool:
     return num_tokens <= FUSED_GATE_MAX_TOKENS and gate_weight.numel() <= FUSED_GATE_MAX_WEIGHT
 
 
-def gate_route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
-               targets: RoutingTargets | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gate_route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, targets: RoutingTargets | None = None,
+               pdl: PdlPolicy = DEFAULT_PDL) -> tuple[torch.Tensor, torch.Tensor]:
     """route(F.linear(x, gate_weight), top_k, targets) in one launch.
 
     Faster than the two only for small T and W (gate_route_suits).
 
     x: [T, H] with unit last stride; gate_weight: [E, H] contiguous, x's dtype
-    and device. Returns (topk_ids [T, k] int64, topk_weights [T, k] float32).
+    and device; pdl: kernels/pdl.py. Returns (topk_ids [T, k] int64,
+    topk_weights [T, k] float32).
     """
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [T, H] with unit last stride, got {tuple(x.shape)}")
@@ -247,7 +248,7 @@ def gate_route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
     _gate_route_kernel[(t,)](
         x, gate_weight, ids, weights, *stats, num_experts, hidden, x.stride(0),
         K=top_k, BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_K=triton.next_power_of_2(top_k), **flags,
-        **pdl_options(x.device, t),
+        **pdl_options(x.device, t, pdl),
     )
     return ids, weights
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.paged_attention import paged_attention_decode
+from kernels.pdl import DEFAULT_PDL, PdlPolicy
 
 
 @dataclass
@@ -201,6 +202,7 @@ def kernel_decode_attention(
     layer: int,
     meta: AttentionMetadata,
     scale: float,
+    pdl: PdlPolicy = DEFAULT_PDL,
 ) -> torch.Tensor:
     """A decode-only step's attention through the Triton kernel, over a cache
     that already holds the step's keys and values (RotaryEmbedding.rotate_into_cache).
@@ -208,8 +210,9 @@ def kernel_decode_attention(
     q: [B, heads, head_dim]; kv_arena: [pages, layers, 2, block_size, kv_heads,
     head_dim]. Same result as paged_decode_attention, with no host sync
     (CUDA-graph safe): only device tensors of ``meta`` are read. No sliding
-    window.
+    window. pdl: which launches take part in PDL (kernels/pdl.py).
     """
     if meta.sliding_window is not None:
         raise ValueError("the decode kernel has no sliding window")
-    return paged_attention_decode(q.contiguous(), kv_arena, layer, meta.block_tables, meta.context_lens, scale)
+    return paged_attention_decode(q.contiguous(), kv_arena, layer, meta.block_tables, meta.context_lens, scale,
+                                  pdl=pdl)

@@ -9,6 +9,7 @@ from dataplane.layers.experts import DenseExperts, Experts, ExpertsWithEntry
 from dataplane.layers.linear import Linear
 from dataplane.layers.norm import RMSNorm
 from dataplane.routing_stats import RoutingStats
+from kernels.pdl import DEFAULT_PDL
 from kernels.router import gate_route, gate_route_suits, route, route_reference
 
 
@@ -36,6 +37,7 @@ class SparseMoeBlock(nn.Module):
             raise ValueError(f"top_k must be in 1..{num_experts}, got {top_k}")
         self.layer_index = layer_index
         self.top_k = top_k
+        self.pdl = DEFAULT_PDL  # the router's launches (kernels/pdl.py; the model's use_pdl)
         self.gate = Linear(hidden_size, num_experts, device, dtype)
         self.experts: Experts = DenseExperts(
             num_experts, hidden_size, ffn_size, device if expert_device is None else expert_device, dtype
@@ -67,10 +69,10 @@ class SparseMoeBlock(nn.Module):
             # logits too (self.gate has no bias).
             targets = routing.targets(self.layer_index) if routing is not None else None
             if gate_route_suits(x.shape[0], self.gate.weight):
-                topk_ids, topk_weights = gate_route(x, self.gate.weight, self.top_k, targets)
+                topk_ids, topk_weights = gate_route(x, self.gate.weight, self.top_k, targets, self.pdl)
             else:
                 router_logits = self.gate(x)  # [T, E]
-                topk_ids, topk_weights = route(router_logits, self.top_k, targets)
+                topk_ids, topk_weights = route(router_logits, self.top_k, targets, self.pdl)
         else:
             router_logits = self.gate(x)  # [T, E]
             probs, topk_ids, topk_weights = route_reference(router_logits, self.top_k)

@@ -23,6 +23,7 @@ from dataplane.layers.linear import Embedding, Linear
 from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
+from kernels.pdl import DEFAULT_PDL, PdlPolicy
 
 FAMILY = "mixtral"
 DEFAULT_ROPE_THETA = 1e6  # transformers' Mixtral default when config.json has none
@@ -107,6 +108,7 @@ class MixtralAttention(nn.Module):
         self.v_proj = Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, device, dtype)
         self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, device, dtype)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, device)
+        self.pdl = DEFAULT_PDL  # the decode attention's launches (kernels/pdl.py; use_pdl)
         self.qkv_proj: Linear | None = None  # set by fuse_qkv (then q/k/v_proj are None)
 
     def fuse_qkv(self) -> None:
@@ -145,7 +147,7 @@ class MixtralAttention(nn.Module):
         meta = ctx.attn
         if ctx.kv_arena is not None and meta.sliding_window is None and meta.decode_only:
             q = self.rotary.rotate_into_cache(positions, q, k, v, ctx.kv_arena, self.layer_index, meta.slot_mapping)
-            out = kernel_decode_attention(q, ctx.kv_arena, self.layer_index, meta, self.scale)
+            out = kernel_decode_attention(q, ctx.kv_arena, self.layer_index, meta, self.scale, self.pdl)
         else:
             q, k = self.rotary(positions, q, k)
             k_cache, v_cache = ctx.kv_caches[self.layer_index]
@@ -260,6 +262,15 @@ class MixtralForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, MixtralAttention):
                 module.use_dense_gemv(max_tokens)
+
+    def use_pdl(self, policy: PdlPolicy) -> None:
+        """Every module that launches a kernel taking part in PDL (those with a
+        ``pdl`` attribute: norms, projections, rotary, attention, router,
+        paged experts) passes ``policy`` to it (DataplaneConfig.pdl_max_rows).
+        A transform: apply after quantize_experts, which replaces the experts."""
+        for module in self.modules():
+            if hasattr(module, "pdl"):
+                module.pdl = policy
 
     # -- loading -------------------------------------------------------------
     @torch.no_grad()

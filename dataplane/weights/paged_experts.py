@@ -22,6 +22,7 @@ from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_entry import moe_entry_suits
 from kernels.moe_mixed import PagedWeights, fused_moe_from_residual, fused_moe_mixed
 from kernels.moe_tuning import MoeTuning
+from kernels.pdl import DEFAULT_PDL
 from kernels.router import RoutingTargets
 
 
@@ -56,7 +57,9 @@ class PagedExperts(nn.Module):
         fused_entry: with the fused kernel, also take the MoE block's entry
         over where kernels/moe_entry.py applies (ExpertsWithEntry).
         moe_tuning: the fused kernel's pipeline depths and register cap
-        (kernels/moe_tuning.py; None: the measured defaults)."""
+        (kernels/moe_tuning.py; None: the measured defaults).
+        The attribute ``pdl`` (kernels/pdl.py) says which of the fused
+        kernel's launches take part in PDL; the model's use_pdl sets it."""
         super().__init__()
         self.store = store
         self.layer = layer
@@ -71,6 +74,7 @@ class PagedExperts(nn.Module):
         self.accumulator_out = accumulator_out
         self.fused_entry = fused_entry
         self.moe_tuning = moe_tuning
+        self.pdl = DEFAULT_PDL
         want = {PROJ_GATE: (ffn, hidden), PROJ_UP: (ffn, hidden), PROJ_DOWN: (hidden, ffn)}
         for e in range(num_experts):
             for proj, shape in want.items():
@@ -159,7 +163,7 @@ class PagedExperts(nn.Module):
         the output float32 with accumulator_out, else the residual's dtype."""
         out, res = fused_moe_from_residual(delta, residual, norm_weight, eps, gate_weight, top_k, self._paged_weights(),
                                            self.layer, self.num_experts, self.ffn_size, self.counters, targets,
-                                           tuning=self.moe_tuning)
+                                           tuning=self.moe_tuning, pdl=self.pdl)
         return (out if self.accumulator_out else out.to(residual.dtype)), res
 
     def _paged_weights(self) -> PagedWeights:
@@ -171,5 +175,6 @@ class PagedExperts(nn.Module):
     def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
         out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts,
-                              self.ffn_size, counters=self.counters, tuning=self.moe_tuning)  # [T, H] float32
+                              self.ffn_size, counters=self.counters, tuning=self.moe_tuning,
+                              pdl=self.pdl)  # [T, H] float32
         return out if self.accumulator_out else out.to(x.dtype)

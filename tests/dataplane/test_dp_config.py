@@ -14,7 +14,13 @@ from dataplane.__main__ import parse_args
 from dataplane.config import GIB, DataplaneConfig
 from dataplane.engine_builder import build
 from dataplane.weights.paged_experts import PagedExperts
+from dataplane.layers.linear import Linear
+from dataplane.layers.moe import SparseMoeBlock
+from dataplane.layers.norm import RMSNorm
+from dataplane.layers.rotary import RotaryEmbedding
+from dataplane.models.mixtral import MixtralAttention
 from kernels.moe_tuning import MoeTuning
+from kernels.pdl import PDL_MAX_ROWS, PdlPolicy
 from pagedweight.v1 import inference_pb2, inference_pb2_grpc
 
 CLI_TIMEOUT_S = 120
@@ -76,3 +82,18 @@ def test_moe_tuning_from_the_environment_reaches_every_expert_layer(monkeypatch)
     model = build(cfg).engine.runner.model
     experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
     assert experts and all(m.moe_tuning == cfg.moe_tuning for m in experts)
+
+
+def test_pdl_max_rows_from_the_environment_reaches_every_launching_module(monkeypatch):
+    assert DataplaneConfig.model_fields["pdl_max_rows"].default == PDL_MAX_ROWS
+    with pytest.raises(ValidationError):
+        DataplaneConfig(synthetic="mixtral-tiny", pdl_max_rows=-1)
+    monkeypatch.setenv("PW_DATAPLANE_PDL_MAX_ROWS", "3")
+    cfg = DataplaneConfig(synthetic="mixtral-tiny", cpu_arena_bytes=4 << 20)
+    assert cfg.pdl_max_rows == 3
+    model = build(cfg).engine.runner.model
+    # Every kind of module that launches a PDL kernel holds the policy.
+    kinds = (RMSNorm, Linear, RotaryEmbedding, MixtralAttention, SparseMoeBlock, PagedExperts)
+    for kind in kinds:
+        found = [m for m in model.modules() if isinstance(m, kind)]
+        assert found and all(m.pdl == PdlPolicy(max_rows=3) for m in found), kind.__name__

@@ -6,11 +6,20 @@ import pytest
 import torch
 
 from kernels.paged_attention import kv_cache_view, paged_attention_decode, paged_attention_decode_reference
-from kernels.pdl import PDL_MAX_ROWS, pdl_options
+from kernels.pdl import DEFAULT_PDL, PDL_MAX_ROWS, PdlPolicy, pdl_options
 
 
 def test_pdl_is_off_on_the_cpu():
     assert pdl_options(torch.device("cpu"), 1) == {"PDL": False}
+    assert pdl_options(torch.device("cpu"), 1, PdlPolicy(max_rows=64)) == {"PDL": False}
+
+
+def test_pdl_policy_is_validated():
+    assert DEFAULT_PDL == PdlPolicy(max_rows=PDL_MAX_ROWS)
+    assert PdlPolicy(max_rows=0).max_rows == 0
+    for bad in (-1, 2.5, "16", None):
+        with pytest.raises(ValueError):
+            PdlPolicy(max_rows=bad)
 
 
 @pytest.mark.gpu
@@ -18,6 +27,9 @@ def test_gpu_pdl_only_for_small_launches():
     cuda = torch.device("cuda")
     assert pdl_options(cuda, PDL_MAX_ROWS) == {"PDL": True, "launch_pdl": True}
     assert pdl_options(cuda, PDL_MAX_ROWS + 1) == {"PDL": False}
+    assert pdl_options(cuda, 4, PdlPolicy(max_rows=4)) == {"PDL": True, "launch_pdl": True}
+    assert pdl_options(cuda, 5, PdlPolicy(max_rows=4)) == {"PDL": False}
+    assert pdl_options(cuda, 1, PdlPolicy(max_rows=0)) == {"PDL": False}
 
 
 @pytest.mark.gpu
