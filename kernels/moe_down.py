@@ -31,37 +31,6 @@ def _down_tiles(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt
                    n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM, STAGES)
 
 
-@triton.jit(noinline=True)
-def _down_tiles_view(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, out_ptr, start, end,
-                     n0, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, NF: tl.constexpr, BN: tl.constexpr,
-                     BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
-    # _down_tiles for a down block of NF fields, rows [n0, n0 + BN), as a
-    # function of its own (MoeTiles.outline_views; scalars only).
-    n = n0 + tl.arange(0, BN)
-    rows = tl.minimum(n, H - 1)
-    _down_tiles(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, NF, out_ptr, start, end,
-                n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM, STAGES)
-
-
-@triton.jit
-def _outlined_down_tiles(nf_d, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, out_ptr, start,
-                         end, n0, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN: tl.constexpr,
-                         BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
-    # One call of _down_tiles_view per run-time field count nf_d (1..5).
-    args = (h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, out_ptr, start, end, n0, g0, g1,
-            H, F, pt_field_stride, log2p, top_k, q_x)
-    if nf_d == 1:
-        _down_tiles_view(*args, 1, BN, BM, HS_SUB, USE_ASM, STAGES)
-    elif nf_d == 2:
-        _down_tiles_view(*args, 2, BN, BM, HS_SUB, USE_ASM, STAGES)
-    elif nf_d == 3:
-        _down_tiles_view(*args, 3, BN, BM, HS_SUB, USE_ASM, STAGES)
-    elif nf_d == 4:
-        _down_tiles_view(*args, 4, BN, BM, HS_SUB, USE_ASM, STAGES)
-    else:
-        _down_tiles_view(*args, 5, BN, BM, HS_SUB, USE_ASM, STAGES)
-
-
 @triton.jit
 def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
                n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
@@ -106,20 +75,15 @@ def _group_cost(nf):
 
 @triton.jit
 def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
-                  start, end, g0, g1, n0, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
+                  start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
                   q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-                  USE_ASM: tl.constexpr, STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, OUTLINE: tl.constexpr):
+                  USE_ASM: tl.constexpr, STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr):
     # Groups [g0, g1) of the down block of the expert whose first block is
-    # blk (its three blocks resident), rows n = n0 + [0, BN), its tokens
-    # [start, end).
+    # blk (its three blocks resident), rows n, its tokens [start, end).
     pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
     args = (h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end,
             n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
-    if OUTLINE:
-        _outlined_down_tiles(nf_d, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, out_ptr,
-                             start, end, n0, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB,
-                             USE_ASM, STAGES)
-    elif BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
+    if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
         if end - start <= BM:
             _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
         else:
@@ -149,7 +113,6 @@ def _moe_down_kernel(
     USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, PDL: tl.constexpr,
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
-    OUTLINE: tl.constexpr,  # each view's loop a function of its own (MoeTiles.outline_views; BM 1)
 ):
     # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
@@ -205,9 +168,9 @@ def _moe_down_kernel(
                 if g0 < g1:
                     _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr,
                                   tl.load(plan + E_PAD + slot), tl.load(plan + 2 * E_PAD + slot),
-                                  tl.load(plan + 3 * E_PAD + slot), tl.load(plan + 4 * E_PAD + slot), g0, g1,
-                                  pid_n * BN, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
-                                  BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE, OUTLINE)
+                                  tl.load(plan + 3 * E_PAD + slot), tl.load(plan + 4 * E_PAD + slot), g0, g1, n,
+                                  rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x, BN, BM,
+                                  BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE)
     else:
         slot = pid_p // split  # < E: the grid has split programs per slot
         g0 = (pid_p % split) * groups_per_split
@@ -216,8 +179,8 @@ def _moe_down_kernel(
         # One condition on every loaded value (as in the gate/up launch).
         if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
             _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
-                          start, end, g0, g1, pid_n * BN, n, rows, H, F, pt_block_stride, pt_field_stride, log2p,
-                          top_k, q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE, OUTLINE)
+                          start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
+                          BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE)
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
@@ -241,7 +204,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
-        STAGES_WIDE=tiles.wide_loop_stages, OUTLINE=tiles.outline_views,
+        STAGES_WIDE=tiles.wide_loop_stages,
         **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

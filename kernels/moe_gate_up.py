@@ -37,42 +37,6 @@ def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk
                       which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES)
 
 
-@triton.jit(noinline=True)
-def _gate_up_tiles_view(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, gu_ptr, counters, h_ptr,
-                        hq_scale_ptr, hsum_ptr, start, end, tile, which, H, F, pt_field_stride, log2p, top_k, q_x,
-                        q_h, NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                        STAGES: tl.constexpr):
-    # _gate_up_tiles for blocks of NF fields, as a function of its own
-    # (MoeTiles.outline_views): a non-inlined function takes scalars only,
-    # so the rows are derived here from the tile.
-    n = tile * BN + tl.arange(0, BN)
-    rows = tl.minimum(n, F - 1)
-    col = (n // 128) * 128 + actual_to_virtual(n % 128)
-    _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, NF, gu_ptr, counters, h_ptr,
-                   hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, BN, BM, USE_ASM, STAGES)
-
-
-@triton.jit
-def _outlined_gate_up_tiles(nf, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, gu_ptr, counters,
-                            h_ptr, hq_scale_ptr, hsum_ptr, start, end, tile, which, H, F, pt_field_stride, log2p,
-                            top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                            STAGES: tl.constexpr):
-    # One call of _gate_up_tiles_view per run-time field count nf (1..5).
-    args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, gu_ptr, counters, h_ptr, hq_scale_ptr,
-            hsum_ptr, start, end, tile, which, H, F, pt_field_stride, log2p, top_k, q_x, q_h)
-    if nf == 1:
-        _gate_up_tiles_view(*args, 1, BN, BM, USE_ASM, STAGES)
-    elif nf == 2:
-        _gate_up_tiles_view(*args, 2, BN, BM, USE_ASM, STAGES)
-    elif nf == 3:
-        _gate_up_tiles_view(*args, 3, BN, BM, USE_ASM, STAGES)
-    elif nf == 4:
-        _gate_up_tiles_view(*args, 4, BN, BM, USE_ASM, STAGES)
-    else:
-        _gate_up_tiles_view(*args, 5, BN, BM, USE_ASM, STAGES)
-
-
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
                   hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
@@ -159,7 +123,6 @@ def _moe_gate_up_kernel(
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
-    OUTLINE: tl.constexpr,  # each view's loop a function of its own (MoeTiles.outline_views; BM 1)
 ):
     # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
     # (which = 0) or up (which = 1) block of the slot's expert, over the
@@ -190,11 +153,7 @@ def _moe_gate_up_kernel(
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
                     top_k, q_x, q_h)
-            if OUTLINE:
-                _outlined_gate_up_tiles(nf, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, gu_ptr,
-                                        counters, h_ptr, hq_scale_ptr, hsum_ptr, start, end, tile, which, H, F,
-                                        pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES)
-            elif BM_WIDE > BM:  # compile time: this launch has a wide tile
+            if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
@@ -225,7 +184,6 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
-        OUTLINE=tiles.outline_views,
         **tiles.launch_options(),
         **pdl_options(ws.h.device, t, pdl),
     )

@@ -85,14 +85,6 @@ class MoeTiles:
     but saves a pass over the weights of every expert over block_m tokens
     (random routing at B=64: 426 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
-    outline_views: the one-token tile only (block_m CUDA_CORE_TOKEN_TILE):
-    each view's K loop and epilogue is a non-inlined function
-    (`triton.jit(noinline=True)`, a CALL in the SASS) instead of one of five
-    inlined branches, so that ptxas allocates registers per view: the
-    gate/up launch needs 211 registers instead of 236, and 168 under
-    maxnreg 168 (three programs per multiprocessor) without spilling, where
-    the inlined form spilled 144 bytes (Triton 3.6 sm_90 SASS,
-    benchmarks/sass_loops.py --outline-views).
     balance_down: the down launch's programs share each row tile's work by
     view cost (kernels/moe_down.py, DOWN_GROUP_COST), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
@@ -111,7 +103,6 @@ class MoeTiles:
     block_m_wide: int = 0
     limit_carveout: bool = True
     balance_down: bool = False
-    outline_views: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -123,8 +114,6 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
-        if self.outline_views and self.block_m != CUDA_CORE_TOKEN_TILE:
-            raise ValueError("outline_views applies to the one-token tile only")
         if self.num_stages < 1 or self.wide_stages < 0:
             raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
                              f"{self.wide_stages}")
@@ -210,12 +199,10 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     active = min(num_experts, pairs)
     per_expert = pairs / active
     one_token = block_m is None and num_tokens == 1
-    outline_views = False
     if one_token:
         block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
         if maxnreg is None:
             maxnreg = tuning.one_token_maxnreg
-        outline_views = tuning.one_token_outline_views
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
@@ -251,4 +238,4 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                     num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
                     maxnreg=maxnreg,
                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                    balance_down=balance_down, outline_views=outline_views)
+                    balance_down=balance_down)

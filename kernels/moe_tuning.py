@@ -56,8 +56,6 @@ class MoeTuning:
     measured slower (Mixtral B=1, 4-bit layer, moe_tune_*_b1_s23_h200.json):
     none 69.5-70.1 us, 240 69.8, 200 70.0, 168 89.7 (3 programs), 128 82.7 (4
     programs); end to end 297.5 -> 249.4 / 258.0 tok/s at 168 / 128.
-    one_token_outline_views: each view's loop and epilogue in the one-token
-    launches as a function of its own (MoeTiles.outline_views).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -65,7 +63,6 @@ class MoeTuning:
     wide_launch_stages: int = WIDE_LAUNCH_STAGES
     wide_tile_stages: int = WIDE_TILE_STAGES
     one_token_maxnreg: int | None = None
-    one_token_outline_views: bool = False
 
     def __post_init__(self) -> None:
         for name in ("one_token_stages", "tensor_core_stages", "wide_launch_stages", "wide_tile_stages"):

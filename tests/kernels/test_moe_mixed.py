@@ -34,34 +34,30 @@ def mixed_fields(layer, e, proj):
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-@pytest.mark.parametrize("bn_up,split,balance,block_m,outline", [
-    (128, 2, True, 16, False), (64, 3, True, 16, False), (128, 2, False, 16, False), (64, 3, False, 16, False),
-    (128, 2, True, 1, False), (64, 3, False, 1, False), (128, 2, True, 1, True), (64, 3, False, 1, True)])
-def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m, outline):
+@pytest.mark.parametrize("bn_up,split,balance,block_m", [(128, 2, True, 16), (64, 3, True, 16), (128, 2, False, 16),
+                                                        (64, 3, False, 16), (128, 2, True, 1), (64, 3, False, 1)])
+def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m):
     # balance: the down launch shares each row tile's work by view cost, so
     # programs start and end inside an expert's K range; else equal K splits.
     # block_m 1: the CUDA-core product, one token per tile (here up to 6 tiles
-    # per expert); outline: each view's loop its own function.
+    # per expert).
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     t = 6
     x = torch.randn(t, H)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])  # experts 0..3, 4 is host-only
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=block_m, split_k=split, balance_down=balance,
-                     outline_views=outline)
+    tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=block_m, split_k=split, balance_down=balance)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("outline", [False, True])
 @pytest.mark.parametrize("bits", wl.VIEW_BITS)
-def test_cuda_core_tile_each_view(device, bits, outline):
+def test_cuda_core_tile_each_view(device, bits):
     # Every view's code bytes and class places (kernels/moe_cuda_core.py) on
-    # their own, 64- and 128-row tiles, against the fp32 reference; inlined
-    # and as each view's own function (MoeTiles.outline_views).
+    # their own, 64- and 128-row tiles, against the fp32 reference.
     nf = wl.fields_for_bits(bits)
     weights = random_moe(1, 3, H, F, lambda l, e, p: nf, PAGE, device, seed=20 + nf)
     torch.manual_seed(21)
@@ -71,8 +67,7 @@ def test_cuda_core_tile_each_view(device, bits, outline):
     tw = torch.rand(2, 2)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F)
     for rows in (64, 128):
-        tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=2, num_warps=rows // 32,
-                         outline_views=outline)
+        tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=2, num_warps=rows // 32)
         out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F, tiles)
         assert rel_err(out, ref) < 3e-3, (bits, rows)
 
@@ -279,14 +274,10 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == shipped.wide_launch_stages  # 64-token tiles
     assert wide.wide_loop_stages == shipped.wide_tile_stages and one.wide_loop_stages == one.num_stages
     tuned = MoeTuning(one_token_stages=2, tensor_core_stages=5, wide_launch_stages=6, wide_tile_stages=7,
-                      one_token_maxnreg=200, one_token_outline_views=not shipped.one_token_outline_views)
+                      one_token_maxnreg=200)
     one_tuned = choose_tiles(1, 2, 8, 4096, 14336, tuning=tuned)
     assert (one_tuned.num_stages, one_tuned.maxnreg) == (2, 200)
-    assert one_tuned.outline_views == tuned.one_token_outline_views != one.outline_views
     assert choose_tiles(16, 2, 8, 4096, 14336, tuning=tuned).num_stages == 5
-    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_outline_views=True)).outline_views
-    with pytest.raises(ValueError, match="outline_views"):
-        MoeTiles(block_m=16, outline_views=True)
     wide_tuned = choose_tiles(64, 2, 8, 4096, 14336, tuning=tuned)
     assert (wide_tuned.num_stages, wide_tuned.wide_loop_stages, wide_tuned.maxnreg) == (6, 7, None)
     with pytest.raises(ValueError, match="tensor_core_stages"):
@@ -373,19 +364,15 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,stages,outline,maxnreg", [(128, 3, False, None), (64, 3, False, None),
-                                                        (128, 7, False, None), (128, 4, True, None),
-                                                        (128, 4, True, 168)])
-def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, outline, maxnreg):
+@pytest.mark.parametrize("rows,stages", [(128, 3), (64, 3), (128, 7)])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages):
     # The one-token launches as choose_tiles builds them (one row per
     # thread); the captured step replays with other experts and a demoted
-    # block. 7 stages: over 100 KiB of shared memory per program. outline:
-    # each view's loop its own function, also under the cap that gives
-    # three programs per multiprocessor.
+    # block. 7 stages: over 100 KiB of shared memory per program.
     gen = torch.Generator().manual_seed(13)
     ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
     tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32,
-                     num_stages=stages, outline_views=outline, maxnreg=maxnreg)
+                     num_stages=stages)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
