@@ -11,7 +11,8 @@ traffic), so that the rate, not the latency, bounds it, on a full GPU of
 programs at 4 warps:
 
   dp2a  (dp2a.lo.s32.u32, IDP), imad (mad.lo.s32, IMAD), lop3 (lop3.b32),
-  ffma  (fma.rn.f32), hfma2 (fma.rn.f16x2).
+  ffma  (fma.rn.f32), hfma2 (fma.rn.f16x2), and pairs of the integer kinds
+  alternating in one chain (which of them share a pipe).
 
 Output: warp instructions per microsecond per multiprocessor, and each
 kind's rate relative to FFMA (4 warp instructions a clock per
@@ -45,7 +46,14 @@ KINDS = {
     "lop3": "lop3.b32 $0, $1, $2, $0, 0x96;",
     "ffma": "fma.rn.f32 d, a, b, d;",
     "hfma2": "fma.rn.f16x2 $0, $1, $2, $0;",
+    # Two kinds alternating in each chain: at their combined rate if they
+    # issue to different pipes, at the slower one's if they share one.
+    "dp2a+lop3": "dp2a.lo.s32.u32 $0, $1, $2, $0; lop3.b32 $0, $1, $2, $0, 0x96;",
+    "dp2a+imad": "dp2a.lo.s32.u32 $0, $1, $2, $0; mad.lo.s32 $0, $1, $2, $0;",
+    "imad+lop3": "mad.lo.s32 $0, $1, $2, $0; lop3.b32 $0, $1, $2, $0, 0x96;",
 }
+# Instructions per step of each kind's PTX (the pairs are two).
+STEP_INSTRUCTIONS = {name: step.count(";") for name, step in KINDS.items()}
 
 
 def chain_asm(ptx_step: str) -> str:
@@ -101,7 +109,7 @@ def main() -> None:
                 _chains_kernel[(programs,)](out, 1, args.iters, ASM=asm, num_warps=4)
 
             ms = triton.testing.do_bench(launch, warmup=20, rep=200, return_mode="median")
-            warp_instr = programs * 4 * args.iters * CHAINS * UNROLL
+            warp_instr = programs * 4 * args.iters * CHAINS * UNROLL * STEP_INSTRUCTIONS[name]
             per_sm_per_us = warp_instr / sms / (ms * 1e3)
             row = dict(kind=name, programs_per_sm=per_sm, time_ms=ms, warp_instructions=warp_instr,
                        warp_instr_per_sm_per_us=per_sm_per_us)
