@@ -56,16 +56,17 @@ BN = 128  # rows of a program (two tiles)
 # the (scale, offset) pair.
 FIELD_WORDS = (8, 4, 4, 8, 8)
 SCALE_WORDS = 1
+BLOCKS_C = tl.constexpr(BLOCKS)
 VIEW_FIELDS = {2: 1, 4: 3, 8: 5}
 GROUPS_PER_BOX = (1, 4)  # TMA boxes of one group's run, or of four consecutive runs
 PATHS = ("cp.async", *(f"tma x{gpl}" for gpl in GROUPS_PER_BOX))
 
 
 @triton.jit
-def _run_row(copy, blk, tile64, g, G, TILES64):
-    # First row (of TILE rows of CW words) of run (copy, blk, tile64, g) in a
-    # field's [runs * TILE, CW] view.
-    return (((copy * 4 + blk) * TILES64 + tile64) * G + g) * 64
+def _first_run(copy, blk, tile64, G, TILES64):
+    # Index of run (copy, blk, tile64, group 0) among a field's runs; a
+    # tile's groups are consecutive runs of TILE rows.
+    return ((copy * BLOCKS_C + blk) * TILES64 + tile64) * G
 
 
 @triton.jit
@@ -77,7 +78,7 @@ def _read_ptr_kernel(f0, f1, f2, f3, f4, sc, out_ptr, G, copy, TILES64,
     t64 = 2 * tile128 + r // 64  # [128] each row's 64-row tile
     acc = tl.zeros((128,), tl.int32)
     for g in tl.range(0, G, num_stages=STAGES):
-        row = (((copy * 4 + blk) * TILES64 + t64) * G + g) * 64 + r % 64  # [128]
+        row = (_first_run(copy, blk, t64, G, TILES64) + g) * 64 + r % 64  # [128] rows in the [runs * 64, w] views
         acc += tl.load(sc + row)
         acc += tl.sum(tl.load(f0 + row[:, None] * 8 + tl.arange(0, 8)[None, :]), axis=1)
         if NF >= 3:
@@ -106,7 +107,7 @@ def _read_tma_kernel(d0, d1, d2, d3, d4, dsc, out_ptr, G, copy, TILES64,
     blk = tl.program_id(0) // (TILES64 // 2)
     r = tl.arange(0, 128)
     acc = tl.zeros((128,), tl.int32)
-    base_a = ((copy * 4 + blk) * TILES64 + 2 * tile128) * G
+    base_a = _first_run(copy, blk, 2 * tile128, G, TILES64)
     base_b = base_a + G
     for g in tl.range(0, G, GPL, num_stages=STAGES):
         ra = (base_a + g) * 64
