@@ -83,6 +83,12 @@ def _read_kernel(f0, f1, f2, f3, f4, x_ptr, out_ptr, N, G, copy,
     tl.store(out_ptr + tl.program_id(0), tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
+def rotated_copies() -> int:
+    """Weight copies to rotate through so that each launch reads from HBM:
+    at least 4 L2s of the 2-bit field's bytes (the smallest view), and 2."""
+    return max(2, -(-4 * L2_BYTES // (BLOCKS * N * K // 4)))
+
+
 def run(bits: int, tiles: bool, copies: int, fields: list[torch.Tensor], x: torch.Tensor, bn: int,
         stages: int) -> float:
     """ms of one launch over a different weight copy each time (graph replays)."""
@@ -108,7 +114,7 @@ def main() -> None:
     started = time.time()
     hbm = copy_bandwidth()
     per_copy = BLOCKS * N * (K // GROUP) * sum(CHUNK_BYTES)  # all five fields
-    copies = max(2, -(-4 * L2_BYTES // (BLOCKS * N * K // 4)))  # >= 4 L2s at 2 bits
+    copies = rotated_copies()
     fields = [torch.randn(copies * BLOCKS * N * (K // GROUP) * cb // 2, device="cuda", dtype=torch.float16)
               for cb in CHUNK_BYTES]
     x = torch.randn(K // GROUP * 16, 16, device="cuda", dtype=torch.float16) * 1e-3

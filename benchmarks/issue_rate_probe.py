@@ -115,6 +115,9 @@ def main() -> None:
                        warp_instr_per_sm_per_us=per_sm_per_us)
             rows.append(row)
             print(f"{per_sm} progs/SM {name:6s} {ms:8.3f} ms {per_sm_per_us:8.1f} warp-instr/SM/us", flush=True)
+    for r in rows:
+        ffma = next(x for x in rows if x["kind"] == "ffma" and x["programs_per_sm"] == r["programs_per_sm"])
+        r["rate_vs_ffma"] = r["warp_instr_per_sm_per_us"] / ffma["warp_instr_per_sm_per_us"]
     result = {
         "benchmark": "issue rate of dp2a / imad / lop3 / ffma / hfma2 chains (no memory), 4 warps a program",
         "command": " ".join(["benchmarks/issue_rate_probe.py", *sys.argv[1:]]),
@@ -124,10 +127,6 @@ def main() -> None:
         "torch": torch.__version__, "triton": triton.__version__,
         "chains_per_thread": CHAINS, "unroll": UNROLL, "rows": rows, "wall_s": time.time() - started,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    for r in rows:
-        ffma = next(x for x in rows if x["kind"] == "ffma" and x["programs_per_sm"] == r["programs_per_sm"])
-        r["rate_vs_ffma"] = r["warp_instr_per_sm_per_us"] / ffma["warp_instr_per_sm_per_us"]
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"{'kind':6s} " + " ".join(f"{p}/SM vs ffma" for p in args.programs_per_sm.split(",")))
     for name in KINDS:

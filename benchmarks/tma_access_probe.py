@@ -46,7 +46,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_access import BLOCKS, GROUP, K, L2_BYTES, N  # noqa: E402  (Mixtral B=1 gate/up)
+from benchmarks.bench_access import BLOCKS, GROUP, K, N, rotated_copies  # noqa: E402  (Mixtral B=1 gate/up)
 from benchmarks.bench_moe import bench_graph, copy_bandwidth  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 
@@ -154,7 +154,7 @@ def main() -> None:
     args = ap.parse_args()
     started = time.time()
     hbm = copy_bandwidth()
-    copies = max(2, -(-4 * L2_BYTES // (BLOCKS * N * K // 4)))  # >= 4 L2s at 2 bits
+    copies = rotated_copies()
     fields, scales = make_fields(copies)
     g = K // GROUP
     runs = copies * BLOCKS * (N // TILE) * g
