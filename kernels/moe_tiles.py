@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernels.moe_tuning import MoeTuning
+from kernels.moe_tuning import MAX_REGISTERS_PER_THREAD, MoeTuning
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
@@ -227,8 +227,15 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     if one_token:
-        # One row per thread in both launches: num_warps follows the rows.
-        block_n, num_warps = block_n_up, block_n_up // CUDA_CORE_ROWS_PER_WARP
+        # tuning.one_token_rows_per_thread rows per thread in both launches:
+        # num_warps follows the rows.
+        rows_per_thread = tuning.one_token_rows_per_thread
+        block_n, num_warps = block_n_up, max(1, block_n_up // (CUDA_CORE_ROWS_PER_WARP * rows_per_thread))
+        if rows_per_thread > 1 and maxnreg is None:
+            # The compiler takes every register it may (255 at 2 rows): with
+            # that as the cap, resident_programs counts what fits (4 programs
+            # of 2 warps), and the carveout and the down split follow.
+            maxnreg = MAX_REGISTERS_PER_THREAD
     tiles_down = triton.cdiv(hidden, block_n) * active
     # One wave: a split that overfills the multiprocessors by a few programs
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264

@@ -37,6 +37,13 @@ TENSOR_CORE_STAGES = 4
 # 387.8 / 498.1 / 394.6 us, moe_tune_wide_stages_b64_s24_h200.json).
 WIDE_LAUNCH_STAGES = 3
 WIDE_TILE_STAGES = 3
+# one_token_rows_per_thread: 1 (one row per thread since session 13). At 2
+# (local Triton 3.6 sm_90 SASS, 128 rows on 2 warps) the gate/up loop takes
+# 432 instructions a step for two rows against 248 for one at 4 bits (LDS
+# 28 against 24 a step), 255 registers with 256 bytes of stack outside the
+# loops: 4 programs per multiprocessor instead of 2.
+ONE_TOKEN_ROWS_PER_THREAD = 1
+ROWS_PER_THREAD_CHOICES = (1, 2, 4)
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -56,6 +63,9 @@ class MoeTuning:
     measured slower (Mixtral B=1, 4-bit layer, moe_tune_*_b1_s23_h200.json):
     none 69.5-70.1 us, 240 69.8, 200 70.0, 168 89.7 (3 programs), 128 82.7 (4
     programs); end to end 297.5 -> 249.4 / 258.0 tok/s at 168 / 128.
+    one_token_rows_per_thread: weight rows each thread of the one-token tile
+    multiplies (the warps follow: 128 rows on 4 warps at 1, on 2 at 2); at 2
+    each activation word read from shared memory serves two rows.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -63,8 +73,12 @@ class MoeTuning:
     wide_launch_stages: int = WIDE_LAUNCH_STAGES
     wide_tile_stages: int = WIDE_TILE_STAGES
     one_token_maxnreg: int | None = None
+    one_token_rows_per_thread: int = ONE_TOKEN_ROWS_PER_THREAD
 
     def __post_init__(self) -> None:
+        if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
+            raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
+                             f"got {self.one_token_rows_per_thread}")
         for name in ("one_token_stages", "tensor_core_stages", "wide_launch_stages", "wide_tile_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

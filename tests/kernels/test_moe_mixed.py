@@ -66,10 +66,11 @@ def test_cuda_core_tile_each_view(device, bits):
     ids = torch.tensor([[0, 2], [1, 2]])
     tw = torch.rand(2, 2)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F)
-    for rows in (64, 128):
-        tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=2, num_warps=rows // 32)
+    for rows, rows_per_thread in ((64, 1), (128, 1), (128, 2)):
+        tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=2,
+                         num_warps=rows // (32 * rows_per_thread))
         out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, 3, F, tiles)
-        assert rel_err(out, ref) < 3e-3, (bits, rows)
+        assert rel_err(out, ref) < 3e-3, (bits, rows, rows_per_thread)
 
 
 def test_scale_words_across_page_breaks(device):
@@ -284,6 +285,14 @@ def test_tiles_validate_and_widen_only_when_needed():
         MoeTuning(tensor_core_stages=0)
     with pytest.raises(ValueError, match="one_token_maxnreg"):
         MoeTuning(one_token_maxnreg=256)
+    # Two rows a thread: half the warps, and the programs the registers allow
+    # (255 each: 4 of 2 warps) counted for the carveout and the down split.
+    two = choose_tiles(1, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_rows_per_thread=2))
+    assert (two.block_n_up, two.num_warps, two.maxnreg, two.resident_programs, two.split_k) == (128, 2, 255, 4, 8)
+    assert choose_tiles(1, 4, 60, 2048, 1408, tuning=MoeTuning(one_token_rows_per_thread=2)).num_warps == 1
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_rows_per_thread=2)).num_warps == 4
+    with pytest.raises(ValueError, match="one_token_rows_per_thread"):
+        MoeTuning(one_token_rows_per_thread=3)
     split_depths = choose_tiles(64, 2, 8, 4096, 14336, num_stages=4, wide_stages=3)
     assert (split_depths.num_stages, split_depths.wide_loop_stages) == (4, 3)
     with pytest.raises(ValueError, match="wide_stages"):
@@ -364,15 +373,16 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,stages", [(128, 3), (64, 3), (128, 7)])
-def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages):
-    # The one-token launches as choose_tiles builds them (one row per
+@pytest.mark.parametrize("rows,stages,rows_per_thread", [(128, 3, 1), (64, 3, 1), (128, 7, 1), (128, 4, 2)])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, rows_per_thread):
+    # The one-token launches as choose_tiles builds them (one or two rows per
     # thread); the captured step replays with other experts and a demoted
     # block. 7 stages: over 100 KiB of shared memory per program.
     gen = torch.Generator().manual_seed(13)
     ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
-    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True, num_warps=rows // 32,
-                     num_stages=stages)
+    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True,
+                     num_warps=rows // (32 * rows_per_thread), num_stages=stages,
+                     maxnreg=255 if rows_per_thread > 1 else None)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
