@@ -8,6 +8,10 @@ set -euo pipefail
 out=$1; shift
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 metrics=smsp__inst_executed.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum
+# Where more resident programs could lose: L1 hits (the carveout shrinks L1),
+# shared-memory bank conflicts, L2 hits and DRAM bytes.
+metrics="$metrics,l1tex__t_sector_hit_rate.pct,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"
+metrics="$metrics,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum"
 for stall in long_scoreboard wait barrier short_scoreboard math_pipe_throttle mio_throttle lg_throttle \
              not_selected selected dispatch_stall no_instruction branch_resolving membar sleeping drain \
              imc_miss tex_throttle; do
