@@ -252,7 +252,6 @@ def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_
         "fuse_moe_entry": not args.no_fuse_moe_entry,
         "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
         "pdl_max_rows": config.pdl_max_rows,
-        "gemv_l2_warm": config.gemv_l2_warm,
         "moe_tuning": asdict(config.moe_tuning),
         # The earlier files' keys for these three.
         "one_token_stages": config.moe_tuning.one_token_stages,
@@ -297,9 +296,6 @@ def main() -> int:
                         default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
                         help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
                              "rows by kernels/dense_gemv.py; 0: cuBLAS)")
-    parser.add_argument("--gemv-l2-warm", choices=("none", "o_proj", "o_proj_router"),
-                        default=DataplaneConfig.model_fields["gemv_l2_warm"].default,
-                        help="DataplaneConfig.gemv_l2_warm (what the one-token projections ask the L2 for)")
     parser.add_argument("--pdl-max-rows", type=int,
                         default=DataplaneConfig.model_fields["pdl_max_rows"].default,
                         help="DataplaneConfig.pdl_max_rows (launches over up to N rows take part in PDL; "
@@ -349,7 +345,7 @@ def main() -> int:
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
         dense_gemv_max_tokens=args.dense_gemv_max_tokens, max_arena_pages=args.max_arena_pages,
-        overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows, gemv_l2_warm=args.gemv_l2_warm,
+        overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows,
         moe_tuning=MoeTuning(one_token_stages=args.one_token_stages, tensor_core_stages=args.tensor_core_stages,
                              wide_launch_stages=args.wide_launch_stages, wide_tile_stages=args.wide_tile_stages,
                              one_token_maxnreg=args.one_token_maxnreg,

@@ -110,11 +110,6 @@ class DataplaneConfig(BaseSettings):
     # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
-    # On that GEMV path, what each layer's projections ask the L2 for after
-    # their loads (MixtralForCausalLM.use_gemv_l2_warming): "o_proj" (the
-    # q/k/v launch warms the o weight), "o_proj_router" (and the o launch the
-    # router's), "none".
-    gemv_l2_warm: Literal["none", "o_proj", "o_proj_router"] = "o_proj_router"
     # Pipeline depths and register cap of the fused MoE launches per token
     # tile (kernels/moe_tuning.py has the measurements behind the defaults);
     # as JSON in the environment, e.g.

@@ -160,8 +160,7 @@ def load_model(
 
 def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
     """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv, then
-    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens with
-    use_gemv_l2_warming for DataplaneConfig.gemv_l2_warm)."""
+    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens)."""
     if config.fuse_qkv:
         model.fuse_qkv()
         if device.type == "cuda":
@@ -170,8 +169,6 @@ def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneC
             torch.cuda.empty_cache()
     if config.dense_gemv_max_tokens:
         model.use_dense_gemv(config.dense_gemv_max_tokens)
-        model.use_gemv_l2_warming(o_proj=config.gemv_l2_warm != "none",
-                                  router=config.gemv_l2_warm == "o_proj_router")
 
 
 def _model_info(

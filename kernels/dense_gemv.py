@@ -13,19 +13,14 @@ synthetic Mixtral-8x7B 4-bit at B=1 4.0 % faster than cuBLAS, at B=2 1.2 %
 and at B=4 6.9 % slower (benchmarks/results/e2e_h200_s20_{cublas,gemv_nopf,
 b2_*}.json), hence DataplaneConfig.dense_gemv_max_tokens. An L2 prefetch of
 W's first columns before the wait gained nothing (e2e_h200_s20_gemv.json);
-removed.
+removed. Asking the L2 for the o weight from the q/k/v launch's programs
+after their loads (cp.async.bulk.prefetch.L2, for the o launch after the
+latency-bound rotary, attention and merge) made B=1 5.5 % slower at 4 bits
+(e2e_h200_s26_warm_*.json); removed.
 
 Contract: x [T, K] and W [N, K] of one dtype (fp16 or bf16), unit last
 stride, 1 <= T <= GEMV_MAX_TOKENS; out [T, N] in x's dtype, fp32
 accumulation.
-
-L2 warming (`warm=`): after its loads, each program asks the L2 for a share
-of another tensor (cp.async.bulk.prefetch.L2: the copy engine fetches, the
-program does not wait), meant for the weight of the next large launch when
-only latency-bound launches lie between (at B=1 the q/k/v product is followed
-by rotary, decode attention and merge, whose few reads leave HBM idle for
-some microseconds, then by the o product). A hint only: results do not
-change, and the CPU interpreter skips it.
 """
 
 from __future__ import annotations
@@ -44,11 +39,6 @@ GEMV_MAX_TOKENS = 4
 # (benchmarks/results/dense_gemv_sweep_h200.json: 18.4 us against cuBLAS's
 # 19.1 with W rotated past the L2).
 BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 8, 512, 4, 3
-# Bytes of one L2 prefetch (a multiple of 16, as cp.async.bulk requires);
-# each thread issues at most one.
-WARM_CHUNK_BYTES = 4096
-WARM_CHUNK_C = tl.constexpr(WARM_CHUNK_BYTES)
-THREADS_PER_WARP = 32
 
 
 @dataclass(frozen=True)
@@ -75,10 +65,9 @@ def _gemv_kernel(
     x_ptr,  # [T, K] fp16/bf16
     w_ptr,  # [N, K] fp16/bf16
     out_ptr,  # [T, N]
-    warm_ptr,  # uint8 [warm_bytes]: what to ask the L2 for after the loads (WARM only)
-    T, N, K, stride_x, stride_w, stride_o, warm_bytes,
+    T, N, K, stride_x, stride_w, stride_o,
     BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-    WARM: tl.constexpr, WARM_SLOTS: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     rows = tl.minimum(n, N - 1).to(tl.int64)
@@ -100,42 +89,16 @@ def _gemv_kernel(
         acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]  # [BT, BN, BK]
         w_ptrs += BK
         x_ptrs += BK
-    if WARM:
-        _warm_l2_share(warm_ptr, warm_bytes, WARM_SLOTS, THREADS)
     y = tl.sum(acc, axis=2)  # [BT, BN]
     keep = (t < T)[:, None] & (n < N)[None, :]
     tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_o + n[None, :], y.to(out_ptr.dtype.element_ty), mask=keep)
 
 
-@triton.jit
-def _warm_l2_share(warm_ptr, warm_bytes, WARM_SLOTS: tl.constexpr, THREADS: tl.constexpr):
-    # Chunk c = program + s * programs (s < WARM_SLOTS) of WARM_CHUNK_BYTES
-    # (the last one shorter), one per thread: an [THREADS] tensor keeps one
-    # element a thread (a smaller one would be repeated in every thread).
-    s = tl.arange(0, THREADS)
-    chunk = tl.program_id(0) + s * tl.num_programs(0)
-    start = chunk.to(tl.int64) * WARM_CHUNK_C
-    size = tl.minimum(warm_bytes - start, WARM_CHUNK_C).to(tl.int32)
-    live = ((s < WARM_SLOTS) & (size > 0)).to(tl.int32)
-    addr = (warm_ptr + tl.where(live != 0, start, 0)).to(tl.int64)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-        "=r,l,r,r", [addr, live, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-def warm_slots(warm_bytes: int, programs: int) -> int:
-    """Prefetch chunks each of `programs` programs issues to cover warm_bytes."""
-    return triton.cdiv(triton.cdiv(warm_bytes, WARM_CHUNK_BYTES), programs)
-
-
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None,
-               out: torch.Tensor | None = None, pdl: PdlPolicy = DEFAULT_PDL,
-               warm: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
     """[T, N] = x [T, K] @ weight [N, K]^T for 1 <= T <= GEMV_MAX_TOKENS, in
     one launch (the module docstring); out: an optional [T, N] result buffer;
-    pdl: which launches take part in PDL (kernels/pdl.py); warm: a
-    contiguous tensor on x's device (its bytes a multiple of 16) whose bytes
-    the programs ask the L2 for after their loads (the module docstring)."""
+    pdl: which launches take part in PDL (kernels/pdl.py)."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x [T, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
@@ -154,23 +117,9 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = 
         raise ValueError(f"out must be [{tokens}, {n}] {x.dtype} with a unit last stride")
     tiles = tiles or GemvTiles()
     grid = (triton.cdiv(n, tiles.block_n),)
-    threads = tiles.num_warps * THREADS_PER_WARP
-    warm_bytes, slots, warm_src = 0, 0, x
-    if warm is not None:
-        if warm.device != x.device or not warm.is_contiguous():
-            raise ValueError("warm must be a contiguous tensor on x's device")
-        warm_bytes = warm.numel() * warm.element_size()
-        if warm_bytes % 16:
-            raise ValueError(f"warm must hold a multiple of 16 bytes, got {warm_bytes}")
-        slots = warm_slots(warm_bytes, grid[0])
-        if slots > threads:
-            raise ValueError(f"warm holds {warm_bytes} bytes, more than {grid[0]} programs x {threads} threads "
-                             f"x {WARM_CHUNK_BYTES} can ask for")
-        warm_src = warm.view(torch.uint8) if warm_bytes else x
     _gemv_kernel[grid](
-        x, weight, out, warm_src, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0), warm_bytes,
+        x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BT=triton.next_power_of_2(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
-        WARM=warm_bytes > 0 and x.device.type == "cuda", WARM_SLOTS=slots, THREADS=threads,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **pdl_options(x.device, tokens, pdl),
     )

@@ -25,9 +25,6 @@ class Linear(nn.Module):
     (DataplaneConfig.dense_gemv_max_tokens).
     pdl: which of its launches take part in PDL (kernels/pdl.py; set by the
     model's use_pdl transform from DataplaneConfig.pdl_max_rows).
-    l2_warm: on the GEMV path, a tensor (the next large launch's weight)
-    whose bytes the launch asks the L2 for after its own loads
-    (kernels/dense_gemv.py; set by a model's use_gemv_l2_warming transform).
     """
 
     def __init__(self, in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> None:
@@ -36,14 +33,13 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.gemv_max_tokens = 0
         self.pdl = DEFAULT_PDL
-        self.l2_warm: torch.Tensor | None = None
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in_features] -> [T, out_features]
         if (0 < x.shape[0] <= self.gemv_max_tokens and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
                 and x.dtype in GEMV_DTYPES and x.dtype == self.weight.dtype):
-            return dense_gemv(x, self.weight, pdl=self.pdl, warm=self.l2_warm)
+            return dense_gemv(x, self.weight, pdl=self.pdl)
         return F.linear(x, self.weight)
 
 

@@ -263,21 +263,6 @@ class MixtralForCausalLM(nn.Module):
             if isinstance(module, MixtralAttention):
                 module.use_dense_gemv(max_tokens)
 
-    def use_gemv_l2_warming(self, o_proj: bool, router: bool) -> None:
-        """On the GEMV path (use_dense_gemv), each layer's q/k/v launch asks
-        the L2 for the o projection's weight (o_proj), read after the
-        latency-bound rotary, attention and merge launches, and the o launch
-        for the router's weight (router), read by the MoE entry
-        (kernels/dense_gemv.py, DataplaneConfig.gemv_l2_warm). A layer whose
-        q/k/v are not fused keeps its projections as they are."""
-        for layer in self.model.layers:
-            attn = layer.self_attn
-            # detach(): a plain tensor on the same storage, not a second
-            # registration of the parameter.
-            if attn.qkv_proj is not None:
-                attn.qkv_proj.l2_warm = attn.o_proj.weight.detach() if o_proj else None
-            attn.o_proj.l2_warm = layer.block_sparse_moe.gate.weight.detach() if router else None
-
     def use_pdl(self, policy: PdlPolicy) -> None:
         """Every module that launches a kernel taking part in PDL (those with a
         ``pdl`` attribute: norms, projections, rotary, attention, router,

@@ -97,24 +97,3 @@ def test_pdl_max_rows_from_the_environment_reaches_every_launching_module(monkey
     for kind in kinds:
         found = [m for m in model.modules() if isinstance(m, kind)]
         assert found and all(m.pdl == PdlPolicy(max_rows=3) for m in found), kind.__name__
-
-
-@pytest.mark.parametrize("warm,o_warmed,router_warmed", [
-    ("none", False, False), ("o_proj", True, False), ("o_proj_router", True, True)])
-def test_gemv_l2_warm_from_the_environment_reaches_every_layer(monkeypatch, warm, o_warmed, router_warmed):
-    with pytest.raises(ValidationError):
-        DataplaneConfig(synthetic="mixtral-tiny", gemv_l2_warm="everything")
-    monkeypatch.setenv("PW_DATAPLANE_GEMV_L2_WARM", warm)
-    cfg = DataplaneConfig(synthetic="mixtral-tiny", cpu_arena_bytes=4 << 20)
-    assert cfg.gemv_l2_warm == warm
-    model = build(cfg).engine.runner.model
-    layers = model.model.layers
-    assert layers
-    for layer in layers:
-        attn = layer.self_attn
-        qkv_warm, o_warm = attn.qkv_proj.l2_warm, attn.o_proj.l2_warm
-        # The very storage of the weight read next, not a copy, and no second parameter.
-        assert (qkv_warm is not None and qkv_warm.data_ptr() == attn.o_proj.weight.data_ptr()) == o_warmed
-        assert (o_warm is not None
-                and o_warm.data_ptr() == layer.block_sparse_moe.gate.weight.data_ptr()) == router_warmed
-        assert "l2_warm" not in dict(attn.o_proj.named_parameters())
