@@ -41,7 +41,15 @@ WIDE_TILE_STAGES = 3
 # (local Triton 3.6 sm_90 SASS, 128 rows on 2 warps) the gate/up loop takes
 # 432 instructions a step for two rows against 248 for one at 4 bits (LDS
 # 28 against 24 a step), 255 registers with 256 bytes of stack outside the
-# loops: 4 programs per multiprocessor instead of 2.
+# loops: 4 programs per multiprocessor instead of 2. Measured slower
+# (Mixtral B=1, end to end, 65de161: 4-bit 297.6 -> 271.2 tok/s, 8-bit
+# 218.5 -> 188.3, 2-bit 349.8 -> 330.7; at 3 stages 281.1 / 195.8;
+# e2e_h200_s26_{warm_none,rpt2,rpt2_st3}.json). Under ncu
+# (moe_ncu_b1_rpt2_s26_h200.json) its launches execute 15 % fewer
+# instructions and 28 % fewer shared-memory wavefronts, but spill (gate/up
+# 10.3 MB, down 15.3 MB of local stores a layer) and wait longer on memory
+# (long scoreboard 0.91 -> 1.69 cycles per issue at gate/up); the down
+# launch took 29.9 us against 24.7.
 ONE_TOKEN_ROWS_PER_THREAD = 1
 ROWS_PER_THREAD_CHOICES = (1, 2, 4)
 # The hardware's limit on a thread's registers (sm_70 and later).
