@@ -40,8 +40,7 @@ from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, default_stages  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
-KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel,
-           "gate_up_shared": moe_gate_up._moe_gate_up_shared_kernel}
+KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
 FP16_POINTERS = {"xp_ptr", "h_ptr"}  # the activation planes
 FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr", "xq_scale_ptr", "hq_scale_ptr"}
 # Integer arguments the launches pass as multiples of 16 (Triton specialises
@@ -64,7 +63,6 @@ class Loop:
 
 def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
     kernel = KERNELS[name]
-    constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}  # kernels take subsets
     signature, attrs = {}, {}
     # The activation planes: int16 for the CUDA-core tile (MoeTiles.activation_dtype).
     planes = "*i16" if constexprs["BM"] == CUDA_CORE_TOKEN_TILE else "*fp16"

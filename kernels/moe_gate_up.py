@@ -4,7 +4,16 @@ block's pages at its own bitwidth; the second of each gate/up pair to finish
 stores SiLU(gate) * up, rounded to fp16, as h in sorted order, in the three
 activation planes the down launch's views read (weight_layout.plane_scales),
 or for the CUDA-core tile quantized to int16 per span of 64 rows
-(weight_layout.quantize_activations), with per-tile sums of h."""
+(weight_layout.quantize_activations), with per-tile sums of h.
+
+At B=1 (Mixtral) the grid is 448 programs on 264 resident slots: under ncu
+40 multiprocessors ran two programs and 92 ran four (busy cycles min / mean
+/ max 49 k / 77 k / 88 k of 93 k). Sharing the work evenly among 264
+programs (each 2-3 pieces of a row tile's groups, partial products added
+into gu) balanced them (75 k / 86 k / 91 k) but took 13 % more busy cycles
+in all, and decoded 0.8 % slower end to end at 4 bits, 3.2 % with mixed 2/6
+(benchmarks/results/moe_ncu_b1_sm_active_s26_h200.json,
+e2e_h200_s26_{classic,shared}.json); reverted."""
 
 from __future__ import annotations
 
@@ -27,29 +36,20 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
                    top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                   STAGES: tl.constexpr, g0, g1, PARTIAL: tl.constexpr):
+                   STAGES: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
-    # block's BN rows over groups [g0, g1); per tile, the arrival that
-    # completes the gate/up pair (counters[tile index]) combines SiLU(gate) * up.
+    # block's BN rows; per tile, the second of the gate/up pair to arrive
+    # (counters[tile index]) combines SiLU(gate) * up.
     for m0 in range(start, end, BM):
         _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
                       counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
-                      which, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES,
-                      PARTIAL)
+                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
-                  hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, g0, g1, H, F, pt_field_stride, log2p,
-                  top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
-                  PARTIAL: tl.constexpr):
-    # Groups [g0, g1) of the gate (which = 0) or up block's rows n for
-    # tokens [m0, m0 + BM). Whole (PARTIAL False): this program's product is
-    # the tile's, stored; the second of the pair to arrive (counter) combines.
-    # PARTIAL: the product of a share of the groups is added into gu, which
-    # is zero between launches, and the counter counts groups; the share that
-    # completes both projections' 2 H / 128 groups combines, then zeroes its
-    # rows of gu again.
+                  hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
+                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -63,28 +63,17 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
     else:
         xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
         qs_ptrs = xq_scale_ptr
-    acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, g0,
-                           g1, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
+    acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
+                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
                            1, BN, BM, USE_ASM, STAGES)
     keep = (n < F)[:, None] & valid[None, :]
     pos64 = pos.to(tl.int64)
     mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
-    if PARTIAL:
-        tl.atomic_add(mine, acc, mask=keep, sem="relaxed")
-        arrived = g1 - g0
-        complete = 2 * (H // 128)
-    else:
-        tl.store(mine, acc, mask=keep)
-        arrived = 1
-        complete = 2
+    tl.store(mine, acc, mask=keep)
     tl.debug_barrier()
-    if tl.atomic_add(counter, arrived, sem="acq_rel") + arrived == complete:
+    if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
         other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
                         mask=keep, other=0.0, cache_modifier=".cg")
-        if PARTIAL:
-            acc = tl.load(mine, mask=keep, other=0.0, cache_modifier=".cg")
-            tl.store(mine, tl.zeros_like(acc), mask=keep)
-            tl.store(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None], tl.zeros_like(acc), mask=keep)
         gate = tl.where(which == 0, acc, other)
         up = tl.where(which == 0, other, acc)
         h = gate / (1.0 + tl.exp(-gate)) * up
@@ -178,95 +167,11 @@ def _moe_gate_up_kernel(
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, 0, H // 128, False)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, 0, H // 128, False)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE)
             else:
-                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, 0, H // 128, False)
-
-
-# Relative time per weight group of each view (index = resident fields) in
-# the one-token launches, from the Mixtral B=1 layer at 2 / 3 / 4 / 6 / 8
-# bits (benchmarks/results/moe_h200_s20.json: 34.8 / 46.0 / 54.8 / 67.1 /
-# 75.3 % of the copy bandwidth over bytes of 2.25 / 3.25 / 4.25 / 6.25 / 8.25
-# bits a weight with the scales); index 0 (host-only) costs nothing.
-ONE_TOKEN_GROUP_COST = (0, 8, 9, 10, 12, 14)
-_OT1, _OT2, _OT3, _OT4, _OT5 = (tl.constexpr(c) for c in ONE_TOKEN_GROUP_COST[1:])
-
-
-@triton.jit
-def _one_token_group_cost(nf):
-    return tl.where(nf == 1, _OT1, tl.where(nf == 2, _OT2, tl.where(
-        nf == 3, _OT3, tl.where(nf == 4, _OT4, tl.where(nf >= 5, _OT5, 0)))))
-
-
-@triton.jit
-def _slot_work(active_ptr, bf_ptr, offsets_ptr, slot, block0, E, n_groups, row_tiles):
-    # One slot's tables and its cost units (0 unless its three blocks are
-    # resident and it has tokens): row tiles x (gate's groups + up's), each
-    # group weighted by its view (_one_token_group_cost).
-    expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
-    cost_g = _one_token_group_cost(nf_g)
-    cost_u = _one_token_group_cost(nf_u)
-    ok = (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end)
-    units = tl.where(ok, row_tiles * n_groups * (cost_g + cost_u), 0)
-    return expert, blk, nf_g, nf_u, cost_g, cost_u, start, end, units
-
-
-@triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
-def _moe_gate_up_shared_kernel(
-    xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr,
-    gu_ptr,  # [T * top_k, 2, F] fp32 scratch, zero between launches (the combining share zeroes its rows)
-    count_ptr,  # [E, F / BN, m_tiles] int32 groups arrived per tile, zero between launches
-    h_ptr, hq_scale_ptr, hsum_ptr,
-    block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
-    BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
-):
-    # The one-token gate/up with its work shared evenly among a fixed number
-    # of programs (MoeTiles.gate_up_programs: as many as are resident at
-    # once): the active slots' (row tile, gate then up, group) laid end to
-    # end, each group weighted by its view's cost; program p takes the groups
-    # whose first unit falls in [p total / P, (p + 1) total / P). With one
-    # program per (row tile, projection, slot) the launch ran as 1.7 waves.
-    # Arguments as _moe_gate_up_kernel's.
-    wait_for_previous_grid(PDL)
-    n_groups = H // 128
-    row_tiles = F // BN
-    n_act = tl.load(num_active_ptr)
-    total = 0
-    for slot in range(0, n_act):
-        total += _slot_work(active_ptr, bf_ptr, offsets_ptr, slot, block0, E, n_groups, row_tiles)[8]
-    programs = tl.num_programs(0)
-    lo = (tl.program_id(0).to(tl.int64) * total // programs).to(tl.int32)
-    hi = ((tl.program_id(0).to(tl.int64) + 1) * total // programs).to(tl.int32)
-    begin = 0
-    for slot in range(0, n_act):
-        expert, blk, nf_g, nf_u, cost_g, cost_u, start, end, units = _slot_work(
-            active_ptr, bf_ptr, offsets_ptr, slot, block0, E, n_groups, row_tiles)
-        finish = begin + units
-        if (units > 0) & (finish > lo) & (begin < hi):
-            per_tile = n_groups * (cost_g + cost_u)
-            first = tl.maximum(lo - begin, 0) // per_tile
-            last = (tl.minimum(hi - begin, units) - 1) // per_tile
-            for tile in range(first, last + 1):
-                n = tile * BN + tl.arange(0, BN)
-                rows = tl.minimum(n, F - 1)
-                col = (n // 128) * 128 + actual_to_virtual(n % 128)
-                counters = count_ptr + (expert * row_tiles + tile) * m_tiles
-                tile_begin = begin + tile * per_tile
-                for which in range(0, 2):
-                    cost = tl.where(which == 0, cost_g, cost_u)
-                    chunk = tile_begin + which * n_groups * cost_g
-                    # groups whose first unit chunk + g cost lies in [lo, hi)
-                    g0 = tl.minimum(tl.maximum(lo - chunk + cost - 1, 0) // cost, n_groups)
-                    g1 = tl.minimum(tl.maximum(hi - chunk + cost - 1, 0) // cost, n_groups)
-                    if g0 < g1:
-                        pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
-                        _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
-                                       tl.where(which == 0, nf_g, nf_u), gu_ptr, counters, h_ptr, hq_scale_ptr,
-                                       hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride,
-                                       log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES, g0, g1, True)
-        begin = finish
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -278,18 +183,17 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
-    args = (ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
-            ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
-            ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts,
-            hidden, ffn, pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
-            ws.prep.xp.numel(), ws.h.numel())
-    if tiles.gate_up_programs:
-        kernel = _moe_gate_up_shared_kernel[(tiles.gate_up_programs,)](
-            *args, BN=tiles.block_n_up, BM=tiles.block_m, USE_ASM=tiles.use_asm, STAGES=tiles.num_stages,
-            **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl))
-    else:
-        kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
-            *args, BN=tiles.block_n_up, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
-            USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
-            **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl))
+    kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+        ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
+        ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
+        ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts,
+        hidden, ffn,
+        pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
+        ws.prep.xp.numel(), ws.h.numel(),
+        BN=tiles.block_n_up, BM=tiles.block_m,
+        BM_WIDE=tiles.block_m_wide,
+        USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
+        **tiles.launch_options(),
+        **pdl_options(ws.h.device, t, pdl),
+    )
     settle_carveout(ws, kernel, tiles)

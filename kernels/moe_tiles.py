@@ -89,10 +89,6 @@ class MoeTiles:
     view cost (kernels/moe_down.py, DOWN_GROUP_COST), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
     False: split_k equal K ranges per expert.
-    gate_up_programs: one-token tile only (block_m 1): the gate/up launch
-    as this many programs sharing the work evenly by view cost
-    (kernels/moe_gate_up.py, _moe_gate_up_shared_kernel); 0: one program
-    per (row tile, projection, expert slot).
     """
 
     block_n_up: int = 128
@@ -107,7 +103,6 @@ class MoeTiles:
     block_m_wide: int = 0
     limit_carveout: bool = True
     balance_down: bool = False
-    gate_up_programs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -119,9 +114,6 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
-        if self.gate_up_programs < 0 or (self.gate_up_programs and self.block_m != CUDA_CORE_TOKEN_TILE):
-            raise ValueError(f"gate_up_programs must be 0, or > 0 with block_m {CUDA_CORE_TOKEN_TILE}; got "
-                             f"{self.gate_up_programs} with block_m {self.block_m}")
         if self.num_stages < 1 or self.wide_stages < 0:
             raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
                              f"{self.wide_stages}")
@@ -249,11 +241,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
-    # The shared gate/up: as many programs as are resident at once.
-    gate_up_programs = resident_programs(maxnreg, num_warps) * num_sms if one_token and \
-        tuning.one_token_shared_gate_up else 0
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    gate_up_programs=gate_up_programs,
                     num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
                     maxnreg=maxnreg,
                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,

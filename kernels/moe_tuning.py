@@ -51,11 +51,6 @@ WIDE_TILE_STAGES = 3
 # (long scoreboard 0.91 -> 1.69 cycles per issue at gate/up); the down
 # launch took 29.9 us against 24.7.
 ONE_TOKEN_ROWS_PER_THREAD = 1
-# one_token_shared_gate_up: Mixtral's one-token gate/up is 448 programs (112
-# row tiles x gate, up x 2 experts) on 264 resident slots, 1.7 waves; under
-# ncu its multiprocessors were busy 80 % of the launch (SM active cycles
-# 70.4 k of 87.8 k elapsed; the one-wave down launch: 77 %).
-ONE_TOKEN_SHARED_GATE_UP = False
 ROWS_PER_THREAD_CHOICES = (1, 2, 4)
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
@@ -79,8 +74,6 @@ class MoeTuning:
     one_token_rows_per_thread: weight rows each thread of the one-token tile
     multiplies (the warps follow: 128 rows on 4 warps at 1, on 2 at 2); at 2
     each activation word read from shared memory serves two rows.
-    one_token_shared_gate_up: the one-token gate/up launch as one program
-    per resident slot, sharing the work evenly (MoeTiles.gate_up_programs).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -89,7 +82,6 @@ class MoeTuning:
     wide_tile_stages: int = WIDE_TILE_STAGES
     one_token_maxnreg: int | None = None
     one_token_rows_per_thread: int = ONE_TOKEN_ROWS_PER_THREAD
-    one_token_shared_gate_up: bool = ONE_TOKEN_SHARED_GATE_UP
 
     def __post_init__(self) -> None:
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:

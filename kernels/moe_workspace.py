@@ -20,7 +20,7 @@ from kernels.weight_layout import GROUP
 @dataclass
 class MoeWorkspace:
     prep: MoePrep
-    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations, zero between shared one-token launches
+    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted, virtual in-group order: plane 0
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
@@ -61,8 +61,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype),
-        # Zeroed: the shared one-token gate/up adds into it (MoeTiles.gate_up_programs).
-        gu=torch.zeros(pairs, 2, ffn, dtype=torch.float32, device=device),
+        gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=(counters.take(shape, device) if counters is not None
                 else torch.zeros(shape, dtype=torch.int32, device=device)),
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),

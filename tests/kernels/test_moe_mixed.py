@@ -73,32 +73,6 @@ def test_cuda_core_tile_each_view(device, bits):
         assert rel_err(out, ref) < 3e-3, (bits, rows, rows_per_thread)
 
 
-@pytest.mark.parametrize("t", [1, 3])
-def test_shared_one_token_gate_up_splits_tiles_across_programs(device, t):
-    # The gate/up launch as a fixed number of programs sharing the work by
-    # view cost (MoeTiles.gate_up_programs): 1 program takes everything; 3, 7
-    # and 40 cut (row tile, projection) ranges between programs (40: some
-    # programs get no group). Mixed views weigh groups unequally; with 3
-    # tokens one expert has two. Twice through one workspace: the scratch
-    # and the arrival counts must be back at zero after each launch.
-    h = 384  # 3 groups a row
-    weights = random_moe(1, E, h, F, lambda l, e, p: FIELDS[(e * 3 + p) % len(FIELDS)], PAGE, device, seed=30)
-    torch.manual_seed(31)
-    ids = torch.tensor([[3, 1]]) if t == 1 else torch.tensor([[3, 1], [1, 0], [4, 3]])
-    x = torch.randn(t, h)
-    tw = torch.rand(t, 2)
-    args = (x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
-    ref = moe_mixed_reference(*args)
-    for programs in (1, 3, 7, 40):
-        tiles = MoeTiles(block_n_up=64, block_n_down=64, block_m=1, split_k=2, num_warps=2,
-                         gate_up_programs=programs)
-        ws = alloc_workspace(t, 2, h, F, E, tiles, device)
-        for _ in range(2):
-            out = fused_moe_mixed(*args, tiles, ws)
-            assert rel_err(out, ref) < 3e-3, programs
-            assert int(ws.counts.abs().sum()) == 0 and float(ws.gu.abs().sum()) == 0.0, programs
-
-
 def test_scale_words_across_page_breaks(device):
     # With H=384, F=640 and 16 KiB pages every view has a 64-row tile whose
     # (scale, offset) words straddle a page (e.g. the down blocks' scales
@@ -319,13 +293,6 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_rows_per_thread=2)).num_warps == 4
     with pytest.raises(ValueError, match="one_token_rows_per_thread"):
         MoeTuning(one_token_rows_per_thread=3)
-    # The shared one-token gate/up: one program per resident slot, one token only.
-    shared = MoeTuning(one_token_shared_gate_up=True)
-    assert choose_tiles(1, 2, 8, 4096, 14336, 132, tuning=shared).gate_up_programs == 2 * 132
-    assert choose_tiles(1, 2, 8, 4096, 14336, 132).gate_up_programs == 0
-    assert choose_tiles(16, 2, 8, 4096, 14336, 132, tuning=shared).gate_up_programs == 0
-    with pytest.raises(ValueError, match="gate_up_programs"):
-        MoeTiles(block_m=16, gate_up_programs=4)
     split_depths = choose_tiles(64, 2, 8, 4096, 14336, num_stages=4, wide_stages=3)
     assert (split_depths.num_stages, split_depths.wide_loop_stages) == (4, 3)
     with pytest.raises(ValueError, match="wide_stages"):
@@ -406,9 +373,8 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,stages,rows_per_thread,programs", [(128, 3, 1, 0), (64, 3, 1, 0), (128, 7, 1, 0),
-                                                                   (128, 4, 2, 0), (128, 4, 1, 264), (128, 4, 1, 5)])
-def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, rows_per_thread, programs):
+@pytest.mark.parametrize("rows,stages,rows_per_thread", [(128, 3, 1), (64, 3, 1), (128, 7, 1), (128, 4, 2)])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, rows_per_thread):
     # The one-token launches as choose_tiles builds them (one or two rows per
     # thread); the captured step replays with other experts and a demoted
     # block. 7 stages: over 100 KiB of shared memory per program.
@@ -416,7 +382,7 @@ def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, rows_per_thread, 
     ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
     tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True,
                      num_warps=rows // (32 * rows_per_thread), num_stages=stages,
-                     maxnreg=255 if rows_per_thread > 1 else None, gate_up_programs=programs)
+                     maxnreg=255 if rows_per_thread > 1 else None)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
