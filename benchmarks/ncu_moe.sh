@@ -2,7 +2,7 @@
 # Nsight Compute counters of the two MoE weight launches, as the session-9
 # counter runs took them (benchmarks/results/moe_ncu_*_h200.json):
 #   benchmarks/ncu_moe.sh OUT.csv [moe_ncu_probe.py flags, e.g. --batch 64 --bits 4 --wide 32]
-# Then: python benchmarks/ncu_summary.py A.csv B.csv [--json table.json]
+# Then: python benchmarks/ncu_summary.py A.csv B.csv [--json table.json --commit C]
 # The 4th call's launches are read (launch-skip 6: three calls of two launches).
 set -euo pipefail
 out=$1; shift

@@ -1,7 +1,7 @@
 """Condense Nsight Compute CSV reports into one table (kernels as columns).
 
     ncu --csv --page details ... > a.csv
-    python3 benchmarks/ncu_summary.py a.csv b.csv [--json out.json]
+    python3 benchmarks/ncu_summary.py a.csv b.csv [--json out.json --commit C]
 
 Each report may hold several kernels; a column is "<file stem>:<kernel>".
 Rows are the metrics named in METRICS (those the report has), plus every
@@ -14,7 +14,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
+
+import torch
 
 METRICS = (
     "Duration",
@@ -66,7 +70,9 @@ def read_report(path: Path) -> dict[str, dict[str, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("reports", nargs="+", type=Path)
-    ap.add_argument("--json", type=Path, default=None, help="also write the table as JSON")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="also write the table as JSON, with the GPU's name, the date, this command and --commit")
+    ap.add_argument("--commit", default="unknown", help="git commit of the profiled tree")
     args = ap.parse_args()
     table: dict[str, dict[str, str]] = {}
     for path in args.reports:
@@ -82,7 +88,13 @@ def main() -> None:
         label = metric.removeprefix(STALL_PREFIX)
         print(" | ".join([label.ljust(width)] + [table[n].get(metric, "-") for n in names]))
     if args.json:
-        args.json.write_text(json.dumps(table, indent=1))
+        args.json.write_text(json.dumps({"device": gpu_name(), "date": datetime.now(timezone.utc).isoformat(
+            timespec="seconds"), "commit": args.commit, "command": " ".join(sys.argv), "table": table}, indent=1))
+
+
+def gpu_name() -> str:
+    """The GPU the reports came from (the summary runs beside ncu), or "unknown"."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
 
 
 if __name__ == "__main__":
