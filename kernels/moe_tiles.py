@@ -230,7 +230,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # tuning.one_token_rows_per_thread rows per thread in both launches:
         # num_warps follows the rows.
         rows_per_thread = tuning.one_token_rows_per_thread
-        block_n, num_warps = block_n_up, max(1, block_n_up // (CUDA_CORE_ROWS_PER_WARP * rows_per_thread))
+        block_n, num_warps = block_n_up, block_n_up // (CUDA_CORE_ROWS_PER_WARP * rows_per_thread)
         if rows_per_thread > 1 and maxnreg is None:
             # The compiler takes every register it may (255 at 2 rows): with
             # that as the cap, resident_programs counts what fits (4 programs
