@@ -1,5 +1,13 @@
 """Kernel time per decode step by kernel name (torch.profiler), for
-benchmarks/e2e_decode.py --profile-batches."""
+benchmarks/e2e_decode.py --profile-batches.
+
+Two views of the same trace: each kernel's duration, and its share of the
+step's critical path: the time by which its end moves the latest end seen so
+far in stream order (end - max(previous ends, its start)). With PDL a launch
+starts early and waits inside, so its duration includes the previous
+kernel's tail; its critical-path share does not, and the shares add up to
+the GPU's busy time. Idle time between kernels (launch gaps without PDL,
+waits on the host) is counted apart."""
 
 from __future__ import annotations
 
@@ -26,18 +34,22 @@ def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool, pdl_
     def spent(e) -> float:  # microseconds (CPU self time in a dry run on the CPU)
         return e.device_time_total if on_gpu else e.self_cpu_time_total
 
-    def kernel_times(new_tokens: int, tag: str) -> dict[str, tuple[float, int]]:
+    def kernel_times(new_tokens: int, tag: str) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
         with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
             run_batch(engine, batch, PROFILE_PROMPT_LEN, new_tokens, tag)
-        return {e.key[:80]: (spent(e), e.count) for e in prof.key_averages() if spent(e) > 0}
+        durations = {e.key[:80]: (spent(e), e.count) for e in prof.key_averages() if spent(e) > 0}
+        return durations, critical_path(prof.events() if on_gpu else [])
 
-    base = kernel_times(1, f"p0-{batch}")
-    full = kernel_times(steps + 1, f"p-{batch}")
+    base, base_critical = kernel_times(1, f"p0-{batch}")
+    full, full_critical = kernel_times(steps + 1, f"p-{batch}")
     per_step = {}  # name -> (us, calls) per decode step
     for name, (us, calls) in full.items():
         base_us, base_calls = base.get(name, (0.0, 0))
         per_step[name] = ((us - base_us) / steps, (calls - base_calls) / steps)
     top = sorted(per_step.items(), key=lambda kv: kv[1][0], reverse=True)[:PROFILE_TOP]
+    critical = {name: (us - base_critical.get(name, 0.0)) / steps for name, us in full_critical.items()}
+    critical_top = sorted(((n, us) for n, us in critical.items() if n != IDLE), key=lambda kv: kv[1],
+                          reverse=True)[:PROFILE_TOP]
     result = {
         "batch": batch,
         "bits": bits,
@@ -50,9 +62,45 @@ def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool, pdl_
         "pdl_inflates_durations": on_gpu and batch <= pdl_max_rows,
         "gpu_ms_per_step": sum(us for us, _ in per_step.values()) / 1e3,
         "kernels": [{"name": name, "calls_per_step": calls, "ms_per_step": us / 1e3} for name, (us, calls) in top],
+        "critical_path": {
+            "busy_ms_per_step": sum(us for n, us in critical.items() if n != IDLE) / 1e3,
+            "idle_ms_per_step": critical.get(IDLE, 0.0) / 1e3,
+            "kernels": [{"name": name, "ms_per_step": us / 1e3} for name, us in critical_top],
+        },
     }
     print(f"\nprofile B={batch} bits {bits}: GPU {result['gpu_ms_per_step']:.2f} ms/step"
           + (" (PDL launches: durations include their waits)" if result["pdl_inflates_durations"] else ""))
     for k in result["kernels"]:
         print(f"  {k['ms_per_step']:7.3f} ms {k['calls_per_step']:6.1f}x  {k['name']}")
+    path = result["critical_path"]
+    print(f"critical path: busy {path['busy_ms_per_step']:.3f} ms/step, idle {path['idle_ms_per_step']:.3f}")
+    for k in path["kernels"]:
+        print(f"  {k['ms_per_step']:7.3f} ms  {k['name']}")
     return result
+
+
+IDLE = "(idle)"
+
+
+def critical_path(events) -> dict[str, float]:
+    """Microseconds of the trace's device busy time by kernel name, each
+    kernel taking end - max(latest earlier end, its start) in start order
+    (the module docstring); the gaps with no kernel running under IDLE."""
+    from torch.autograd import DeviceType
+
+    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA),
+                     key=lambda e: (e.time_range.start, e.time_range.end))
+    shares: dict[str, float] = {}
+    latest_end = None
+    for e in kernels:
+        start, end = e.time_range.start, e.time_range.end
+        if latest_end is None:
+            share = end - start
+        else:
+            shares[IDLE] = shares.get(IDLE, 0.0) + max(0.0, start - latest_end)
+            share = max(0.0, end - max(latest_end, start))
+            end = max(end, latest_end)
+        name = e.key[:80]
+        shares[name] = shares.get(name, 0.0) + share
+        latest_end = end
+    return shares
