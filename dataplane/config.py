@@ -110,6 +110,12 @@ class DataplaneConfig(BaseSettings):
     # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
+    # Decode steps whose q/k/v product takes that GEMV enter attention with one
+    # launch (kernels/attention_entry.py): "qkv_rotary" fuses the GEMV with
+    # rotary and the KV store, "norm_qkv_rotary" also the input norm and its
+    # residual add; "off" keeps the launches apart (A/B runs). The modes are
+    # dataplane.models.mixtral.ATTENTION_ENTRIES (a test holds them equal).
+    attention_entry: Literal["off", "qkv_rotary", "norm_qkv_rotary"] = "norm_qkv_rotary"
     # Pipeline depths and register cap of the fused MoE launches per token
     # tile (kernels/moe_tuning.py has the measurements behind the defaults);
     # as JSON in the environment, e.g.

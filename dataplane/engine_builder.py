@@ -160,7 +160,8 @@ def load_model(
 
 def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
     """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv, then
-    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens)."""
+    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens and
+    use_attention_entry for DataplaneConfig.attention_entry)."""
     if config.fuse_qkv:
         model.fuse_qkv()
         if device.type == "cuda":
@@ -169,6 +170,7 @@ def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneC
             torch.cuda.empty_cache()
     if config.dense_gemv_max_tokens:
         model.use_dense_gemv(config.dense_gemv_max_tokens)
+    model.use_attention_entry(config.attention_entry)
 
 
 def _model_info(
