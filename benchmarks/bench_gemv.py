@@ -27,7 +27,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels.dense_gemv import GEMV_MAX_TOKENS, GemvTiles, dense_gemv, dense_gemv_reference  # noqa: E402
+from kernels.dense_gemv import (GEMV_MAX_TOKENS, NUM_WARPS, GemvTiles, dense_gemv,  # noqa: E402
+                                dense_gemv_reference)
 from kernels.pdl import PdlPolicy  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096)}  # (N, K) at Mixtral-8x7B
@@ -36,6 +37,9 @@ BLOCK_K = (128, 256, 512)
 ROTATION_BYTES = 256 << 20  # W copies cycled through: several times the H200's 50 MB L2
 ROUNDS = 4  # passes over the copies per graph
 REPLAYS = 20
+# Sweep points whose fp32 accumulator ([T, block_n, block_k]) would exceed
+# this many registers a thread are skipped (they spill).
+MAX_ACC_PER_THREAD = 64
 
 NO_PDL = PdlPolicy(max_rows=0)  # the kernel alone, no launch overlapping the previous one
 
@@ -61,7 +65,7 @@ def graph_us(launch, copies: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(n: int, k: int, tokens: int) -> dict:
+def measure(n: int, k: int, tokens: int, block_n=BLOCK_N, block_k=BLOCK_K, warps=(NUM_WARPS,)) -> dict:
     w_bytes = n * k * 2
     copies = max(2, -(-ROTATION_BYTES // w_bytes))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -70,17 +74,20 @@ def measure(n: int, k: int, tokens: int) -> dict:
     want = dense_gemv_reference(x, ws[0])
     cublas_us = graph_us(lambda i: torch.matmul(x, ws[i].T, out=out), copies)
     tiles = {}
-    for bn, bk in itertools.product(BLOCK_N, BLOCK_K):
-        t = GemvTiles(block_n=bn, block_k=bk)
+    for bn, bk, nw in itertools.product(block_n, block_k, warps):
+        if bk > k or tokens * bn * bk // (nw * 32) > MAX_ACC_PER_THREAD:
+            continue
+        t = GemvTiles(block_n=bn, block_k=bk, num_warps=nw)
         got = dense_gemv(x, ws[0], t, pdl=NO_PDL)
         err = float((got.float() - want.float()).norm() / want.float().norm())
         if err > 1e-2:
             raise RuntimeError(f"GEMV {t} off by {err} at {n}x{k}, {tokens} tokens")
-        tiles[f"{bn}x{bk}"] = graph_us(lambda i, t=t: dense_gemv(x, ws[i], t, out=out, pdl=NO_PDL), copies)
+        tiles[f"{bn}x{bk}" + (f"w{nw}" if nw != NUM_WARPS else "")] = graph_us(lambda i, t=t: dense_gemv(x, ws[i], t, out=out, pdl=NO_PDL), copies)
     best = min(tiles, key=tiles.get)
     default = GemvTiles()
+    default_key = f"{default.block_n}x{default.block_k}"
     return {"n": n, "k": k, "tokens": tokens, "w_bytes": w_bytes, "copies": copies, "cublas_us": cublas_us,
-            "gemv_us": tiles, "default_us": tiles[f"{default.block_n}x{default.block_k}"],
+            "gemv_us": tiles, "default_us": tiles.get(default_key, float("nan")),
             "best": best, "best_us": tiles[best], "best_GBps": w_bytes / tiles[best] / 1e3,
             "cublas_GBps": w_bytes / cublas_us / 1e3}
 
@@ -89,9 +96,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokens", default=",".join(str(t) for t in range(1, GEMV_MAX_TOKENS + 1)),
+                    help="token counts, comma-separated")
+    ap.add_argument("--block-n", default=",".join(map(str, BLOCK_N)), help="rows per program to sweep")
+    ap.add_argument("--block-k", default=",".join(map(str, BLOCK_K)), help="K chunks to sweep (<= K)")
+    ap.add_argument("--num-warps", default=str(NUM_WARPS), help="warps per program to sweep")
     args = ap.parse_args()
-    rows = [dict(measure(n, k, t), shape=name) for name, (n, k) in SHAPES.items()
-            for t in range(1, GEMV_MAX_TOKENS + 1)]
+
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(v) for v in text.split(",") if v)
+
+    rows = [dict(measure(n, k, t, ints(args.block_n), ints(args.block_k), ints(args.num_warps)), shape=name)
+            for name, (n, k) in SHAPES.items() for t in ints(args.tokens)]
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "commit": args.commit,
                                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                     "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

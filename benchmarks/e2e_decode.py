@@ -52,7 +52,6 @@ from benchmarks.decode_profile import profile_decode  # noqa: E402
 from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
-from dataplane.models.mixtral import ATTENTION_ENTRIES  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
@@ -252,7 +251,7 @@ def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_
         "fuse_qkv": not args.no_fuse_qkv,
         "fuse_moe_entry": not args.no_fuse_moe_entry,
         "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
-        "attention_entry": config.attention_entry,
+        "fuse_qkv_rotary": config.fuse_qkv_rotary,
         "pdl_max_rows": config.pdl_max_rows,
         "moe_tuning": asdict(config.moe_tuning),
         # The earlier files' keys for these three.
@@ -298,10 +297,9 @@ def main() -> int:
                         default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
                         help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
                              "rows by kernels/dense_gemv.py; 0: cuBLAS)")
-    parser.add_argument("--attention-entry", choices=ATTENTION_ENTRIES,
-                        default=DataplaneConfig.model_fields["attention_entry"].default,
-                        help="DataplaneConfig.attention_entry (the q/k/v GEMV fused with rotary and the KV store, "
-                             "and with the input norm; A/B runs)")
+    parser.add_argument("--no-fuse-qkv-rotary", action="store_true",
+                        help="DataplaneConfig.fuse_qkv_rotary = False (rotary and the KV store apart from the "
+                             "q/k/v GEMV)")
     parser.add_argument("--pdl-max-rows", type=int,
                         default=DataplaneConfig.model_fields["pdl_max_rows"].default,
                         help="DataplaneConfig.pdl_max_rows (launches over up to N rows take part in PDL; "
@@ -350,7 +348,7 @@ def main() -> int:
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
-        dense_gemv_max_tokens=args.dense_gemv_max_tokens, attention_entry=args.attention_entry,
+        dense_gemv_max_tokens=args.dense_gemv_max_tokens, fuse_qkv_rotary=not args.no_fuse_qkv_rotary,
         max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows,
         moe_tuning=MoeTuning(one_token_stages=args.one_token_stages, tensor_core_stages=args.tensor_core_stages,

@@ -110,12 +110,11 @@ class DataplaneConfig(BaseSettings):
     # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
-    # Decode steps whose q/k/v product takes that GEMV enter attention with one
-    # launch (kernels/attention_entry.py): "qkv_rotary" fuses the GEMV with
-    # rotary and the KV store, "norm_qkv_rotary" also the input norm and its
-    # residual add; "off" keeps the launches apart (A/B runs). The modes are
-    # dataplane.models.mixtral.ATTENTION_ENTRIES (a test holds them equal).
-    attention_entry: Literal["off", "qkv_rotary", "norm_qkv_rotary"] = "norm_qkv_rotary"
+    # Decode steps whose fused q/k/v product takes that GEMV rotate q and k and
+    # store k and v in its launch (kernels/qkv_rotary_gemv.py: B=1 4-bit
+    # 297.0 / 297.6 -> 302.4 tok/s, e2e_h200_s27_entry_*.json); False keeps
+    # rotary_cache_write apart (A/B runs).
+    fuse_qkv_rotary: bool = True
     # Pipeline depths and register cap of the fused MoE launches per token
     # tile (kernels/moe_tuning.py has the measurements behind the defaults);
     # as JSON in the environment, e.g.

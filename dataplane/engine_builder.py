@@ -161,7 +161,7 @@ def load_model(
 def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
     """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv, then
     use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens and
-    use_attention_entry for DataplaneConfig.attention_entry)."""
+    use_qkv_rotary_gemv for DataplaneConfig.fuse_qkv_rotary)."""
     if config.fuse_qkv:
         model.fuse_qkv()
         if device.type == "cuda":
@@ -170,7 +170,7 @@ def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneC
             torch.cuda.empty_cache()
     if config.dense_gemv_max_tokens:
         model.use_dense_gemv(config.dense_gemv_max_tokens)
-    model.use_attention_entry(config.attention_entry)
+    model.use_qkv_rotary_gemv(config.fuse_qkv_rotary)
 
 
 def _model_info(

@@ -23,15 +23,12 @@ from dataplane.layers.linear import Embedding, Linear
 from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
-from kernels.attention_entry import EntryNorm, attention_entry, attention_entry_suits
 from kernels.dense_gemv import GEMV_DTYPES
+from kernels.qkv_rotary_gemv import qkv_rotary_gemv, qkv_rotary_gemv_suits
 from kernels.pdl import DEFAULT_PDL, PdlPolicy
 
 FAMILY = "mixtral"
 DEFAULT_ROPE_THETA = 1e6  # transformers' Mixtral default when config.json has none
-# MixtralAttention.entry: how a decode step that takes the dense GEMV enters
-# attention (kernels/attention_entry.py; DataplaneConfig.attention_entry).
-ATTENTION_ENTRIES = ("off", "qkv_rotary", "norm_qkv_rotary")
 
 
 @dataclass(frozen=True)
@@ -115,7 +112,7 @@ class MixtralAttention(nn.Module):
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, device)
         self.pdl = DEFAULT_PDL  # the decode attention's launches (kernels/pdl.py; use_pdl)
         self.qkv_proj: Linear | None = None  # set by fuse_qkv (then q/k/v_proj are None)
-        self.entry = "off"  # one of ATTENTION_ENTRIES (use_attention_entry)
+        self.rotary_in_gemv = False  # use_qkv_rotary_gemv
 
     def fuse_qkv(self) -> None:
         """Replaces q_proj, k_proj and v_proj by one projection of their stacked
@@ -138,34 +135,17 @@ class MixtralAttention(nn.Module):
             if proj is not None:
                 proj.gemv_max_tokens = max_tokens
 
-    def use_attention_entry(self, entry: str) -> None:
-        """Decode steps that take the dense GEMV in the fused q/k/v projection
-        enter attention by kernels/attention_entry.py: "qkv_rotary" (the GEMV
-        with rotary and the KV store), "norm_qkv_rotary" (the input norm and
-        its residual add too, MixtralDecoderLayer.forward), "off"."""
-        if entry not in ATTENTION_ENTRIES:
-            raise ValueError(f"attention entry must be one of {ATTENTION_ENTRIES}, got {entry!r}")
-        self.entry = entry
+    def use_qkv_rotary_gemv(self, on: bool) -> None:
+        """Decode steps whose fused q/k/v product takes the dense GEMV rotate
+        and store k and v in its launch (kernels/qkv_rotary_gemv.py)."""
+        self.rotary_in_gemv = on
 
-    def entry_applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
-        """Whether this step's input x [T, H] (or the delta before the norm)
-        enters by kernels/attention_entry.py (use_attention_entry)."""
+    def _rotary_gemv_applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
         meta = ctx.attn
-        return (self.entry != "off" and self.qkv_proj is not None and x.is_cuda and ctx.kv_arena is not None
-                and self.qkv_proj.weight.dtype in GEMV_DTYPES
+        return (self.rotary_in_gemv and self.qkv_proj is not None and x.is_cuda and ctx.kv_arena is not None
                 and meta.sliding_window is None and meta.decode_only
-                and x.shape[0] <= self.qkv_proj.gemv_max_tokens
-                and attention_entry_suits(x.shape[0], self.head_dim))
-
-    def forward_entry(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                      norm: EntryNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(attention output [T, H], the residual stream after norm's add or
-        None): the step entered by one launch (where entry_applies); x is the
-        normalised row, or with norm its input (kernels/attention_entry.py)."""
-        q, stream = attention_entry(x, self.qkv_proj.weight, positions, self.rotary.inv_freq, ctx.kv_arena,
-                                    self.layer_index, ctx.attn.slot_mapping, self.num_heads, self.num_kv_heads,
-                                    norm, pdl=self.pdl)
-        return self._decode_output(q, ctx), stream
+                and x.dtype in GEMV_DTYPES and x.dtype == self.qkv_proj.weight.dtype
+                and x.shape[0] <= self.qkv_proj.gemv_max_tokens and qkv_rotary_gemv_suits(x.shape[0], self.head_dim))
 
     def _decode_output(self, q: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         # q: [T, heads, D] rotated, the step's k and v in the cache -> [T, H]
@@ -174,8 +154,11 @@ class MixtralAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         # x: [T, H]; positions: [T]
-        if self.entry_applies(x, ctx) and x.dtype == self.qkv_proj.weight.dtype:
-            return self.forward_entry(x, positions, ctx, None)[0]
+        if self._rotary_gemv_applies(x, ctx):
+            q = qkv_rotary_gemv(x, self.qkv_proj.weight, positions, self.rotary.inv_freq, ctx.kv_arena,
+                                self.layer_index, ctx.attn.slot_mapping, self.num_heads, self.num_kv_heads,
+                                pdl=self.pdl)
+            return self._decode_output(q, ctx)
         tokens = x.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if self.qkv_proj is not None:
@@ -229,16 +212,11 @@ class MixtralDecoderLayer(nn.Module):
         caller adds the returned delta (next layer's input norm, or the final
         norm). residual None: delta is the embeddings (the first layer)."""
         # delta, residual: [T, H]
-        attention, norm = self.self_attn, self.input_layernorm
-        if attention.entry == "norm_qkv_rotary" and attention.entry_applies(delta, ctx):
-            # The norm and its residual add inside the attention's entry launch.
-            attn, residual = attention.forward_entry(delta, positions, ctx, EntryNorm(norm.weight, norm.eps, residual))
+        if residual is None:
+            residual, normed = delta, self.input_layernorm(delta)
         else:
-            if residual is None:
-                residual, normed = delta, norm(delta)
-            else:
-                residual, normed = norm.add_forward(delta, residual)  # residual + delta, its norm
-            attn = attention(normed, positions, ctx)
+            residual, normed = self.input_layernorm.add_forward(delta, residual)  # residual + delta, its norm
+        attn = self.self_attn(normed, positions, ctx)
         return self.block_sparse_moe.add_norm_forward(attn, residual, self.post_attention_layernorm, ctx.routing)
 
 
@@ -309,12 +287,13 @@ class MixtralForCausalLM(nn.Module):
             if isinstance(module, MixtralAttention):
                 module.use_dense_gemv(max_tokens)
 
-    def use_attention_entry(self, entry: str) -> None:
-        """Every attention layer enters decode steps as `entry` says
-        (MixtralAttention.use_attention_entry; DataplaneConfig.attention_entry)."""
+    def use_qkv_rotary_gemv(self, on: bool) -> None:
+        """Every attention layer's decode steps that take the dense GEMV rotate
+        and store k, v in its launch (MixtralAttention.use_qkv_rotary_gemv;
+        DataplaneConfig.fuse_qkv_rotary)."""
         for module in self.modules():
             if isinstance(module, MixtralAttention):
-                module.use_attention_entry(entry)
+                module.use_qkv_rotary_gemv(on)
 
     def use_pdl(self, policy: PdlPolicy) -> None:
         """Every module that launches a kernel taking part in PDL (those with a
