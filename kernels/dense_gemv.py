@@ -61,19 +61,11 @@ class GemvTiles:
 
 
 @triton.jit
-def _gemv_kernel(
-    x_ptr,  # [T, K] fp16/bf16
-    w_ptr,  # [N, K] fp16/bf16
-    out_ptr,  # [T, N]
-    T, N, K, stride_x, stride_w, stride_o,
-    BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    n = tl.program_id(0) * BN + tl.arange(0, BN)
-    rows = tl.minimum(n, N - 1).to(tl.int64)
-    wait_for_previous_grid(PDL)
-    t = tl.arange(0, BT)
-    toks = tl.minimum(t, T - 1).to(tl.int64)
+def gemv_rows(x_ptr, w_ptr, rows, toks, K, stride_x, stride_w,
+              BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """[BT, BN] fp32 products of tokens toks [BT] (int64) of x with rows
+    [BN] (int64) of W: fp32 per (token, row, k lane), one reduction at the
+    end (kernels/qkv_rotary_gemv.py takes it too)."""
     kk = tl.arange(0, BK)
     w_ptrs = w_ptr + rows[:, None] * stride_w + kk[None, :]  # [BN, BK]
     x_ptrs = x_ptr + toks[:, None] * stride_x + kk[None, :]  # [BT, BK]
@@ -89,7 +81,24 @@ def _gemv_kernel(
         acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]  # [BT, BN, BK]
         w_ptrs += BK
         x_ptrs += BK
-    y = tl.sum(acc, axis=2)  # [BT, BN]
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [T, K] fp16/bf16
+    w_ptr,  # [N, K] fp16/bf16
+    out_ptr,  # [T, N]
+    T, N, K, stride_x, stride_w, stride_o,
+    BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    rows = tl.minimum(n, N - 1).to(tl.int64)
+    wait_for_previous_grid(PDL)
+    t = tl.arange(0, BT)
+    toks = tl.minimum(t, T - 1).to(tl.int64)
+    y = gemv_rows(x_ptr, w_ptr, rows, toks, K, stride_x, stride_w, BT, BN, BK, EVEN_K)  # [BT, BN]
     keep = (t < T)[:, None] & (n < N)[None, :]
     tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_o + n[None, :], y.to(out_ptr.dtype.element_ty), mask=keep)
 

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from kernels.dense_gemv import (BLOCK_K, GEMV_DTYPES, GEMV_MAX_TOKENS, NUM_STAGES, NUM_WARPS, GemvTiles,
-                                dense_gemv_reference)
+                                dense_gemv_reference, gemv_rows)
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.rotary_cache_write import _check as check_rotary_inputs
 from kernels.rotary_cache_write import rotary_cache_write_reference
@@ -91,22 +91,8 @@ def _qkv_rotary_gemv_kernel(
     dt = qo_ptr.dtype.element_ty
     t = tl.arange(0, BT)
     toks = tl.minimum(t, T - 1).to(tl.int64)
-    kk = tl.arange(0, BK)
-    w_ptrs = w_ptr + rows[:, None] * stride_w + kk[None, :]  # [2 PAIRS, BK]
-    x_ptrs = x_ptr + toks[:, None] * stride_x + kk[None, :]  # [BT, BK]
-    acc = tl.zeros((BT, 2 * PAIRS, BK), tl.float32)
-    for k0 in range(0, K, BK):
-        if EVEN_K:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs)
-        else:
-            inside = (k0 + kk) < K
-            w = tl.load(w_ptrs, mask=inside[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=inside[None, :], other=0.0)
-        acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]  # [BT, 2 PAIRS, BK]
-        w_ptrs += BK
-        x_ptrs += BK
-    y = tl.sum(acc, axis=2).to(dt)  # [BT, 2 PAIRS], rounded as the projection's output
+    # [BT, 2 PAIRS], rounded as the projection's output
+    y = gemv_rows(x_ptr, w_ptr, rows, toks, K, stride_x, stride_w, BT, 2 * PAIRS, BK, EVEN_K).to(dt)
     # Rotation with kernels/rotary.py's angles and rounding (q and k heads).
     x1, x2 = tl.split(tl.reshape(y, (BT, PAIRS, 2)))  # [BT, PAIRS]: rows i and i + HALF
     pos = tl.load(pos_ptr + toks).to(tl.float32)  # [BT]
