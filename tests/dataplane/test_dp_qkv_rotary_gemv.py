@@ -68,7 +68,7 @@ def test_gpu_b1_decode_takes_it_and_keeps_the_tokens(monkeypatch, graphs):
     for on in (False, True):
         calls.clear()
         built = build(DataplaneConfig(model_path=str(MODEL), device="cuda", dtype="bfloat16", max_running_seqs=1,
-                                      max_context_length=64, max_arena_pages=256, cuda_graphs=graphs,
+                                      max_context_length=64, max_arena_pages=1024, cuda_graphs=graphs,
                                       dynamic_precision=False, fuse_qkv_rotary=on))
         tokens[on] = _generate(built.engine, f"r{on}")
         assert (len(calls) > 0) == on and set(calls) <= {1}, calls
