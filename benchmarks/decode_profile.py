@@ -7,7 +7,12 @@ far in stream order (end - max(previous ends, its start)). With PDL a launch
 starts early and waits inside, so its duration includes the previous
 kernel's tail; its critical-path share does not, and the shares add up to
 the GPU's busy time. Idle time between kernels (launch gaps without PDL,
-waits on the host) is counted apart."""
+waits on the host) is counted apart.
+
+A share is not what removing the kernel would save: under PDL the next
+launch becomes resident and ramps up while a short kernel runs, and pays
+that ramp itself once the kernel is gone (the rotary launch's 2.0 us a
+layer, fused away in kernels/qkv_rotary_gemv.py, saved nothing)."""
 
 from __future__ import annotations
 

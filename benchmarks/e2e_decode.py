@@ -297,9 +297,9 @@ def main() -> int:
                         default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
                         help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
                              "rows by kernels/dense_gemv.py; 0: cuBLAS)")
-    parser.add_argument("--no-fuse-qkv-rotary", action="store_true",
-                        help="DataplaneConfig.fuse_qkv_rotary = False (rotary and the KV store apart from the "
-                             "q/k/v GEMV)")
+    parser.add_argument("--fuse-qkv-rotary", action="store_true",
+                        help="DataplaneConfig.fuse_qkv_rotary = True (rotary and the KV store in the q/k/v GEMV's "
+                             "launch at B=1; A/B runs)")
     parser.add_argument("--pdl-max-rows", type=int,
                         default=DataplaneConfig.model_fields["pdl_max_rows"].default,
                         help="DataplaneConfig.pdl_max_rows (launches over up to N rows take part in PDL; "
@@ -348,7 +348,7 @@ def main() -> int:
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
-        dense_gemv_max_tokens=args.dense_gemv_max_tokens, fuse_qkv_rotary=not args.no_fuse_qkv_rotary,
+        dense_gemv_max_tokens=args.dense_gemv_max_tokens, fuse_qkv_rotary=args.fuse_qkv_rotary,
         max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows,
         moe_tuning=MoeTuning(one_token_stages=args.one_token_stages, tensor_core_stages=args.tensor_core_stages,

@@ -111,10 +111,10 @@ class DataplaneConfig(BaseSettings):
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
     # Decode steps whose fused q/k/v product takes that GEMV rotate q and k and
-    # store k and v in its launch (kernels/qkv_rotary_gemv.py: B=1 4-bit
-    # 297.0 / 297.6 -> 302.4 tok/s, e2e_h200_s27_entry_*.json); False keeps
-    # rotary_cache_write apart (A/B runs).
-    fuse_qkv_rotary: bool = True
+    # store k and v in its launch (kernels/qkv_rotary_gemv.py). Off: end to end
+    # at B=1 it measured no gain (4-bit 296.5 / 298.3 against 299.0 / 298.7
+    # tok/s in one interleaved call, e2e_h200_s27_c4_*.json); an A/B knob.
+    fuse_qkv_rotary: bool = False
     # Pipeline depths and register cap of the fused MoE launches per token
     # tile (kernels/moe_tuning.py has the measurements behind the defaults);
     # as JSON in the environment, e.g.

@@ -1,13 +1,23 @@
 """The fused q/k/v GEMV of one to four tokens with rotary and the KV store in
 its epilogue, one launch taking part in PDL.
 
-Why: at B=1 a Mixtral layer's q/k/v product (kernels/dense_gemv.py) was
+Why: at B=1 a Mixtral layer's q/k/v product (kernels/dense_gemv.py) is
 followed by rotary_cache_write (kernels/rotary_cache_write.py), a launch that
 is almost all latency: 2.0 us of the step's critical path a layer on the H200
-under PDL (benchmarks/results/e2e_h200_s27_b1_profile_pdl16.json). Here the
-GEMV's programs rotate and store their own results. End to end (synthetic
-Mixtral-8x7B, B=1, one call, benchmarks/results/e2e_h200_s27_entry_*.json):
-4-bit 297.0 / 297.6 -> 302.4 tok/s, 8-bit 218.6 / 219.0 -> 220.2.
+under PDL (benchmarks/results/e2e_h200_s27_b1_profile_pdl16.json, the
+benchmarks/decode_profile.py share). Here the GEMV's programs rotate and
+store their own results, one launch fewer a layer.
+
+Measured, not adopted (DataplaneConfig.fuse_qkv_rotary is off): end to end
+(synthetic Mixtral-8x7B, 4-bit experts, B=1) it gains nothing. In one call
+with every variant interleaved (benchmarks/results/e2e_h200_s27_c4_*.json):
+off 299.0 / 298.7 tok/s, this kernel 296.5 / 298.3, its first form (e6f0797,
+the same kernel inside kernels/attention_entry.py) 297.6 / 297.7. An earlier
+call gave 302.4 against 297.0 / 297.6 (e2e_h200_s27_entry_*.json, one run
+of the fused form) and the next one 296.9 / 296.7 against 299.1
+(e2e_h200_s27_rot_*.json). The removed launch's critical-path share was not
+saved: under PDL the next launch (decode attention) became resident and
+ramped up while rotary ran, and now does so after the GEMV's epilogue.
 
 * rows: program p takes PAIRS rotary pairs of one head, the 2 * PAIRS rows
   (i, i + HALF) of W, interleaved, so rotating its results needs no other

@@ -54,7 +54,7 @@ def _counting(monkeypatch) -> list[int]:
 def test_the_cpu_path_never_takes_it(monkeypatch):
     calls = _counting(monkeypatch)
     built = build(DataplaneConfig(model_path=str(MODEL), device="cpu", dtype="float32", max_running_seqs=1,
-                                  max_context_length=64))
+                                  max_context_length=64, fuse_qkv_rotary=True))
     assert len(_generate(built.engine, "cpu")) == NEW_TOKENS
     assert not calls
 
