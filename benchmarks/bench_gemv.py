@@ -82,7 +82,8 @@ def measure(n: int, k: int, tokens: int, block_n=BLOCK_N, block_k=BLOCK_K, warps
         err = float((got.float() - want.float()).norm() / want.float().norm())
         if err > 1e-2:
             raise RuntimeError(f"GEMV {t} off by {err} at {n}x{k}, {tokens} tokens")
-        tiles[f"{bn}x{bk}" + (f"w{nw}" if nw != NUM_WARPS else "")] = graph_us(lambda i, t=t: dense_gemv(x, ws[i], t, out=out, pdl=NO_PDL), copies)
+        key = f"{bn}x{bk}" + (f"w{nw}" if nw != NUM_WARPS else "")
+        tiles[key] = graph_us(lambda i, t=t: dense_gemv(x, ws[i], t, out=out, pdl=NO_PDL), copies)
     best = min(tiles, key=tiles.get)
     default = GemvTiles()
     default_key = f"{default.block_n}x{default.block_k}"
