@@ -24,8 +24,8 @@ from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
 from kernels.dense_gemv import GEMV_DTYPES
-from kernels.qkv_rotary_gemv import qkv_rotary_gemv, qkv_rotary_gemv_suits
 from kernels.pdl import DEFAULT_PDL, PdlPolicy
+from kernels.qkv_rotary_gemv import qkv_rotary_gemv, qkv_rotary_gemv_suits
 
 FAMILY = "mixtral"
 DEFAULT_ROPE_THETA = 1e6  # transformers' Mixtral default when config.json has none
