@@ -33,9 +33,12 @@ ramped up while rotary ran, and now does so after the GEMV's epilogue.
 Tried and removed: the input norm and its residual add in the same launch
 (each program formed residual + delta chunk by chunk, multiplied by the norm
 weight, and scaled by 1 / rms at the end; program 0 stored the sum). Every
-program then reads the delta, the residual and the norm weight besides W:
-the launch took 22.8 us a layer against ~15 for the GEMV, and B=1 fell to
-284.7 / 284.5 tok/s at 4 bits, 211.6 / 211.9 at 8 (same call as above).
+program then reads the delta, the residual and the norm weight besides W,
+and B=1 fell to 284.7 / 284.5 tok/s at 4 bits, 211.6 / 211.9 at 8, against
+297.0 / 297.6 and 218.6 / 219.0 (e2e_h200_s27_entry_*.json). That run's
+profile gave the launch 22.8 us a layer against 11.0 for the o GEMV (2/3 of
+its weight bytes), but inflated every share (gate/up 66.5 against 41.8 us in
+e2e_h200_s27_b1_profile_pdl16.json), so only the ratio says much.
 
 Contract: weight [(q_heads + 2 kv_heads) * D, K] contiguous, D = 2 * HALF
 with HALF a multiple of tiles.pairs; x [T, K] of the weight's dtype, unit
