@@ -20,6 +20,7 @@ from benchmarks.decode_batch import run_batch
 
 PROFILE_PROMPT_LEN = 8  # one short prefill step, then decode steps only
 PROFILE_TOP = 15
+IDLE = "(idle)"  # critical_path's key for the time no kernel runs
 
 
 def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool, pdl_max_rows: int) -> dict:
@@ -83,8 +84,6 @@ def profile_decode(engine, batch: int, steps: int, bits: str, graphs: bool, pdl_
         print(f"  {k['ms_per_step']:7.3f} ms  {k['name']}")
     return result
 
-
-IDLE = "(idle)"
 
 
 def critical_path(events) -> dict[str, float]:

@@ -18,8 +18,6 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
 METRICS = (
     "Duration",
     "Registers Per Thread",
@@ -94,6 +92,8 @@ def main() -> None:
 
 def gpu_name() -> str:
     """The GPU the reports came from (the summary runs beside ncu), or "unknown"."""
+    import torch  # only for --json: the table itself needs no torch
+
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
 
 

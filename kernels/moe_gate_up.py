@@ -8,9 +8,9 @@ or for the CUDA-core tile quantized to int16 per span of 64 rows
 
 At B=1 (Mixtral) the grid is 448 programs on 264 resident slots: under ncu
 the multiprocessors' busy cycles were min / mean / max 49 k / 77 k / 88 k of
-93 k, as if 40 ran two programs and 92 four (that split's mean: 76 k). Sharing the work evenly among 264
-programs (each 2-3 pieces of a row tile's groups, partial products added
-into gu) balanced them (75 k / 86 k / 91 k) but took 13 % more busy cycles
+93 k, as if 40 ran two programs and 92 four (that split's mean: 76 k).
+Sharing the work evenly among 264 programs (each 2-3 pieces of a row tile's
+groups, partial products added into gu) balanced them (75 k / 86 k / 91 k) but took 13 % more busy cycles
 in all, and decoded 0.8 % slower end to end at 4 bits, 3.2 % with mixed 2/6
 (benchmarks/results/moe_ncu_b1_sm_active_s26_h200.json,
 e2e_h200_s26_{classic,shared}.json); reverted."""

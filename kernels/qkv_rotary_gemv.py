@@ -57,8 +57,7 @@ import triton.language as tl
 from kernels.dense_gemv import (BLOCK_K, GEMV_DTYPES, GEMV_MAX_TOKENS, NUM_STAGES, NUM_WARPS, GemvTiles,
                                 dense_gemv_reference, gemv_rows)
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
-from kernels.rotary_cache_write import _check as check_rotary_inputs
-from kernels.rotary_cache_write import rotary_cache_write_reference
+from kernels.rotary_cache_write import check_rotary_cache_inputs, rotary_cache_write_reference
 
 # Rotary pairs per program: 8 rows, the dense GEMV's best launch shape
 # (kernels/dense_gemv.py BLOCK_N).
@@ -169,7 +168,7 @@ def qkv_rotary_gemv(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tens
     qo = torch.empty(tokens, num_heads, d, dtype=x.dtype, device=x.device)
     # rotary_cache_write's checks of the cache, positions and slots, on a view of qo's geometry.
     kv_view = qo[:, :num_kv_heads]  # [T, kv_heads, D]
-    check_rotary_inputs(positions, inv_freq, qo, kv_view, kv_view, kv_cache, layer, slot_mapping)
+    check_rotary_cache_inputs(positions, inv_freq, qo, kv_view, kv_view, kv_cache, layer, slot_mapping)
     programs = (num_heads + 2 * num_kv_heads) * (d // 2) // tiles.pairs
     _qkv_rotary_gemv_kernel[(programs,)](
         x, weight, positions, inv_freq.float(), qo, kv_cache, slot_mapping,

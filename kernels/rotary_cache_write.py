@@ -75,7 +75,9 @@ def _rotary_cache_write_kernel(
                             kv_heads, 2 * HALF, HB, 2 * BLOCK_HALF)
 
 
-def _check(positions, inv_freq, q, k, v, kv_cache, layer, slot_mapping) -> None:
+def check_rotary_cache_inputs(positions, inv_freq, q, k, v, kv_cache, layer, slot_mapping) -> None:
+    """ValueError unless the arguments are as rotary_cache_write takes them
+    (also kernels/qkv_rotary_gemv.py's checks)."""
     check_qk(q, "q")
     check_qk(k, "k")
     check_qk(v, "v")
@@ -112,7 +114,7 @@ def rotary_cache_write(positions: torch.Tensor, inv_freq: torch.Tensor, q: torch
     kv_heads, D] (paged_attention.kv_cache_view); slot_mapping: int64 [T],
     < 0 = the token is not stored; pdl: kernels/pdl.py.
     """
-    _check(positions, inv_freq, q, k, v, kv_cache, layer, slot_mapping)
+    check_rotary_cache_inputs(positions, inv_freq, q, k, v, kv_cache, layer, slot_mapping)
     t, hq, d = q.shape
     hk = k.shape[1]
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)

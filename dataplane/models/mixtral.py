@@ -140,10 +140,13 @@ class MixtralAttention(nn.Module):
         and store k and v in its launch (kernels/qkv_rotary_gemv.py)."""
         self.rotary_in_gemv = on
 
+    @staticmethod
+    def _decode_kernels_apply(ctx: ForwardContext) -> bool:
+        """A decode-only step over the KV arena: the Triton decode attention."""
+        return ctx.kv_arena is not None and ctx.attn.sliding_window is None and ctx.attn.decode_only
+
     def _rotary_gemv_applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
-        meta = ctx.attn
-        return (self.rotary_in_gemv and self.qkv_proj is not None and x.is_cuda and ctx.kv_arena is not None
-                and meta.sliding_window is None and meta.decode_only
+        return (self.rotary_in_gemv and self.qkv_proj is not None and x.is_cuda and self._decode_kernels_apply(ctx)
                 and x.dtype in GEMV_DTYPES and x.dtype == self.qkv_proj.weight.dtype
                 and x.shape[0] <= self.qkv_proj.gemv_max_tokens and qkv_rotary_gemv_suits(x.shape[0], self.head_dim))
 
@@ -170,7 +173,7 @@ class MixtralAttention(nn.Module):
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, kvh, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         meta = ctx.attn
-        if ctx.kv_arena is not None and meta.sliding_window is None and meta.decode_only:
+        if self._decode_kernels_apply(ctx):
             q = self.rotary.rotate_into_cache(positions, q, k, v, ctx.kv_arena, self.layer_index, meta.slot_mapping)
             return self._decode_output(q, ctx)
         q, k = self.rotary(positions, q, k)
