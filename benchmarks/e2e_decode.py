@@ -322,6 +322,10 @@ def main() -> int:
     parser.add_argument("--one-token-rows-per-thread", type=int, default=tuning.one_token_rows_per_thread,
                         help="DataplaneConfig.moe_tuning.one_token_rows_per_thread (weight rows per thread of "
                              "the one-token MoE tile; A/B runs)")
+    parser.add_argument("--one-token-one-launch", action=argparse.BooleanOptionalAction,
+                        default=tuning.one_token_one_launch,
+                        help="DataplaneConfig.moe_tuning.one_token_one_launch (the one-token gate/up and down "
+                             "projections in one launch, kernels/moe_gate_up_down.py; A/B runs)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -354,7 +358,8 @@ def main() -> int:
         moe_tuning=MoeTuning(one_token_stages=args.one_token_stages, tensor_core_stages=args.tensor_core_stages,
                              wide_launch_stages=args.wide_launch_stages, wide_tile_stages=args.wide_tile_stages,
                              one_token_maxnreg=args.one_token_maxnreg,
-                             one_token_rows_per_thread=args.one_token_rows_per_thread),
+                             one_token_rows_per_thread=args.one_token_rows_per_thread,
+                             one_token_one_launch=args.one_token_one_launch),
     )
     built = build(config)
     build_s = time.perf_counter() - t0

@@ -35,12 +35,13 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import moe_down, moe_gate_up  # noqa: E402
+from kernels import moe_down, moe_gate_up, moe_gate_up_down  # noqa: E402
 from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, default_stages  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
-KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel}
+KERNELS = {"gate_up": moe_gate_up._moe_gate_up_kernel, "down": moe_down._moe_down_kernel,
+           "gate_up_down": moe_gate_up_down._moe_gate_up_down_kernel}
 FP16_POINTERS = {"xp_ptr", "h_ptr"}  # the activation planes
 FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr", "xq_scale_ptr", "hq_scale_ptr"}
 # Integer arguments the launches pass as multiples of 16 (Triton specialises
@@ -63,6 +64,7 @@ class Loop:
 
 def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
     kernel = KERNELS[name]
+    constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}  # each kernel's own
     signature, attrs = {}, {}
     # The activation planes: int16 for the CUDA-core tile (MoeTiles.activation_dtype).
     planes = "*i16" if constexprs["BM"] == CUDA_CORE_TOKEN_TILE else "*fp16"
@@ -134,7 +136,7 @@ def main() -> None:
     # PDL: as the H200 runs them (kernels/pdl.py; one wait at the kernel's start)
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
                   "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages}
-    if args.kernel == "down":
+    if args.kernel in ("down", "gate_up_down"):
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
     with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file

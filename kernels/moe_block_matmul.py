@@ -102,25 +102,36 @@ def _load_one_bit(arena_ptr, base, g, c4):
 
 
 @triton.jit
-def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr):
+def _group_sums(xs_ptrs, g, xs_group_stride, xs_mask, XS_SUB: tl.constexpr, ACT_CG: tl.constexpr):
     # -> fp32 [BM]: activation sums of group g (XS_SUB partial sums added).
-    xs = tl.load(xs_ptrs + g * xs_group_stride, mask=xs_mask, other=0.0)
+    xs = _act_load(xs_ptrs + g * xs_group_stride, xs_mask, ACT_CG)
     for j in tl.static_range(1, XS_SUB):
-        xs += tl.load(xs_ptrs + g * xs_group_stride + j, mask=xs_mask, other=0.0)
+        xs += _act_load(xs_ptrs + g * xs_group_stride + j, xs_mask, ACT_CG)
     return xs
+
+
+@triton.jit
+def _act_load(ptrs, mask, ACT_CG: tl.constexpr):
+    # fp32 activation sums; ACT_CG: from the L2, never the L1 (see
+    # block_matmul).
+    if ACT_CG:
+        v = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    else:
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    return v
 
 
 @triton.jit
 def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero, inv_step,
                 xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, qs_ptrs,
                 XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                USE_ASM: tl.constexpr):
+                USE_ASM: tl.constexpr, ACT_CG: tl.constexpr):
     # Group g of one segment: acc [BN, BM] += its product, scaled, plus its
     # offset term; returns (acc, the activation sums of group g + 1).
     sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
     xs = xs_next  # [BM] activation sums of group g
     g_next = tl.minimum(g + 1, g1 - 1)
-    xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB)
+    xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB, ACT_CG)
     f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
     f1 = f0
     f2 = f0
@@ -146,7 +157,10 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
         # (from shared memory; group_activations spreads their copy).
         tl.static_assert(BM == 1, "the CUDA-core product takes one token per tile")
         act = group_activations(xt_ptrs + g * 64, BN)  # [64] int32: int16 pairs, pair order
-        act_scale = tl.load(qs_ptrs + g * 2)  # [2] fp32 scales of the group's spans
+        if ACT_CG:  # [2] fp32 scales of the group's spans
+            act_scale = tl.load(qs_ptrs + g * 2, cache_modifier=".cg")
+        else:
+            act_scale = tl.load(qs_ptrs + g * 2)
         part = group_dot(f0, f1, f2, f3, f4, act, act_scale, NF, BN, USE_ASM)[:, None]  # [BN, 1] sum t x * place
     scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
     offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -159,7 +173,7 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
 def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                  xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs,
                  XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr,
-                 BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
+                 BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr, ACT_CG: tl.constexpr = False):
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
 
     arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
@@ -178,6 +192,11 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     wide_loop_stages for a launch's wide token tile).
     The group range is cut into segments at the page boundaries of the tile's
     rows, so inside a segment every row reads through one fixed page base.
+    ACT_CG: read the activation sums and scales from the L2 only, for
+    activations written by other programs of the same launch
+    (kernels/moe_gate_up_down.py): an L1 is not coherent with other
+    multiprocessors' stores, and a sector of these small rows can hold
+    another range's values, read before they were written.
     """
     n_groups = K // 128
     r64 = rows.to(tl.int64)
@@ -230,7 +249,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     # with the fields, stages ahead; the activation sums of the next group are
     # loaded one iteration ahead by hand.
     zero = K >> 31  # 0 at run time (K < 2^31), opaque to the compiler
-    xs_next = _group_sums(xs_ptrs, g0, xs_group_stride, xs_mask, XS_SUB)
+    xs_next = _group_sums(xs_ptrs, g0, xs_group_stride, xs_mask, XS_SUB, ACT_CG)
     gs = g0
     while gs < g1:
         ge, p0 = _field_segment(a0, b0, k0, gs, g1, 8)
@@ -255,7 +274,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             for g in tl.range(gs, ge, num_stages=STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
-                                           qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM)
+                                           qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM, ACT_CG)
         else:
             # The CUDA-core product has no tensor-core operand for Triton's
             # pipeliner to stream the loads through, and the launch's
@@ -265,7 +284,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
             for g in tl.range(gs, ge, num_stages=STAGES):
                 acc, xs_next = _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero,
                                            inv_step, xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride,
-                                           qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM)
+                                           qs_ptrs, XS_SUB, NF, BN, BM, USE_ASM, ACT_CG)
         gs = ge
     return acc
 
@@ -274,18 +293,18 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
 def block_matmul_any(nf, arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
                      xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs,
                      XS_SUB: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                     USE_ASM: tl.constexpr, STAGES: tl.constexpr):
+                     USE_ASM: tl.constexpr, STAGES: tl.constexpr, ACT_CG: tl.constexpr = False):
     """block_matmul specialised on the block's run-time field count nf (1..5)."""
     args = (arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1, log2p,
             xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, plane_off, qs_ptrs)
     if nf == 1:
-        acc = block_matmul(*args, XS_SUB, 1, BN, BM, USE_ASM, STAGES)
+        acc = block_matmul(*args, XS_SUB, 1, BN, BM, USE_ASM, STAGES, ACT_CG)
     elif nf == 2:
-        acc = block_matmul(*args, XS_SUB, 2, BN, BM, USE_ASM, STAGES)
+        acc = block_matmul(*args, XS_SUB, 2, BN, BM, USE_ASM, STAGES, ACT_CG)
     elif nf == 3:
-        acc = block_matmul(*args, XS_SUB, 3, BN, BM, USE_ASM, STAGES)
+        acc = block_matmul(*args, XS_SUB, 3, BN, BM, USE_ASM, STAGES, ACT_CG)
     elif nf == 4:
-        acc = block_matmul(*args, XS_SUB, 4, BN, BM, USE_ASM, STAGES)
+        acc = block_matmul(*args, XS_SUB, 4, BN, BM, USE_ASM, STAGES, ACT_CG)
     else:
-        acc = block_matmul(*args, XS_SUB, 5, BN, BM, USE_ASM, STAGES)
+        acc = block_matmul(*args, XS_SUB, 5, BN, BM, USE_ASM, STAGES, ACT_CG)
     return acc

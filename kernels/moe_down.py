@@ -23,19 +23,20 @@ from kernels.weight_layout import GROUP
 def _down_tiles(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, start, end,
                 n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
                 BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
-                STAGES: tl.constexpr):
+                STAGES: tl.constexpr, ACT_CG: tl.constexpr):
     # Tokens [start, end), BM at a time, through BN rows of the down block
     # over groups [g0, g1), weighted and added into out.
     for m0 in range(start, end, BM):
         _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
-                   n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM, STAGES)
+                   n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x, BN, BM, HS_SUB, USE_ASM, STAGES,
+                   ACT_CG)
 
 
 @triton.jit
 def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_down, nf_d, out_ptr, m0, end,
                n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x,
                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, ACT_CG: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -50,7 +51,7 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
     xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
     acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
                            log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB, q_x, qs_ptrs,
-                           HS_SUB, BN, BM, USE_ASM, STAGES)
+                           HS_SUB, BN, BM, USE_ASM, STAGES, ACT_CG)
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
     tok = (flat // top_k).to(tl.int64)
     wt = tl.load(tw_ptr + flat, mask=valid, other=0.0)
@@ -65,6 +66,7 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
 DOWN_GROUP_COST = (0, 8, 10, 11, 13, 15)
 _COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in DOWN_GROUP_COST[1:])
 DOWN_PLAN_FIELDS_C = tl.constexpr(DOWN_PLAN_FIELDS)
+PROJS_PER_EXPERT_C = tl.constexpr(PROJS_PER_EXPERT)
 
 
 @triton.jit
@@ -77,7 +79,7 @@ def _group_cost(nf):
 def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
                   start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
                   q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
-                  USE_ASM: tl.constexpr, STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr):
+                  USE_ASM: tl.constexpr, STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, ACT_CG: tl.constexpr):
     # Groups [g0, g1) of the down block of the expert whose first block is
     # blk (its three blocks resident), rows n, its tokens [start, end).
     pt_down = pt_ptr + (blk + 2).to(tl.int64) * pt_block_stride
@@ -85,11 +87,11 @@ def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, 
             n, rows, g0, g1, H, F, pt_field_stride, log2p, top_k, q_x)
     if BM_WIDE > BM:  # compile time, as in the gate/up launch (narrow first)
         if end - start <= BM:
-            _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
+            _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES, ACT_CG)
         else:
-            _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM, STAGES_WIDE)
+            _down_tiles(*args, BN, BM_WIDE, HS_SUB, USE_ASM, STAGES_WIDE, ACT_CG)
     else:
-        _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES)
+        _down_tiles(*args, BN, BM, HS_SUB, USE_ASM, STAGES, ACT_CG)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "split", "groups_per_split"])
@@ -114,6 +116,28 @@ def _moe_down_kernel(
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
 ):
+    # Program (n, p): down_program.
+    wait_for_previous_grid(PDL)
+    down_program(tl.program_id(0), tl.program_id(1), tl.num_programs(1), h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
+                 offsets_ptr, active_ptr, num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr, plan_ptr,
+                 plan_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
+                 q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES_WIDE, False)
+
+
+@triton.jit
+def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, offsets_ptr, active_ptr,
+                 num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr, plan_ptr, ready_ptr, block0, E, H, F,
+                 pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k, q_x,
+                 BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
+                 USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, STAGES: tl.constexpr,
+                 STAGES_WIDE: tl.constexpr, WAIT: tl.constexpr):
+    """One program of the down launch (arguments as _moe_down_kernel's),
+    program (pid_n, pid_p) of num_p per row tile. With WAIT, h is written by
+    other programs of the same launch (kernels/moe_gate_up_down.py): before
+    each range of groups the program waits until ready_ptr[expert * (F /
+    BN_UP) + tile] counts every token tile of the expert for each of the
+    range's h tiles (HS_SUB tiles a group), and reads the activation sums and
+    scales through the L2; without, ready_ptr is not touched."""
     # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
     # groups_per_split groups. With BALANCE: share p of the row tile's work,
@@ -123,9 +147,6 @@ def _moe_down_kernel(
     # that is the same split; with mixed views a program may finish one
     # expert's range and start the next, instead of the launch waiting on the
     # slowest views' programs.
-    wait_for_previous_grid(PDL)
-    pid_n = tl.program_id(0)
-    pid_p = tl.program_id(1)
     n_groups = F // 128
     n_act = tl.load(num_active_ptr)
     n = pid_n * BN + tl.arange(0, BN)
@@ -145,7 +166,7 @@ def _moe_down_kernel(
         # its addresses (Triton 3.6 SASS: 4-bit loop 434 -> 545 instructions,
         # 224 bytes of spills; measured +18 % on the down launch). Row: work
         # ends | first block | down fields | start | end, E_PAD each.
-        plan = plan_ptr + (pid_n * tl.num_programs(1) + pid_p).to(tl.int64) * (DOWN_PLAN_FIELDS_C * E_PAD)
+        plan = plan_ptr + (pid_n * num_p + pid_p).to(tl.int64) * (DOWN_PLAN_FIELDS_C * E_PAD)
         tl.store(plan + e, tl.cumsum(unit * n_groups, axis=0))
         tl.store(plan + E_PAD + e, blks)
         tl.store(plan + 2 * E_PAD + e, nf_d)
@@ -156,8 +177,8 @@ def _moe_down_kernel(
             # The share's bounds are reloaded per slot, not carried across
             # the K loops (the 3.6 SASS is the same either way).
             total = tl.load(plan + E_PAD - 1).to(tl.int64)
-            lo = (pid_p * total // tl.num_programs(1)).to(tl.int32)
-            hi = ((pid_p + 1) * total // tl.num_programs(1)).to(tl.int32)
+            lo = (pid_p * total // num_p).to(tl.int32)
+            hi = ((pid_p + 1) * total // num_p).to(tl.int32)
             begin = tl.load(plan + slot - 1, mask=slot > 0, other=0)
             finish = tl.load(plan + slot)
             c = (finish - begin) // n_groups  # 0: not active, or a block host-only
@@ -166,11 +187,15 @@ def _moe_down_kernel(
                 g0 = tl.maximum(lo - begin + c - 1, 0) // c
                 g1 = tl.minimum(tl.maximum(hi - begin + c - 1, 0) // c, n_groups)
                 if g0 < g1:
+                    blk = tl.load(plan + E_PAD + slot)
+                    start = tl.load(plan + 3 * E_PAD + slot)
+                    end = tl.load(plan + 4 * E_PAD + slot)
+                    if WAIT:
+                        _wait_for_h(ready_ptr, (blk - block0) // PROJS_PER_EXPERT_C, start, end, g0, g1, F, BM, HS_SUB)
                     _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr,
-                                  tl.load(plan + E_PAD + slot), tl.load(plan + 2 * E_PAD + slot),
-                                  tl.load(plan + 3 * E_PAD + slot), tl.load(plan + 4 * E_PAD + slot), g0, g1, n,
+                                  blk, tl.load(plan + 2 * E_PAD + slot), start, end, g0, g1, n,
                                   rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x, BN, BM,
-                                  BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE)
+                                  BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE, WAIT)
     else:
         slot = pid_p // split  # < E: the grid has split programs per slot
         g0 = (pid_p % split) * groups_per_split
@@ -178,9 +203,38 @@ def _moe_down_kernel(
         expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
         # One condition on every loaded value (as in the gate/up launch).
         if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
+            if WAIT:
+                _wait_for_h(ready_ptr, expert, start, end, g0, g1, F, BM, HS_SUB)
             _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
                           start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
-                          BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE)
+                          BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE, WAIT)
+
+
+
+
+# h tiles polled at once by _wait_for_h (a power of two).
+READY_CHUNK = 32
+_READY_CHUNK_C = tl.constexpr(READY_CHUNK)
+
+
+@triton.jit
+def _wait_for_h(ready_ptr, expert, start, end, g0, g1, F, BM: tl.constexpr, HS_SUB: tl.constexpr):
+    # Until every h tile of groups [g0, g1) of the expert counts all its
+    # token tiles (tokens [start, end), BM a tile): polled by volatile loads
+    # (from the L2, no atomic traffic while the producers add), then taken
+    # with acquire atomics, whose ordering the barrier extends to every
+    # thread's later reads.
+    target = (end - start + BM - 1) // BM
+    tiles = ready_ptr + expert * (F // 128 * HS_SUB)
+    for t0 in range(g0 * HS_SUB, g1 * HS_SUB, _READY_CHUNK_C):
+        t = t0 + tl.arange(0, _READY_CHUNK_C)
+        live = t < g1 * HS_SUB
+        short = tl.sum((tl.load(tiles + t, mask=live, other=target, volatile=True) < target).to(tl.int32), axis=0)
+        while short > 0:
+            short = tl.sum((tl.load(tiles + t, mask=live, other=target, volatile=True) < target).to(tl.int32),
+                           axis=0)
+        tl.atomic_add(tiles + t, 0, mask=live, sem="acquire")
+    tl.debug_barrier()
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,

@@ -35,21 +35,23 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 @triton.jit
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   top_k, q_x, q_h, ready, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+                   STAGES: tl.constexpr, SIGNAL: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows; per tile, the second of the gate/up pair to arrive
-    # (counters[tile index]) combines SiLU(gate) * up.
+    # (counters[tile index]) combines SiLU(gate) * up and, with SIGNAL,
+    # counts the token tile's h as stored in *ready.
     for m0 in range(start, end, BM):
         _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
                       counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
-                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES)
+                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, BN, BM, USE_ASM, STAGES, SIGNAL)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
                   hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                  q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
+                  q_x, q_h, ready, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
+                  SIGNAL: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)
     pos = m0 + m
@@ -90,6 +92,11 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
         else:
             tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
             _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
+        if SIGNAL:
+            # Every thread's h, hq_scale and hsum stores before the release
+            # (kernels/moe_gate_up_down.py waits on this count).
+            tl.debug_barrier()
+            tl.atomic_add(ready, 1, sem="release")
         tl.atomic_xchg(counter, 0)
 
 
@@ -133,15 +140,30 @@ def _moe_gate_up_kernel(
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
 ):
-    # Program (2 * tile + which, slot): rows [tile * BN, +BN) of the gate
-    # (which = 0) or up (which = 1) block of the slot's expert, over the
-    # expert's tokens in tiles of BM, or of BM_WIDE when the expert has more
-    # than BM tokens (one pass over the weights instead of two; both programs
-    # of a pair see the same count, so they take the same tiles).
+    # Program (2 * tile + which, slot): gate_up_program.
     wait_for_previous_grid(PDL)
-    tile = tl.program_id(0) // 2
-    which = tl.program_id(0) % 2
-    slot = tl.program_id(1)
+    gate_up_program(tl.program_id(0) // 2, tl.program_id(0) % 2, tl.program_id(1), xp_ptr, xq_scale_ptr, xsum_ptr,
+                    sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
+                    count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
+                    pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
+                    False)
+
+
+@triton.jit
+def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, offsets_ptr, active_ptr,
+                    num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr, count_ptr, h_ptr, hq_scale_ptr, hsum_ptr,
+                    ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
+                    BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
+                    STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr):
+    """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
+    rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
+    the slot's expert, over the expert's tokens in tiles of BM, or of
+    BM_WIDE when the expert has more than BM tokens (one pass over the
+    weights instead of two; both programs of a pair see the same count, so
+    they take the same tiles). With SIGNAL, every combined token tile adds
+    1 to ready_ptr[expert * (F / BN) + tile] after its h is stored (release),
+    for a reader in the same launch (kernels/moe_gate_up_down.py); without,
+    ready_ptr is not touched."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     # Every loaded value is tested in two conditions: the compiler would
@@ -161,17 +183,17 @@ def _moe_gate_up_kernel(
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                    top_k, q_x, q_h)
+                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL)
             else:
-                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES)
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,

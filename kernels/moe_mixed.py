@@ -11,6 +11,8 @@ come from kernels/moe_tiles.py:
 3. run_down (kernels/moe_down.py): per (expert, rows of H, share of K): down
    projection of h, times the routing weight, atomically added into out
    [T, H] fp32 (the weighted sum over the top-k and the K split in one go).
+At one token, launches 2 and 3 may run as one (MoeTiles.one_launch,
+kernels/moe_gate_up_down.py).
 
 fused_moe_from_residual replaces launch 1 at decode sizes with
 kernels/moe_entry.py, which also does the residual add and norm before the
@@ -33,6 +35,7 @@ from kernels.moe_align import moe_prepare
 from kernels.moe_down import run_down
 from kernels.moe_entry import moe_entry
 from kernels.moe_gate_up import run_gate_up
+from kernels.moe_gate_up_down import run_gate_up_down
 from kernels.moe_paged import PROJ_DOWN, PROJ_GATE, PROJ_UP, PROJS_PER_EXPERT, PagedWeights, check_weights
 from kernels.moe_tiles import DEFAULT_SMS, MoeTiles, choose_tiles
 from kernels.moe_tuning import MoeTuning
@@ -74,8 +77,7 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     if t == 0:
         return workspace.prep.out
     moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields, pdl)
-    run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
-    run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
+    _run_projections(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
     return workspace.prep.out
 
 
@@ -98,9 +100,18 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
     res_out, _, topk_weights = moe_entry(delta, residual, norm_weight, eps, gate_weight, top_k, workspace.prep,
                                          counters, targets, down_fields, pdl)
     if t:
+        _run_projections(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
+    return workspace.prep.out, res_out
+
+
+def _run_projections(workspace: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
+                     num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy) -> None:
+    # Launches 2 and 3, or both in one (MoeTiles.one_launch).
+    if tiles.one_launch:
+        run_gate_up_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
+    else:
         run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
         run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
-    return workspace.prep.out, res_out
 
 
 def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: int, num_experts: int, ffn: int,

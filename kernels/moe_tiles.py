@@ -89,6 +89,9 @@ class MoeTiles:
     view cost (kernels/moe_down.py, DOWN_GROUP_COST), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
     False: split_k equal K ranges per expert.
+    one_launch: gate/up and down in one launch whose down programs start as
+    their h tiles are stored (kernels/moe_gate_up_down.py); only for the
+    one-token tile without a wide tile and block_n_up == block_n_down.
     """
 
     block_n_up: int = 128
@@ -103,6 +106,7 @@ class MoeTiles:
     block_m_wide: int = 0
     limit_carveout: bool = True
     balance_down: bool = False
+    one_launch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -114,6 +118,9 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
+        if self.one_launch and (self.block_m != CUDA_CORE_TOKEN_TILE or wide
+                                or self.block_n_up != self.block_n_down):
+            raise ValueError("one_launch needs block_m 1, no wide tile and block_n_up == block_n_down")
         if self.num_stages < 1 or self.wide_stages < 0:
             raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
                              f"{self.wide_stages}")
@@ -241,8 +248,10 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
+    one_launch = (tuning.one_token_one_launch and block_m == CUDA_CORE_TOKEN_TILE and not block_m_wide
+                  and block_n_up == block_n)
     return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                     num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
                     maxnreg=maxnreg,
                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                    balance_down=balance_down)
+                    balance_down=balance_down, one_launch=one_launch)

@@ -51,6 +51,9 @@ WIDE_TILE_STAGES = 3
 # (long scoreboard 0.91 -> 1.69 cycles per issue at gate/up); the down
 # launch took 29.9 us against 24.7.
 ONE_TOKEN_ROWS_PER_THREAD = 1
+# one_token_one_launch: the one-token gate/up and down projections in one
+# launch (kernels/moe_gate_up_down.py). Off until measured.
+ONE_TOKEN_ONE_LAUNCH = False
 ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
@@ -74,6 +77,8 @@ class MoeTuning:
     one_token_rows_per_thread: weight rows each thread of the one-token tile
     multiplies (the warps follow: 128 rows on 4 warps at 1, on 2 at 2); at 2
     each activation word read from shared memory serves two rows.
+    one_token_one_launch: the one-token tile's gate/up and down projections
+    in one launch (MoeTiles.one_launch).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -82,6 +87,7 @@ class MoeTuning:
     wide_tile_stages: int = WIDE_TILE_STAGES
     one_token_maxnreg: int | None = None
     one_token_rows_per_thread: int = ONE_TOKEN_ROWS_PER_THREAD
+    one_token_one_launch: bool = ONE_TOKEN_ONE_LAUNCH
 
     def __post_init__(self) -> None:
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:

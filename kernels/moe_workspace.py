@@ -5,6 +5,7 @@ both weight launches run on them (check_h_planes, settle_carveout)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -29,6 +30,10 @@ class MoeWorkspace:
     # (weight_layout.quantize_activations, pair order), h_planes [1, T * k, F].
     hq_scale: torch.Tensor  # [T * k, F / 64] fp32 scales of the int16 h ([T * k, 0] with fp16 planes)
     down_plan: torch.Tensor  # [down programs, DOWN_PLAN_FIELDS * down_plan_width(E)] int32, the down launch's scratch
+    # [ready_size] int32, zero between launches: the one launch's h tiles
+    # stored per (expert, tile), then its ticket and done counts
+    # (kernels/moe_gate_up_down.py); with counts, one view of the counters.
+    ready: torch.Tensor
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
 
@@ -48,6 +53,11 @@ def counts_shape(num_tokens: int, top_k: int, ffn: int, num_experts: int, tiles:
     return num_experts, ffn // tiles.block_n_up, max(1, triton.cdiv(num_tokens * top_k, tiles.block_m))
 
 
+def ready_size(ffn: int, num_experts: int, tiles: MoeTiles) -> int:
+    """Elements of MoeWorkspace.ready: a count per (expert, h tile), then two."""
+    return num_experts * (ffn // tiles.block_n_up) + 2
+
+
 def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_experts: int,
                     tiles: MoeTiles, device: torch.device | str,
                     counters: ArrivalCounters | None = None) -> MoeWorkspace:
@@ -56,14 +66,17 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     None allocates them zeroed."""
     pairs = num_tokens * top_k
     shape = counts_shape(num_tokens, top_k, ffn, num_experts, tiles)
+    n_counts = math.prod(shape)
+    # One view for both counter sets: views taken apart would overlap.
+    zeroed = (counters.take((n_counts + ready_size(ffn, num_experts, tiles),), device) if counters is not None
+              else torch.zeros(n_counts + ready_size(ffn, num_experts, tiles), dtype=torch.int32, device=device))
     dtype = tiles.activation_dtype
     h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
-        counts=(counters.take(shape, device) if counters is not None
-                else torch.zeros(shape, dtype=torch.int32, device=device)),
+        counts=zeroed[:n_counts].view(shape), ready=zeroed[n_counts:],
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts),
