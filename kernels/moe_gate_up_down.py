@@ -19,7 +19,7 @@ tile of its K range is counted (acquire), and reads the activation sums and
 scales through the L2 (block_matmul's ACT_CG). Deadlock-free on any
 schedule: a down program waits only on gate/up work whose tickets were all
 taken before its own, that is by programs already resident, which never
-wait. The last program to finish hands the counters back zeroed (the
+wait. The last down program to finish hands the counters back zeroed (the
 ArrivalCounters contract).
 """
 
@@ -78,12 +78,16 @@ def _moe_gate_up_down_kernel(
                      sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr,
                      plan_ptr, ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split,
                      groups_per_split, top_k, q_h, BN, BM, 0, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES, True)
-    # Every thread's work (and reads of ready) before this program counts as done.
-    tl.debug_barrier()
-    if tl.atomic_add(done_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        for z0 in range(0, n_ready + 2, _ZERO_CHUNK):
-            z = z0 + tl.arange(0, _ZERO_CHUNK)
-            tl.store(ready_ptr + z, 0, mask=z < n_ready + 2)
+        # Every thread's reads of ready before this program counts as done.
+        # The down programs alone count: when the last of them is done, every
+        # ticket was taken (gate/up tickets come first) and every h tile that
+        # is counted in ready was counted (some down program waited on it),
+        # so no program touches the counters again.
+        tl.debug_barrier()
+        if tl.atomic_add(done_ptr, 1, sem="acq_rel") == tl.num_programs(0) - gate_up_programs - 1:
+            for z0 in range(0, n_ready + 2, _ZERO_CHUNK):
+                z = z0 + tl.arange(0, _ZERO_CHUNK)
+                tl.store(ready_ptr + z, 0, mask=z < n_ready + 2)
 
 
 def one_launch_suits(tiles: MoeTiles) -> bool:
