@@ -21,6 +21,15 @@ schedule: a down program waits only on gate/up work whose tickets were all
 taken before its own, that is by programs already resident, which never
 wait. The last down program to finish hands the counters back zeroed (the
 ArrivalCounters contract).
+
+Measured slower than the two launches (-1.6 % end to end at 4 bits B=1,
+kernels/moe_tuning.py ONE_TOKEN_ONE_LAUNCH), hence off by default. The
+ticket's round trip at every program's start costs about 0.8 % of that (a
+program-id-order probe without it: -0.9 %). Where the rest goes (the
+waits, the down programs' done count, the L2-only activation reads) and why
+filling the second round's free slots gains so little was not profiled. A
+likely reason: a multiprocessor's idle slot is not idle bandwidth, since
+the fewer gate/up programs of the second round each draw more of it.
 """
 
 from __future__ import annotations

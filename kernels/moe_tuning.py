@@ -52,7 +52,16 @@ WIDE_TILE_STAGES = 3
 # launch took 29.9 us against 24.7.
 ONE_TOKEN_ROWS_PER_THREAD = 1
 # one_token_one_launch: the one-token gate/up and down projections in one
-# launch (kernels/moe_gate_up_down.py). Off until measured.
+# launch (kernels/moe_gate_up_down.py). Measured slower, so off: Mixtral B=1
+# end to end, 4 bits, interleaved in one call each (tok/s, two runs): off
+# 299.6 / 299.6 against 290.1 / 290.4 with every program counting itself
+# done (8 bits 220.6 against 212.7; e2e_h200_s28_c1_*.json); off 299.2 /
+# 299.4 against 294.8 / 294.5 with the down programs alone counting
+# (e2e_h200_s28_c2_*.json); off 299.4 / 299.9 against 296.9 / 297.2 with no
+# ticket either (program-id order, a probe: not deadlock-free in principle;
+# e2e_h200_s28_c3_*.json). The one launch's share of the step's critical
+# path was 64.3 us a layer, against 41.8 + 20.7 for the two launches in
+# session 27's profile.
 ONE_TOKEN_ONE_LAUNCH = False
 ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 # The hardware's limit on a thread's registers (sm_70 and later).
