@@ -210,11 +210,8 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                           BN, BM, BM_WIDE, HS_SUB, USE_ASM, STAGES, STAGES_WIDE, WAIT)
 
 
-
-
 # h tiles polled at once by _wait_for_h (a power of two).
-READY_CHUNK = 32
-_READY_CHUNK_C = tl.constexpr(READY_CHUNK)
+_READY_CHUNK = tl.constexpr(32)
 
 
 @triton.jit
@@ -226,15 +223,32 @@ def _wait_for_h(ready_ptr, expert, start, end, g0, g1, F, BM: tl.constexpr, HS_S
     # thread's later reads.
     target = (end - start + BM - 1) // BM
     tiles = ready_ptr + expert * (F // 128 * HS_SUB)
-    for t0 in range(g0 * HS_SUB, g1 * HS_SUB, _READY_CHUNK_C):
-        t = t0 + tl.arange(0, _READY_CHUNK_C)
+    for t0 in range(g0 * HS_SUB, g1 * HS_SUB, _READY_CHUNK):
+        t = t0 + tl.arange(0, _READY_CHUNK)
         live = t < g1 * HS_SUB
-        short = tl.sum((tl.load(tiles + t, mask=live, other=target, volatile=True) < target).to(tl.int32), axis=0)
-        while short > 0:
-            short = tl.sum((tl.load(tiles + t, mask=live, other=target, volatile=True) < target).to(tl.int32),
-                           axis=0)
+        while _tiles_short(tiles + t, live, target) > 0:
+            pass
         tl.atomic_add(tiles + t, 0, mask=live, sem="acquire")
     tl.debug_barrier()
+
+
+@triton.jit
+def _tiles_short(ptrs, live, target):
+    # How many of the live counts are still below target (volatile: from the L2).
+    return tl.sum((tl.load(ptrs, mask=live, other=target, volatile=True) < target).to(tl.int32), axis=0)
+
+
+def down_launch_shape(ws: MoeWorkspace, tiles: MoeTiles, num_experts: int, top_k: int,
+                      ffn: int) -> tuple[int, int, int, int]:
+    """(row tiles, programs per row tile, K split, groups per split) of the
+    down programs for ws's tokens, after checking ws's plan rows against
+    them (run_down, kernels/moe_gate_up_down.py)."""
+    t, hidden = ws.prep.xp.shape
+    row_tiles, progs_per_tile = tiles.down_grid(t, top_k, num_experts, hidden, ffn)
+    if ws.down_plan.shape != (row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts)):
+        raise ValueError("workspace was allocated for other tiles")
+    split = progs_per_tile // min(num_experts, t * top_k)
+    return row_tiles, progs_per_tile, split, triton.cdiv(ffn // GROUP, split)
 
 
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
@@ -242,11 +256,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
              pdl: PdlPolicy = DEFAULT_PDL) -> None:
     """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up); pdl: kernels/pdl.py."""
     t, hidden = ws.prep.xp.shape
-    slots = min(num_experts, t * top_k)
-    row_tiles, progs_per_tile = tiles.down_grid(t, top_k, num_experts, hidden, ffn)
-    split = progs_per_tile // slots
-    if ws.down_plan.shape != (row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts)):
-        raise ValueError("workspace was allocated for other tiles")
+    row_tiles, progs_per_tile, split, groups_per_split = down_launch_shape(ws, tiles, num_experts, top_k, ffn)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
     check_h_planes(ws, tiles)
@@ -254,7 +264,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         ws.h, ws.hq_scale, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out, ws.down_plan,
         layer * num_experts * PROJS_PER_EXPERT, num_experts, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
-        split, triton.cdiv(ffn // GROUP, split), top_k, ws.h.numel(),
+        split, groups_per_split, top_k, ws.h.numel(),
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,

@@ -38,12 +38,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_down import down_program
+from kernels.moe_down import down_launch_shape, down_program
 from kernels.moe_gate_up import gate_up_program
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights
 from kernels.moe_tiles import MoeTiles
-from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, counts_shape, \
-    down_plan_width, ready_size, settle_carveout
+from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, down_plan_width, ready_size, \
+    settle_carveout
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.weight_layout import GROUP
 
@@ -99,19 +99,13 @@ def _moe_gate_up_down_kernel(
                 tl.store(ready_ptr + z, 0, mask=z < n_ready + 2)
 
 
-def one_launch_suits(tiles: MoeTiles) -> bool:
-    """Whether run_gate_up_down takes these tiles: the one-token tile without
-    a wide tile, one row tile height for both projections."""
-    return tiles.block_m == 1 and tiles.block_m_wide == 0 and tiles.block_n_up == tiles.block_n_down
-
-
 def run_gate_up_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
                      num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int,
                      pdl: PdlPolicy = DEFAULT_PDL) -> None:
     """Launches 2 and 3 in one: accumulates ws.prep.out from ws.prep (after
     moe_prepare or moe_entry), as run_gate_up then run_down would; ws.h and
-    ws.hsum hold h afterwards as well. tiles: one_launch_suits."""
-    if not one_launch_suits(tiles):
+    ws.hsum hold h afterwards as well. tiles: MoeTiles.fits_one_launch."""
+    if not tiles.fits_one_launch:
         raise ValueError("one launch takes the one-token tile without a wide tile and block_n_up == block_n_down")
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
@@ -119,11 +113,8 @@ def run_gate_up_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: Page
         raise ValueError("workspace was allocated for other tiles")
     if ws.ready.numel() < ready_size(ffn, num_experts, tiles):
         raise ValueError("workspace's ready counters are too few for these tiles")
-    row_tiles, progs_per_tile = tiles.down_grid(t, top_k, num_experts, hidden, ffn)
-    if ws.down_plan.shape != (row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts)):
-        raise ValueError("workspace was allocated for other tiles")
+    row_tiles, progs_per_tile, split, groups_per_split = down_launch_shape(ws, tiles, num_experts, top_k, ffn)
     check_h_planes(ws, tiles)
-    split = progs_per_tile // slots
     gate_up_programs = 2 * (ffn // tiles.block_n_up) * slots
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     pt = weights.page_table
@@ -133,7 +124,7 @@ def run_gate_up_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: Page
         ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, tw, ws.prep.out, ws.down_plan, ws.ready,
         layer * num_experts * PROJS_PER_EXPERT, num_experts, hidden, ffn, pt.stride(0), pt.stride(1), log2p, top_k,
         ws.counts.shape[2], ws.prep.xp.numel(), ws.h.numel(),
-        slots, gate_up_programs, row_tiles, progs_per_tile, split, triton.cdiv(ffn // GROUP, split),
+        slots, gate_up_programs, row_tiles, progs_per_tile, split, groups_per_split,
         BN=tiles.block_n_up, BM=tiles.block_m, HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
         **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),

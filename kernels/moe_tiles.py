@@ -5,7 +5,7 @@ compiler options. Policy only; the kernels take whatever shape they are given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -118,12 +118,18 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
-        if self.one_launch and (self.block_m != CUDA_CORE_TOKEN_TILE or wide
-                                or self.block_n_up != self.block_n_down):
+        if self.one_launch and not self.fits_one_launch:
             raise ValueError("one_launch needs block_m 1, no wide tile and block_n_up == block_n_down")
         if self.num_stages < 1 or self.wide_stages < 0:
             raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
                              f"{self.wide_stages}")
+
+    @property
+    def fits_one_launch(self) -> bool:
+        """Whether gate/up and down may run as one launch (one_launch): the
+        one-token tile without a wide tile, one row tile height for both."""
+        return (self.block_m == CUDA_CORE_TOKEN_TILE and not self.block_m_wide
+                and self.block_n_up == self.block_n_down)
 
     @property
     def activation_dtype(self) -> torch.dtype:
@@ -248,10 +254,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
-    one_launch = (tuning.one_token_one_launch and block_m == CUDA_CORE_TOKEN_TILE and not block_m_wide
-                  and block_n_up == block_n)
-    return MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
-                    num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
-                    maxnreg=maxnreg,
-                    block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                    balance_down=balance_down, one_launch=one_launch)
+    tiles = MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
+                     num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
+                     maxnreg=maxnreg,
+                     block_m_wide=block_m_wide, limit_carveout=limit_carveout,
+                     balance_down=balance_down)
+    return replace(tiles, one_launch=True) if tuning.one_token_one_launch and tiles.fits_one_launch else tiles

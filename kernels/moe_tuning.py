@@ -51,6 +51,7 @@ WIDE_TILE_STAGES = 3
 # (long scoreboard 0.91 -> 1.69 cycles per issue at gate/up); the down
 # launch took 29.9 us against 24.7.
 ONE_TOKEN_ROWS_PER_THREAD = 1
+ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 # one_token_one_launch: the one-token gate/up and down projections in one
 # launch (kernels/moe_gate_up_down.py). Measured slower, so off: Mixtral B=1
 # end to end, 4 bits, interleaved in one call each (tok/s, two runs): off
@@ -63,7 +64,6 @@ ONE_TOKEN_ROWS_PER_THREAD = 1
 # path was 64.3 us a layer, against 41.8 + 20.7 for the two launches in
 # session 27's profile.
 ONE_TOKEN_ONE_LAUNCH = False
-ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 

@@ -67,9 +67,10 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     pairs = num_tokens * top_k
     shape = counts_shape(num_tokens, top_k, ffn, num_experts, tiles)
     n_counts = math.prod(shape)
+    n_zeroed = n_counts + ready_size(ffn, num_experts, tiles)
     # One view for both counter sets: views taken apart would overlap.
-    zeroed = (counters.take((n_counts + ready_size(ffn, num_experts, tiles),), device) if counters is not None
-              else torch.zeros(n_counts + ready_size(ffn, num_experts, tiles), dtype=torch.int32, device=device))
+    zeroed = (counters.take((n_zeroed,), device) if counters is not None
+              else torch.zeros(n_zeroed, dtype=torch.int32, device=device))
     dtype = tiles.activation_dtype
     h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)

@@ -12,7 +12,7 @@ import torch
 
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference
-from kernels.moe_gate_up_down import one_launch_suits, run_gate_up_down
+from kernels.moe_gate_up_down import run_gate_up_down
 from kernels.moe_tiles import MoeTiles, choose_tiles
 from kernels.moe_tuning import MoeTuning
 from kernels.moe_workspace import ready_size
@@ -63,7 +63,7 @@ def test_counters_stay_zero_across_layers_and_token_counts(device):
 
 
 def test_tiles_and_workspace_checks(device):
-    assert one_launch_suits(one_launch_tiles(128, 2, True))
+    assert one_launch_tiles(128, 2, True).fits_one_launch
     with pytest.raises(ValueError, match="one_launch"):
         MoeTiles(block_m=16, one_launch=True)
     with pytest.raises(ValueError, match="one_launch"):
