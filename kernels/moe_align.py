@@ -151,11 +151,12 @@ def stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, 
 
 
 @triton.jit
-def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr, E, cost_stride,
+def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost, E,
                PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, HAS_COST: tl.constexpr):
     """ids: int32 [PAIRS_PAD], the expert of each (token, slot) pair (pairs
-    past n_pairs and ids outside [0, E) are skipped). Writes sorted, offsets,
-    active and num_active (the module docstring)."""
+    past n_pairs and ids outside [0, E) are skipped); cost: [E_PAD] the
+    experts' slot cost (load_slot_cost; read only with HAS_COST). Writes
+    sorted, offsets, active and num_active (the module docstring)."""
     t = tl.arange(0, PAIRS_PAD)
     e = tl.arange(0, E_PAD)
     valid = (t < n_pairs) & (ids >= 0) & (ids < E)
@@ -171,7 +172,6 @@ def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr
     has = (counts > 0) & (e < E)
     if HAS_COST:
         # slot = active experts before e: costlier, or as costly with a lower id
-        cost = tl.load(cost_ptr + e * cost_stride, mask=e < E, other=0)
         ahead = has[None, :] & ((cost[None, :] > cost[:, None])
                                 | ((cost[None, :] == cost[:, None]) & (e[None, :] < e[:, None])))
         slot = tl.sum(ahead.to(tl.int32), axis=1)
@@ -179,6 +179,18 @@ def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr
         slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
     tl.store(active_ptr + slot, e, mask=has)
     tl.store(num_active_ptr, tl.sum(has.to(tl.int32), axis=0))
+
+
+@triton.jit
+def load_slot_cost(cost_ptr, cost_stride, E, E_PAD: tl.constexpr, HAS_COST: tl.constexpr):
+    """[E_PAD] int32 slot cost of each expert for sort_pairs (zeros without
+    HAS_COST). Apart from the sort so that a caller can issue the load first,
+    off its sort's chain (kernels/moe_entry.py)."""
+    e = tl.arange(0, E_PAD)
+    cost = tl.zeros((E_PAD,), tl.int32)
+    if HAS_COST:
+        cost = tl.load(cost_ptr + e * cost_stride, mask=e < E, other=0).to(tl.int32)
+    return cost
 
 
 @triton.jit
@@ -213,8 +225,9 @@ def _moe_prep_kernel(
         stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE)
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
+        cost = load_slot_cost(cost_ptr, cost_stride, E, E_PAD, HAS_COST)
         ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
-        sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr, E, cost_stride,
+        sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost, E,
                    PAIRS_PAD, E_PAD, HAS_COST)
 
 

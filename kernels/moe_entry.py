@@ -25,7 +25,10 @@ of 128) of token row r:
 
 Every load is issued first (none depends on another), so the chain is about
 one memory latency, the arrival atomics and the last program's routing and
-sort. Measured end to end on the H200 (synthetic Mixtral-8x7B, 4-bit
+sort. The routing statistics' row inputs and the slot costs are among those
+first loads, and with one row the sort takes the routed ids from registers:
+in session 28's form the last program loaded each after its acquire, and
+read the ids back, three more memory latencies on the chain. Measured end to end on the H200 (synthetic Mixtral-8x7B, 4-bit
 experts, CUDA graphs, one call against DataplaneConfig.fuse_moe_entry =
 False; benchmarks/results/e2e_h200_s18_entry2{,_off}.json): B = 1 / 4 / 16 /
 64 at 260.2 / 456.4 / 1350.5 / 4521.3 tok/s against 253.8 / 454.7 / 1342.2 /
@@ -50,11 +53,11 @@ import triton.language as tl
 
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, _virtual_to_actual, \
-    check_prep_inputs, moe_prepare_reference, sort_pairs, stage_chunk
+    check_prep_inputs, load_slot_cost, moe_prepare_reference, sort_pairs, stage_chunk
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.router import RoutingTargets, _check_top_k, _statistics_args, gate_route_reference, \
-    gate_route_suits, route_row
+    gate_route_suits, route_row, row_statistics_inputs
 from kernels.weight_layout import GROUP
 
 # Elements of the router matrix one program holds ([next_pow2(E), GB * 128]):
@@ -117,6 +120,10 @@ def _moe_entry_kernel(
     nw_c = tl.load(norm_w_ptr + col, mask=gm[:, None], other=0.0).to(tl.float32)
     w = tl.load(gate_w_ptr + e[:, None] * H + cn[None, :], mask=emask[:, None] & nm[None, :],
                 other=0.0).to(tl.float32)  # [BLOCK_E, GB * 128]
+    # The routing's and the sort's inputs too, though only the last programs
+    # use them: loaded there, each was one more memory latency on the chain.
+    seq, tok_w = row_statistics_inputs(token_seq_ptr, token_weight_ptr, row, RECORD, WEIGHTED)
+    cost = load_slot_cost(cost_ptr, cost_stride, E, E_PAD, HAS_COST)  # [E_PAD]
     # 1. the row's sum and statistics
     if chunk == 0:
         tl.store(res_out_ptr + row * H + offs, s, mask=hm)
@@ -137,21 +144,24 @@ def _moe_entry_kernel(
         parts = tl.load(partial_ptr + (row * n_chunks + c[:, None]) * BLOCK_E + e[None, :],
                         mask=(c < n_chunks)[:, None], other=0.0, cache_modifier=".cg")  # [NC_PAD, BLOCK_E]
         logits = tl.sum(parts, axis=0).to(dtype).to(tl.float32)  # rounded as nn.Linear's output
-        route_row(tl.where(emask, logits, float("-inf")), row, ids_ptr, weights_ptr,
-                  routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
-                  E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
+        top_i = route_row(tl.where(emask, logits, float("-inf")), row, ids_ptr, weights_ptr,
+                          routed_ptr, mass_ptr, seq_mass_ptr, stride_seq, seq, tok_w, E, K, BLOCK_E, BLOCK_K,
+                          RECORD)  # [BLOCK_K]
         tl.atomic_xchg(count_ptr + row, 0)
-        # 5. the last row routed sorts the pairs (one row: it is the last)
-        tl.debug_barrier()
-        rows_before = T - 1
-        if T > 1:
-            rows_before = tl.atomic_add(count_ptr + T, 1, sem="acq_rel")
-        if rows_before == T - 1:
-            t = tl.arange(0, PAIRS_PAD)
-            ids = tl.load(ids_ptr + t, mask=t < T * K, other=-1, cache_modifier=".cg").to(tl.int32)
-            sort_pairs(ids, T * K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr, E, cost_stride,
-                       PAIRS_PAD, E_PAD, HAS_COST)
-            if T > 1:
+        # 5. the last row routed sorts the pairs. One row: it is the last, and
+        # its pairs are its own top-k, taken from registers, not read back.
+        t = tl.arange(0, PAIRS_PAD)
+        if T == 1:
+            kk = tl.arange(0, BLOCK_K)
+            ids = tl.sum(tl.where(t[:, None] == kk[None, :], top_i[None, :], 0), axis=1)  # [PAIRS_PAD]
+            sort_pairs(tl.where(t < K, ids, -1), K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr,
+                       cost, E, PAIRS_PAD, E_PAD, HAS_COST)
+        else:
+            tl.debug_barrier()
+            if tl.atomic_add(count_ptr + T, 1, sem="acq_rel") == T - 1:
+                ids = tl.load(ids_ptr + t, mask=t < T * K, other=-1, cache_modifier=".cg").to(tl.int32)
+                sort_pairs(ids, T * K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost, E,
+                           PAIRS_PAD, E_PAD, HAS_COST)
                 tl.atomic_xchg(count_ptr + T, 0)
 
 

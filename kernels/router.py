@@ -71,18 +71,34 @@ class RoutingTargets:
 
 
 @triton.jit
+def row_statistics_inputs(token_seq_ptr, token_weight_ptr, row, RECORD: tl.constexpr, WEIGHTED: tl.constexpr):
+    """(sequence, weight) of token row `row` for route_row's statistics
+    (0 and 1 without RECORD). Apart from route_row so that a caller can
+    issue these loads first, off its routing chain (kernels/moe_entry.py)."""
+    seq = tl.full([], 0, tl.int64)
+    w = tl.full([], 1, tl.int64)
+    if RECORD:
+        seq = tl.load(token_seq_ptr + row).to(tl.int64)
+        if WEIGHTED:
+            w = tl.load(token_weight_ptr + row).to(tl.int64)
+    return seq, w
+
+
+@triton.jit
 def route_row(
     logits,  # [BLOCK_E] float32, -inf past E
     row,  # int64 token row
     ids_ptr,  # [T, K] int64 out
     weights_ptr,  # [T, K] float32 out
-    routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
+    routed_ptr, mass_ptr, seq_mass_ptr, stride_seq,
+    seq, w,  # the row's sequence and weight (row_statistics_inputs)
     E,
     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
+    RECORD: tl.constexpr,
 ):
     """Softmax, top-k, renormalisation and statistics of one token row's
-    logits (route, gate_route and kernels/moe_entry.py)."""
+    logits (route, gate_route and kernels/moe_entry.py). Returns the row's
+    top-k expert ids, int32 [BLOCK_K] (entries past K are 0)."""
     e = tl.arange(0, BLOCK_E)
     emask = e < E
     num = tl.exp(logits - tl.max(logits, axis=0))
@@ -101,15 +117,11 @@ def route_row(
     tl.store(ids_ptr + row * K + kk, top_i.to(tl.int64), mask=kmask)
     tl.store(weights_ptr + row * K + kk, top_w / tl.sum(top_w, axis=0), mask=kmask)
     if RECORD:
-        if WEIGHTED:
-            w = tl.load(token_weight_ptr + row)
-        else:
-            w = tl.full([], 1, tl.int64)
-        seq = tl.load(token_seq_ptr + row)
         tl.atomic_add(routed_ptr + top_i, tl.zeros((BLOCK_K,), tl.int64) + w, mask=kmask, sem="relaxed")
         pw = probs * w.to(tl.float32)
         tl.atomic_add(mass_ptr + e, pw, mask=emask, sem="relaxed")
         tl.atomic_add(seq_mass_ptr + seq * stride_seq + e, pw, mask=emask, sem="relaxed")
+    return top_i
 
 
 @triton.jit
@@ -125,10 +137,10 @@ def _route_kernel(
     wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
+    seq, w = row_statistics_inputs(token_seq_ptr, token_weight_ptr, row, RECORD, WEIGHTED)
     logits = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf")).to(tl.float32)
-    route_row(logits, row, ids_ptr, weights_ptr,
-               routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
-               E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
+    route_row(logits, row, ids_ptr, weights_ptr, routed_ptr, mass_ptr, seq_mass_ptr, stride_seq, seq, w,
+              E, K, BLOCK_E, BLOCK_K, RECORD)
 
 
 @triton.jit
@@ -146,6 +158,7 @@ def _gate_route_kernel(
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     emask = e < E
+    seq, w = row_statistics_inputs(token_seq_ptr, token_weight_ptr, row, RECORD, WEIGHTED)
     acc = tl.zeros((BLOCK_E,), tl.float32)
     # Multiply-and-sum, not tl.dot: E can be below tl.dot's 16-row minimum,
     # and the interpreter mishandles bf16 dots. The loop is latency-bound (one
@@ -162,8 +175,7 @@ def _gate_route_kernel(
     # Round as nn.Linear's output is, so the routing sees the logits route() would.
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
     route_row(tl.where(emask, logits, float("-inf")), row, ids_ptr, weights_ptr,
-               routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
-               E, K, BLOCK_E, BLOCK_K, RECORD, WEIGHTED)
+              routed_ptr, mass_ptr, seq_mass_ptr, stride_seq, seq, w, E, K, BLOCK_E, BLOCK_K, RECORD)
 
 
 def _statistics_args(targets: RoutingTargets | None, num_experts: int, t: int,

@@ -50,11 +50,13 @@ def _assert_same_prep(got, want, pairs):
 
 
 # H: 11 groups = a full chunk of 8 and a partial one; 20 groups = 8 + 8 + 4; 6 groups = one chunk
+# record: routing statistics, "weighted" with token weights (the last row padding, weight 0)
 @pytest.mark.parametrize("t,groups,e,k,plane_dtype,with_cost,record", [
     (2, 6, 8, 2, torch.int16, False, True),
-    (5, 11, 6, 2, torch.float16, False, True),
+    (5, 11, 6, 2, torch.float16, False, "weighted"),
     (5, 11, 6, 2, torch.int16, True, False),
     (1, 20, 8, 2, torch.int16, True, True),
+    (1, 6, 16, 4, torch.int16, True, "weighted"),
     (3, 20, 16, 4, torch.float16, True, True),
 ])
 def test_entry_matches_the_three_launches(device, t, groups, e, k, plane_dtype, with_cost, record):
@@ -63,7 +65,11 @@ def test_entry_matches_the_three_launches(device, t, groups, e, k, plane_dtype, 
     delta, residual, norm_w, w = (a.to(device) for a in _inputs(t, h, e, dtype, seed=t * groups + e))
     cost = (torch.arange(e, dtype=torch.int32, device=device) * 7) % 3 if with_cost else None
     seq = (torch.arange(t) % 2).to(device)
-    stats = [RoutingStats(2, e, seq, 2, None) for _ in range(2)]
+    token_weight = None
+    if record == "weighted":
+        token_weight = torch.ones(t, dtype=torch.int64, device=device)
+        token_weight[-1] = 0
+    stats = [RoutingStats(2, e, seq, 2, token_weight) for _ in range(2)]
     # unfused: add_rmsnorm -> gate_route -> moe_prepare
     want_res, y = add_rmsnorm(delta, residual, norm_w, EPS)
     want_ids, want_w = gate_route(y, w, k, stats[0].targets(1) if record else None)
@@ -78,6 +84,9 @@ def test_entry_matches_the_three_launches(device, t, groups, e, k, plane_dtype, 
     _assert_same_prep(prep, want_prep, t * k)
     assert torch.equal(stats[1].routed_tokens.cpu(), stats[0].routed_tokens.cpu())
     torch.testing.assert_close(stats[1].seq_prob_sum.cpu(), stats[0].seq_prob_sum.cpu(), rtol=1e-5, atol=1e-6)
+    if record:
+        weight = 1 if token_weight is None else token_weight.cpu()
+        assert int(stats[1].routed_tokens.sum()) == int((weight * torch.ones(t, dtype=torch.int64)).sum()) * k
     assert counters.all_zero()  # borrowed counters handed back zeroed
     # a second call on the same counters (a graph replay, the next layer) routes alike
     res2, ids2, _ = moe_entry(delta, residual, norm_w, EPS, w, k, _fresh_prep(t, k, h, e, device, plane_dtype),
