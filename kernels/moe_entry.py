@@ -147,7 +147,11 @@ def _moe_entry_kernel(
         top_i = route_row(tl.where(emask, logits, float("-inf")), row, ids_ptr, weights_ptr,
                           routed_ptr, mass_ptr, seq_mass_ptr, stride_seq, seq, tok_w, E, K, BLOCK_E, BLOCK_K,
                           RECORD)  # [BLOCK_K]
-        tl.atomic_xchg(count_ptr + row, 0)
+        # Relaxed: the next use is in a later launch, after this grid's end
+        # (with PDL, after its griddepcontrol wait), which orders it; an
+        # acq_rel exchange put a GPU-wide fence, one more memory latency, on
+        # the chain before the sort.
+        tl.atomic_xchg(count_ptr + row, 0, sem="relaxed")
         # 5. the last row routed sorts the pairs. One row: it is the last, and
         # its pairs are its own top-k, taken from registers, not read back.
         t = tl.arange(0, PAIRS_PAD)
@@ -162,7 +166,7 @@ def _moe_entry_kernel(
                 ids = tl.load(ids_ptr + t, mask=t < T * K, other=-1, cache_modifier=".cg").to(tl.int32)
                 sort_pairs(ids, T * K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost, E,
                            PAIRS_PAD, E_PAD, HAS_COST)
-                tl.atomic_xchg(count_ptr + T, 0)
+                tl.atomic_xchg(count_ptr + T, 0, sem="relaxed")  # as the row's counter
 
 
 def moe_entry_suits(num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> bool:

@@ -97,7 +97,9 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
             # (kernels/moe_gate_up_down.py waits on this count).
             tl.debug_barrier()
             tl.atomic_add(ready, 1, sem="release")
-        tl.atomic_xchg(counter, 0)
+        # Relaxed: the counter's next use is in a later launch, ordered by
+        # this grid's end; acq_rel put a GPU-wide fence before the exit.
+        tl.atomic_xchg(counter, 0, sem="relaxed")
 
 
 @triton.jit
