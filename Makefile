@@ -22,11 +22,11 @@ test: install proto
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/python -m pip install --quiet -e ".[test]" --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 proto: install
