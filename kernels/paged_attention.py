@@ -119,6 +119,9 @@ def _decode_merge_kernel(
     l = tl.load(pl_ptr + row * P + pi, mask=pmask, other=0.0)
     acc = tl.load(pacc_ptr + (row * P + pi[:, None]) * D + d[None, :], mask=pmask[:, None], other=0.0)
     mx = tl.max(m, axis=0)
+    # An empty sequence has every m at -inf: shift by 0 then, not by mx
+    # (-inf - -inf is NaN, which the select below would drop but computes).
+    mx = tl.where(mx > float("-inf"), mx, 0.0)
     w = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)
     total = tl.sum(w * l, axis=0)
     res = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)

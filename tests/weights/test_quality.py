@@ -51,6 +51,7 @@ def _test_split_text() -> str:
     pytest.fail("no file of the python test split exists in this interpreter's standard library")
 
 
+@torch.no_grad()  # evaluation only: no autograd graph kept per forward
 def _kl_by_bits(model: torch.nn.Module, ids: torch.Tensor) -> dict[int, float]:
     """Mean KL(unquantized || quantized) of next-token distributions at each uniform bitwidth."""
     ref = model(ids).logits.float().log_softmax(-1)  # [1, T, V]
