@@ -26,9 +26,11 @@ of 128) of token row r:
 Every load is issued first (none depends on another), so the chain is about
 one memory latency, the arrival atomics and the last program's routing and
 sort. The routing statistics' row inputs and the slot costs are among those
-first loads, and with one row the sort takes the routed ids from registers:
-in session 28's form the last program loaded each after its acquire, and
-read the ids back, three more memory latencies on the chain. Measured end to end on the H200 (synthetic Mixtral-8x7B, 4-bit
+first loads, with one row the sort takes the routed ids from registers, and
+the counters are reset relaxed: in session 28's form the last program loaded
+each input after its acquire, read the ids back and fenced before the sort,
+four more memory latencies on its chain (not yet measured end to end).
+Measured end to end on the H200 (synthetic Mixtral-8x7B, 4-bit
 experts, CUDA graphs, one call against DataplaneConfig.fuse_moe_entry =
 False; benchmarks/results/e2e_h200_s18_entry2{,_off}.json): B = 1 / 4 / 16 /
 64 at 260.2 / 456.4 / 1350.5 / 4521.3 tok/s against 253.8 / 454.7 / 1342.2 /
