@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.dense_gemv import GEMV_DTYPES, dense_gemv
+from kernels.dense_gemv import GEMV_DTYPES, GemvTiles, dense_gemv
 from kernels.pdl import DEFAULT_PDL
 
 
@@ -23,6 +23,7 @@ class Linear(nn.Module):
     become resident under the previous launch); 0 (the default) keeps torch's
     GEMM. Set by a model's use_dense_gemv transform
     (DataplaneConfig.dense_gemv_max_tokens).
+    gemv_tiles: that GEMV's launch shape (None: its default).
     pdl: which of its launches take part in PDL (kernels/pdl.py; set by the
     model's use_pdl transform from DataplaneConfig.pdl_max_rows).
     """
@@ -32,6 +33,7 @@ class Linear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.gemv_max_tokens = 0
+        self.gemv_tiles: GemvTiles | None = None
         self.pdl = DEFAULT_PDL
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
 
@@ -39,7 +41,7 @@ class Linear(nn.Module):
         # x: [T, in_features] -> [T, out_features]
         if (0 < x.shape[0] <= self.gemv_max_tokens and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
                 and x.dtype in GEMV_DTYPES and x.dtype == self.weight.dtype):
-            return dense_gemv(x, self.weight, pdl=self.pdl)
+            return dense_gemv(x, self.weight, self.gemv_tiles, pdl=self.pdl)
         return F.linear(x, self.weight)
 
 

@@ -23,12 +23,17 @@ from dataplane.layers.linear import Embedding, Linear
 from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
-from kernels.dense_gemv import GEMV_DTYPES
+from kernels.dense_gemv import GEMV_DTYPES, GemvTiles
 from kernels.pdl import DEFAULT_PDL, PdlPolicy
 from kernels.qkv_rotary_gemv import qkv_rotary_gemv, qkv_rotary_gemv_suits
 
 FAMILY = "mixtral"
 DEFAULT_ROPE_THETA = 1e6  # transformers' Mixtral default when config.json has none
+# The o projection's decode GEMV tile: 8 rows x 1024 of K, the best of session
+# 27's sweep at Mixtral's 4096 x 4096 (11.1 us against the default 8 x 512's
+# 11.5; benchmarks/results/gemv_sweep_s27_h200.json). The q/k/v product keeps
+# the default, its best.
+O_PROJ_GEMV_TILES = GemvTiles(block_k=1024)
 
 
 @dataclass(frozen=True)
@@ -130,10 +135,12 @@ class MixtralAttention(nn.Module):
 
     def use_dense_gemv(self, max_tokens: int) -> None:
         """Batches of up to max_tokens rows take the decode GEMV kernel in
-        every projection of this layer (Linear.gemv_max_tokens; 0: torch)."""
+        every projection of this layer (Linear.gemv_max_tokens; 0: torch);
+        the o projection with O_PROJ_GEMV_TILES."""
         for proj in (self.qkv_proj, self.q_proj, self.k_proj, self.v_proj, self.o_proj):
             if proj is not None:
                 proj.gemv_max_tokens = max_tokens
+        self.o_proj.gemv_tiles = O_PROJ_GEMV_TILES
 
     def use_qkv_rotary_gemv(self, on: bool) -> None:
         """Decode steps whose fused q/k/v product takes the dense GEMV rotate

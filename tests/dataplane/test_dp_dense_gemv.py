@@ -10,7 +10,7 @@ import torch
 from dataplane.config import DataplaneConfig
 from dataplane.engine_builder import build
 from dataplane.layers.linear import Linear
-from dataplane.models.mixtral import MixtralAttention
+from dataplane.models.mixtral import O_PROJ_GEMV_TILES, MixtralAttention
 from dataplane.models.synthetic import build_synthetic
 from kernels.dense_gemv import GEMV_MAX_TOKENS
 
@@ -26,6 +26,7 @@ def test_every_attention_projection_and_nothing_else(fuse_first):
     attention = [m for m in model.modules() if isinstance(m, MixtralAttention)]
     assert attention and all(a.qkv_proj.gemv_max_tokens == GEMV_MAX_TOKENS for a in attention)
     assert all(a.o_proj.gemv_max_tokens == GEMV_MAX_TOKENS for a in attention)
+    assert all(a.o_proj.gemv_tiles == O_PROJ_GEMV_TILES and a.qkv_proj.gemv_tiles is None for a in attention)
     in_attention = {id(p) for a in attention for p in (a.qkv_proj, a.o_proj)}
     others = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in in_attention]
     assert all(m.gemv_max_tokens == 0 for m in others)  # the LM head stays on torch
@@ -57,10 +58,12 @@ def test_off_the_gpu_the_product_is_torch_s():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_projection_matches_torch():
+@pytest.mark.parametrize("tiles", [None, O_PROJ_GEMV_TILES])
+def test_gpu_projection_matches_torch(tiles):
     lin = Linear(1024, 640, torch.device("cuda"), torch.bfloat16)
     torch.nn.init.normal_(lin.weight, std=0.03)
     lin.gemv_max_tokens = GEMV_MAX_TOKENS
+    lin.gemv_tiles = tiles
     for tokens in range(1, GEMV_MAX_TOKENS + 2):
         x = torch.randn(tokens, 1024, device="cuda", dtype=torch.bfloat16)
         want = torch.nn.functional.linear(x, lin.weight)
