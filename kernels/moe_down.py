@@ -11,7 +11,7 @@ import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, table_load
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
     settle_carveout
@@ -116,12 +116,12 @@ def _moe_down_kernel(
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
 ):
-    # Program (n, p): down_program.
-    wait_for_previous_grid(PDL)
+    # Program (n, p): down_program, which waits for the gate/up launch
+    # after its routing loads (the entry's tables, two launches back).
     down_program(tl.program_id(0), tl.program_id(1), tl.num_programs(1), h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                  offsets_ptr, active_ptr, num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr, plan_ptr,
                  plan_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
-                 q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES_WIDE, False)
+                 q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES_WIDE, False, PDL)
 
 
 @triton.jit
@@ -130,14 +130,19 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                  pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k, q_x,
                  BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
                  USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, STAGES: tl.constexpr,
-                 STAGES_WIDE: tl.constexpr, WAIT: tl.constexpr):
+                 STAGES_WIDE: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr):
     """One program of the down launch (arguments as _moe_down_kernel's),
     program (pid_n, pid_p) of num_p per row tile. With WAIT, h is written by
     other programs of the same launch (kernels/moe_gate_up_down.py): before
     each range of groups the program waits until ready_ptr[expert * (F /
     BN_UP) + tile] counts every token tile of the expert for each of the
     range's h tiles (HS_SUB tiles a group), and reads the activation sums and
-    scales through the L2; without, ready_ptr is not touched."""
+    scales through the L2; without, ready_ptr is not touched. With PDL the
+    program loads the routing tables (num_active, the slots' experts, their
+    field counts and token ranges: the MoE entry's, two launches back, and
+    the weight store's) through the L2, then waits for the previous grid
+    (kernels/pdl.py), so that their round trips overlap the gate/up
+    launch's last programs; the caller must not have waited."""
     # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
     # groups_per_split groups. With BALANCE: share p of the row tile's work,
@@ -148,7 +153,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
     # expert's range and start the next, instead of the launch waiting on the
     # slowest views' programs.
     n_groups = F // 128
-    n_act = tl.load(num_active_ptr)
+    n_act = table_load(num_active_ptr, PDL)
     n = pid_n * BN + tl.arange(0, BN)
     rows = tl.minimum(n, H - 1)
     if BALANCE:
@@ -156,7 +161,8 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         # plan slots past E read slot E - 1 again and, like all past n_act, get no work.
         e = tl.arange(0, E_PAD)
         _, blks, nf_g, nf_u, nf_d, starts, ends = slot_expert(active_ptr, bf_ptr, offsets_ptr,
-                                                              tl.minimum(e, E - 1), block0, E)
+                                                              tl.minimum(e, E - 1), block0, E, PDL)
+        wait_for_previous_grid(PDL)
         live = e < n_act
         unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d), 0)  # [E_PAD]
         # The slots' work ends and tables go through this program's row of
@@ -200,7 +206,9 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         slot = pid_p // split  # < E: the grid has split programs per slot
         g0 = (pid_p % split) * groups_per_split
         g1 = tl.minimum(g0 + groups_per_split, n_groups)
-        expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
+        expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E,
+                                                                PDL)
+        wait_for_previous_grid(PDL)
         # One condition on every loaded value (as in the gate/up launch).
         if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
             if WAIT:

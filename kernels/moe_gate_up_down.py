@@ -86,7 +86,8 @@ def _moe_gate_up_down_kernel(
         down_program(d % row_tiles, (k % slots) * split + k // slots, progs_per_tile, h_ptr, hq_scale_ptr, hsum_ptr,
                      sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr,
                      plan_ptr, ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split,
-                     groups_per_split, top_k, q_h, BN, BM, 0, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES, True)
+                     groups_per_split, top_k, q_h, BN, BM, 0, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES, True,
+                     False)
         # Every thread's reads of ready before this program counts as done.
         # The down programs alone count: when the last of them is done, every
         # ticket was taken (gate/up tickets come first) and every h tile that

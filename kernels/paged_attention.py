@@ -55,15 +55,20 @@ def _decode_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, P: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_previous_grid(PDL)
     s = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
-    ctx = tl.load(ctx_ptr + s)
+    # The context length and the first block's page are the step's inputs,
+    # which no launch of the step writes: loaded through the L2 before the
+    # PDL wait (kernels/pdl.py), they leave one round trip (q, K, V) after it.
+    ctx = tl.load(ctx_ptr + s, cache_modifier=".cg")
     n_blocks = tl.cdiv(ctx, BS)
     per_part = tl.cdiv(n_blocks, P)
     b0 = part * per_part
     b1 = tl.minimum(b0 + per_part, n_blocks)
+    bt_row = bt_ptr + s.to(tl.int64) * max_blocks
+    page_next = tl.load(bt_row + b0, mask=b0 < b1, other=0, cache_modifier=".cg")
+    wait_for_previous_grid(PDL)
     gi = tl.arange(0, G_PAD)
     heads = kvh * G + gi
     hmask = gi < G
@@ -76,7 +81,9 @@ def _decode_kernel(
     tok_off = t[:, None] * (KVH * D) + kvh * D + d[None, :]  # [BS, D]
     layer_off = layer * (2 * BS * KVH * D)
     for b in range(b0, b1):
-        page = tl.load(bt_ptr + s.to(tl.int64) * max_blocks + b).to(tl.int64)
+        # This block's page was loaded one iteration ahead, the next one's now.
+        page = page_next.to(tl.int64)
+        page_next = tl.load(bt_row + b + 1, mask=b + 1 < b1, other=0, cache_modifier=".cg")
         base = kv_ptr + page * page_stride + layer_off
         # Slots past the context hold stale bytes (a page freed by a demoted
         # expert block, say) that may read as NaN: never load them (0 * NaN = NaN).

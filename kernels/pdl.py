@@ -7,15 +7,23 @@ launches alone were ~0.45 us each. With PDL (Hopper and later) a launch may
 begin while the launch before it in the stream still runs: its programs
 become resident and wait.
 
-Contract of a kernel that takes part: its first statement is
-`wait_for_previous_grid(PDL)`, before it touches memory, so that no read or
-write of it moves ahead of anything the previous kernel does (the wait
-returns once that grid has completed and its writes are visible). The call
-then lets the next launch begin. Hence only the launch itself overlaps (an
-L2 prefetch of weights before the wait was measured in kernels/dense_gemv.py
-and gained nothing, benchmarks/NOTES.md session 20). A kernel after one that
-does not take part (cuBLAS, torch) launches early only if that kernel lets
-it; its wait keeps it correct either way.
+Contract of a kernel that takes part: it calls `wait_for_previous_grid(PDL)`
+before it writes memory and before it reads anything the previous launch in
+the stream may write (the wait returns once that grid has completed and its
+writes are visible). The call then lets the next launch begin. So a launch
+begins only after every program of the launch before it has passed its wait,
+that is, after every launch before that one has completed.
+
+Hence the one thing a kernel may do before its wait: load what no launch
+from the previous one on writes during the step, such as the step's inputs
+(positions, slots, block tables, context lengths, written before the step),
+the weight store's tables, or what the launch two back wrote (the MoE entry's
+routing, read by the down launch). Such loads go through the L2
+(`cache_modifier=".cg"`: an L1 line from before is never read) and take
+their round trips off the chain that starts at the wait. An L2 prefetch of
+weights before the wait gained nothing (kernels/dense_gemv.py,
+benchmarks/NOTES.md session 20). A kernel after one that does not take part
+(cuBLAS, torch) launches only when that kernel has completed.
 """
 
 from __future__ import annotations

@@ -51,23 +51,25 @@ def _rotary_cache_write_kernel(
 ):
     # Program (token, j): head block j of [q heads | k heads | v heads], HB
     # heads per block, each kind starting a new block.
-    wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     q_blocks = tl.cdiv(q_heads, HB)
     kv_blocks = tl.cdiv(kv_heads, HB)
     dt = qo_ptr.dtype.element_ty
+    # The position, its angles and the slot come from the step's inputs,
+    # which no launch of the step writes: loaded and computed before the
+    # PDL wait (kernels/pdl.py), off the chain that starts at it.
+    cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF, BLOCK_HALF, True)
+    slot = tl.load(slot_ptr + row, cache_modifier=".cg")
+    wait_for_previous_grid(PDL)
     if j < q_blocks:
-        cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF, BLOCK_HALF)
         rotate_heads(q_ptr + row * stride_q, qo_ptr + row * (q_heads * 2 * HALF), j * HB, q_heads, cos, sin,
                      HALF, HB, BLOCK_HALF)
     else:
-        slot = tl.load(slot_ptr + row)
         if slot >= 0:
             token_elems = kv_heads * 2 * HALF  # elements of one token's k (or v) in a page
             k_row = kv_ptr + (slot // BS) * page_stride + layer * (2 * BS * token_elems) + (slot % BS) * token_elems
             if j < q_blocks + kv_blocks:
-                cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF, BLOCK_HALF)
                 rotate_heads(k_ptr + row * stride_k, k_row, (j - q_blocks) * HB, kv_heads, cos, sin,
                              HALF, HB, BLOCK_HALF)
             else:
