@@ -14,13 +14,19 @@ writes are visible). The call then lets the next launch begin. So a launch
 begins only after every program of the launch before it has passed its wait,
 that is, after every launch before that one has completed.
 
-Hence the one thing a kernel may do before its wait: load what no launch
-from the previous one on writes during the step, such as the step's inputs
-(positions, slots, block tables, context lengths, written before the step),
-the weight store's tables, or what the launch two back wrote (the MoE entry's
-routing, read by the down launch). Such loads go through the L2
+Hence the one thing a kernel may do before its wait: load what the previous
+launch does not write, since everything before that launch has completed:
+the step's inputs (positions, slots, block tables, context lengths, copied
+before the step), the weight store's tables, or what a launch two or more
+back wrote (the MoE entry's routing, read by the down launch). Such loads
+go through the L2
 (`cache_modifier=".cg"`: an L1 line from before is never read) and take
-their round trips off the chain that starts at the wait. An L2 prefetch of
+their round trips off the chain that starts at the wait. The down launch's
+routing, the decode attention's length and page and the rotary launch's
+angles before the wait, end to end on the H200 (synthetic Mixtral-8x7B,
+three interleaved rounds, benchmarks/results/e2e_h200_s30_prewait.json):
+4-bit B=1 308.7-309.7 tok/s against 302.7-303.6, B=16 1431.8 against
+1411.2, 8-bit B=1 223.9 against 221.4. An L2 prefetch of
 weights before the wait gained nothing (kernels/dense_gemv.py,
 benchmarks/NOTES.md session 20). A kernel after one that does not take part
 (cuBLAS, torch) launches only when that kernel has completed.
