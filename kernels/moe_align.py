@@ -185,11 +185,12 @@ def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr
 def load_slot_cost(cost_ptr, cost_stride, E, E_PAD: tl.constexpr, HAS_COST: tl.constexpr):
     """[E_PAD] int32 slot cost of each expert for sort_pairs (zeros without
     HAS_COST). Apart from the sort so that a caller can issue the load first,
-    off its sort's chain (kernels/moe_entry.py)."""
+    off its sort's chain (kernels/moe_entry.py), before its PDL wait: through
+    the L2 (kernels/pdl.py)."""
     e = tl.arange(0, E_PAD)
     cost = tl.zeros((E_PAD,), tl.int32)
     if HAS_COST:
-        cost = tl.load(cost_ptr + e * cost_stride, mask=e < E, other=0).to(tl.int32)
+        cost = tl.load(cost_ptr + e * cost_stride, mask=e < E, other=0, cache_modifier=".cg").to(tl.int32)
     return cost
 
 

@@ -98,7 +98,6 @@ def _moe_entry_kernel(
     QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr, RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_previous_grid(PDL)
     pid = tl.program_id(0)
     row = (pid // n_chunks).to(tl.int64)
     chunk = pid % n_chunks
@@ -118,17 +117,23 @@ def _moe_entry_kernel(
     e = tl.arange(0, BLOCK_E)
     emask = e < E
     # Every load first: none depends on another, so their latencies overlap.
+    # Those of what the previous launch does not write (the weights, the
+    # step's statistics inputs, the weight store's slot costs) before the PDL
+    # wait (kernels/pdl.py): the weights come from HBM, the residual and
+    # delta, just written, from the L2, so the wait is followed by the
+    # shorter latency alone. The statistics inputs and the slot costs are
+    # loaded by every program, though only the last ones use them: loaded
+    # there, each was one more memory latency on the chain.
+    nw_k = tl.load(norm_w_ptr + cn, mask=nm, other=0.0, cache_modifier=".cg").to(tl.float32)
+    nw_c = tl.load(norm_w_ptr + col, mask=gm[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+    w = tl.load(gate_w_ptr + e[:, None] * H + cn[None, :], mask=emask[:, None] & nm[None, :],
+                other=0.0, cache_modifier=".cg").to(tl.float32)  # [BLOCK_E, GB * 128]
+    seq, tok_w = row_statistics_inputs(token_seq_ptr, token_weight_ptr, row, RECORD, WEIGHTED)
+    cost = load_slot_cost(cost_ptr, cost_stride, E, E_PAD, HAS_COST)  # [E_PAD]
+    wait_for_previous_grid(PDL)
     s = _residual_sum(delta_ptr + row * stride_d + offs, res_ptr + row * stride_r + offs, hm, dtype)  # [BLOCK_H]
     s_k = _residual_sum(delta_ptr + row * stride_d + cn, res_ptr + row * stride_r + cn, nm, dtype)  # [GB * 128]
     s_c = _residual_sum(delta_ptr + row * stride_d + col, res_ptr + row * stride_r + col, gm[:, None], dtype)
-    nw_k = tl.load(norm_w_ptr + cn, mask=nm, other=0.0).to(tl.float32)
-    nw_c = tl.load(norm_w_ptr + col, mask=gm[:, None], other=0.0).to(tl.float32)
-    w = tl.load(gate_w_ptr + e[:, None] * H + cn[None, :], mask=emask[:, None] & nm[None, :],
-                other=0.0).to(tl.float32)  # [BLOCK_E, GB * 128]
-    # The routing's and the sort's inputs too, though only the last programs
-    # use them: loaded there, each was one more memory latency on the chain.
-    seq, tok_w = row_statistics_inputs(token_seq_ptr, token_weight_ptr, row, RECORD, WEIGHTED)
-    cost = load_slot_cost(cost_ptr, cost_stride, E, E_PAD, HAS_COST)  # [E_PAD]
     # 1. the row's sum and statistics
     if chunk == 0:
         tl.store(res_out_ptr + row * H + offs, s, mask=hm)

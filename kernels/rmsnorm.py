@@ -30,10 +30,13 @@ def _rmsnorm_kernel(
     H, stride_x, stride_r, eps,
     HAS_RES: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
-    wait_for_previous_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < H
+    # The weight before the PDL wait (kernels/pdl.py): no launch writes it,
+    # and it comes from HBM while x, just written, comes from the L2.
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    wait_for_previous_grid(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
@@ -45,7 +48,6 @@ def _rmsnorm_kernel(
     x32 = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / H + eps)
     normed = (x32 * inv).to(y_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     y = w.to(tl.float32) * normed.to(tl.float32)
     tl.store(y_ptr + row * H + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 

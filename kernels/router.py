@@ -74,13 +74,14 @@ class RoutingTargets:
 def row_statistics_inputs(token_seq_ptr, token_weight_ptr, row, RECORD: tl.constexpr, WEIGHTED: tl.constexpr):
     """(sequence, weight) of token row `row` for route_row's statistics
     (0 and 1 without RECORD). Apart from route_row so that a caller can
-    issue these loads first, off its routing chain (kernels/moe_entry.py)."""
+    issue these loads first, off its routing chain (kernels/moe_entry.py),
+    before its PDL wait: through the L2 (kernels/pdl.py)."""
     seq = tl.full([], 0, tl.int64)
     w = tl.full([], 1, tl.int64)
     if RECORD:
-        seq = tl.load(token_seq_ptr + row).to(tl.int64)
+        seq = tl.load(token_seq_ptr + row, cache_modifier=".cg").to(tl.int64)
         if WEIGHTED:
-            w = tl.load(token_weight_ptr + row).to(tl.int64)
+            w = tl.load(token_weight_ptr + row, cache_modifier=".cg").to(tl.int64)
     return seq, w
 
 
