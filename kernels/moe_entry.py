@@ -32,7 +32,11 @@ each input after its acquire, read the ids back and fenced before the sort,
 four more memory latencies on its chain. With the gate/up combiner's
 relaxed reset, measured end to end (H200, 4-bit B=1, three interleaved
 rounds; benchmarks/results/e2e_h200_s30_ab.json): 305.1-305.4 tok/s against
-299.6-300.9 before (d19e007); 8-bit 223.4 against 220.8.
+299.6-300.9 before (d19e007); 8-bit 223.4 against 220.8. The loads of
+what the previous launch does not write (the weights, the statistics
+inputs, the slot costs) come before the PDL wait (kernels/pdl.py), so that
+the chain's one latency is that of the just-written residual and delta in
+the L2, not the weights' from HBM (session 30; not yet measured end to end).
 Measured end to end on the H200 (synthetic Mixtral-8x7B, 4-bit
 experts, CUDA graphs, one call against DataplaneConfig.fuse_moe_entry =
 False; benchmarks/results/e2e_h200_s18_entry2{,_off}.json): B = 1 / 4 / 16 /
