@@ -19,19 +19,18 @@ launch does not write, since everything before that launch has completed:
 the step's inputs (positions, slots, block tables, context lengths, copied
 before the step), the weight store's tables, or what a launch two or more
 back wrote (the MoE entry's routing, read by the down launch). Such loads
-go through the L2
-(`cache_modifier=".cg"`: an L1 line from before is never read) and take
-their round trips off the chain that starts at the wait. The down launch's
-routing, the decode attention's length and page and the rotary launch's
-angles before the wait, end to end on the H200 (synthetic Mixtral-8x7B,
-three interleaved rounds, benchmarks/results/e2e_h200_s30_prewait.json):
-4-bit B=1 308.7-309.7 tok/s against 302.7-303.6, B=16 1431.8 against
-1411.2, 8-bit B=1 223.9 against 221.4. The MoE entry's and the rmsnorm
-launch's weights before the wait came after that measurement (not yet
-measured). An L2 prefetch of
-weights before the wait gained nothing (kernels/dense_gemv.py,
-benchmarks/NOTES.md session 20). A kernel after one that does not take part
-(cuBLAS, torch) launches only when that kernel has completed.
+go through the L2 (`cache_modifier=".cg"`: an L1 line from before is never
+read) and take their round trips off the chain that starts at the wait.
+The down launch's routing, the decode attention's length and page and the
+rotary launch's angles before the wait, end to end on the H200 (synthetic
+Mixtral-8x7B, three interleaved rounds,
+benchmarks/results/e2e_h200_s30_prewait.json): 4-bit B=1 308.7-309.7 tok/s
+against 302.7-303.6, B=16 1431.8 against 1411.2, 8-bit B=1 223.9 against
+221.4. The MoE entry's and the rmsnorm launch's weights before the wait
+came after that measurement (not yet measured). An L2 prefetch of weights
+before the wait gained nothing (kernels/dense_gemv.py, benchmarks/NOTES.md
+session 20). A kernel after one that does not take part (cuBLAS, torch)
+launches only when that kernel has completed.
 """
 
 from __future__ import annotations
