@@ -11,7 +11,7 @@ import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, table_load
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
     settle_carveout
@@ -153,7 +153,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
     # expert's range and start the next, instead of the launch waiting on the
     # slowest views' programs.
     n_groups = F // 128
-    n_act = table_load(num_active_ptr, PDL)
+    n_act = tl.load(num_active_ptr, cache_modifier=".cg")
     n = pid_n * BN + tl.arange(0, BN)
     rows = tl.minimum(n, H - 1)
     if BALANCE:
@@ -161,7 +161,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         # plan slots past E read slot E - 1 again and, like all past n_act, get no work.
         e = tl.arange(0, E_PAD)
         _, blks, nf_g, nf_u, nf_d, starts, ends = slot_expert(active_ptr, bf_ptr, offsets_ptr,
-                                                              tl.minimum(e, E - 1), block0, E, PDL)
+                                                              tl.minimum(e, E - 1), block0, E)
         wait_for_previous_grid(PDL)
         live = e < n_act
         unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d), 0)  # [E_PAD]
@@ -206,8 +206,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         slot = pid_p // split  # < E: the grid has split programs per slot
         g0 = (pid_p % split) * groups_per_split
         g1 = tl.minimum(g0 + groups_per_split, n_groups)
-        expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E,
-                                                                PDL)
+        expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
         wait_for_previous_grid(PDL)
         # One condition on every loaded value (as in the gate/up launch).
         if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):

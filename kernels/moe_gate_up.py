@@ -167,7 +167,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     for a reader in the same launch (kernels/moe_gate_up_down.py); without,
     ready_ptr is not touched."""
     n_act = tl.load(num_active_ptr)
-    expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E, False)
+    expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     # Every loaded value is tested in two conditions: the compiler would
     # otherwise sink each load below the branch before it, one round trip
     # after another. Not in one condition: with the slot test joined to the

@@ -26,20 +26,12 @@ class PagedWeights:
 
 
 @triton.jit
-def table_load(ptr, L2_ONLY: tl.constexpr):
-    """tl.load of a routing or weight-store table entry; L2_ONLY: through the
-    L2 alone (.cg), as a load before a PDL wait must be (kernels/pdl.py)."""
-    if L2_ONLY:
-        return tl.load(ptr, cache_modifier=".cg")
-    return tl.load(ptr)
-
-
-@triton.jit
-def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E, L2_ONLY: tl.constexpr):
+def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E):
     """The expert in `slot` (0 <= slot < E; a scalar or a vector of slots),
     its first block (gate; up and down follow), the three blocks' resident
     field counts (0 = host-only) and its range [start, end) of the sorted
-    list. L2_ONLY: table_load's.
+    list. The loads go through the L2 (.cg), so that a launch may issue them
+    before its PDL wait (kernels/pdl.py; the down launch does).
 
     Issued without waiting for num_active, so that the launch's first loads
     form two rounds (the slot's expert, then its tables) instead of four
@@ -50,13 +42,13 @@ def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E, L2_ONLY: tl.co
     is clamped into [0, E) so that every load stays in bounds, and the
     caller must ignore such slots.
     """
-    expert = tl.minimum(tl.maximum(table_load(active_ptr + slot, L2_ONLY), 0), E - 1)
+    expert = tl.minimum(tl.maximum(tl.load(active_ptr + slot, cache_modifier=".cg"), 0), E - 1)
     blk = block0 + expert * 3
-    nf_g = table_load(bf_ptr + blk, L2_ONLY)
-    nf_u = table_load(bf_ptr + blk + 1, L2_ONLY)
-    nf_d = table_load(bf_ptr + blk + 2, L2_ONLY)
-    return (expert, blk, nf_g, nf_u, nf_d, table_load(offsets_ptr + expert, L2_ONLY),
-            table_load(offsets_ptr + expert + 1, L2_ONLY))
+    nf_g = tl.load(bf_ptr + blk, cache_modifier=".cg")
+    nf_u = tl.load(bf_ptr + blk + 1, cache_modifier=".cg")
+    nf_d = tl.load(bf_ptr + blk + 2, cache_modifier=".cg")
+    return (expert, blk, nf_g, nf_u, nf_d, tl.load(offsets_ptr + expert, cache_modifier=".cg"),
+            tl.load(offsets_ptr + expert + 1, cache_modifier=".cg"))
 
 
 def check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: int) -> int:

@@ -18,19 +18,14 @@ import triton.language as tl
 
 
 @triton.jit
-def rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                   L2_ONLY: tl.constexpr):
+def rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """cos, sin [1, BLOCK_HALF] in dtype dt of token `row`'s angles
     position * inv_freq (float32, then rounded to dt as transformers does).
-    L2_ONLY: both loads through the L2 alone, as before a PDL wait
-    (kernels/pdl.py)."""
+    Both loads go through the L2 (.cg), so that a launch may issue them
+    before its PDL wait (kernels/pdl.py; rotary_cache_write does)."""
     i = tl.arange(0, BLOCK_HALF)
-    if L2_ONLY:
-        pos = tl.load(pos_ptr + row, cache_modifier=".cg").to(tl.float32)
-        freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0, cache_modifier=".cg")
-    else:
-        pos = tl.load(pos_ptr + row).to(tl.float32)
-        freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
+    pos = tl.load(pos_ptr + row, cache_modifier=".cg").to(tl.float32)
+    freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0, cache_modifier=".cg")
     angle = (pos * freq)[None, :]  # [1, BLOCK_HALF]
     return tl.cos(angle).to(dt), tl.sin(angle).to(dt)
 
@@ -70,7 +65,7 @@ def _rotary_kernel(
     HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, qo_ptr.dtype.element_ty, HALF, BLOCK_HALF, False)
+    cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, qo_ptr.dtype.element_ty, HALF, BLOCK_HALF)
     rotate_heads(q_ptr + row * stride_q, qo_ptr + row * (q_heads * 2 * HALF), 0, q_heads, cos, sin,
                  HALF, BLOCK_QH, BLOCK_HALF)
     rotate_heads(k_ptr + row * stride_k, ko_ptr + row * (k_heads * 2 * HALF), 0, k_heads, cos, sin,

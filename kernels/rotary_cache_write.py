@@ -59,7 +59,7 @@ def _rotary_cache_write_kernel(
     # The position, its angles and the slot come from the step's inputs,
     # which no launch of the step writes: loaded and computed before the
     # PDL wait (kernels/pdl.py), off the chain that starts at it.
-    cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF, BLOCK_HALF, True)
+    cos, sin = rotary_cos_sin(pos_ptr, inv_freq_ptr, row, dt, HALF, BLOCK_HALF)
     slot = tl.load(slot_ptr + row, cache_modifier=".cg")
     wait_for_previous_grid(PDL)
     if j < q_blocks:

@@ -32,9 +32,11 @@ DEFAULT_ROPE_THETA = 1e6  # transformers' Mixtral default when config.json has n
 # The o projection's decode GEMV tile: 8 rows x 1024 of K, the best of session
 # 27's sweep at Mixtral's 4096 x 4096 (11.1 us against the default 8 x 512's
 # 11.5; benchmarks/results/gemv_sweep_s27_h200.json). The q/k/v product keeps
-# the default, its best. End to end (4-bit B=1, three interleaved rounds,
-# e2e_h200_s30_ab.json): 305.4-305.6 tok/s against 305.1-305.4 with 8 x 512,
-# a small gain, larger than the rounds' spread.
+# the default, its best. End to end (4-bit B=1, three interleaved rounds in one
+# call, benchmarks/NOTES.md session 30): 305.4-305.6 tok/s against 305.1-305.4
+# with 8 x 512, ahead in every round by about the rounds' spread (that call's
+# files of this tile were not returned; e2e_h200_s30_ab.json holds a second
+# call's three runs of it, 305.2-305.6).
 O_PROJ_GEMV_TILES = GemvTiles(block_k=1024)
 
 
