@@ -10,6 +10,9 @@ STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 MODEL ?= models/pw-moe-tiny
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): one per core; work-stealing, since a few
+# interpreter tests take a minute and most a second.
+PYTEST_WORKERS ?= auto
 
 .PHONY: serve test install proto clean
 
@@ -18,7 +21,7 @@ serve: install proto
 
 # pytest exits 5 when it collected no tests; make treats that as a failure.
 test: install proto
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 install: $(STAMP)
 
