@@ -33,6 +33,7 @@ from dataplane.forward_context import ForwardContext
 from dataplane.kv_cache import KVCacheManager
 from dataplane.layers.attention import AttentionMetadata
 from dataplane.routing_stats import RoutingStats
+from dataplane.sampler import greedy_tokens
 from dataplane.weights.paged_experts import PagedExperts
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -113,15 +114,16 @@ class _Graph:
     context_lens: torch.Tensor  # [bucket] int32
     token_weight: torch.Tensor  # [bucket] int64, 1 = real row, 0 = padding
     routing: RoutingStats
-    logits: torch.Tensor | None = None  # [bucket, vocab] float32, written by the replay
-    step: Callable[[], torch.Tensor] | None = None  # the captured work (run directly when graph is None)
+    logits: torch.Tensor | None = None  # [bucket, vocab] in the model's dtype, written by the replay
+    greedy: torch.Tensor | None = None  # [bucket] int64 greedy picks of those logits, written by the replay
+    step: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None  # the captured work (run directly when graph is None)
 
 
 class DecodeGraphs:
     """Captures and replays the model's decode step, one graph per batch bucket.
 
     Contract: ``model(input_ids, positions, ctx)`` and
-    ``model.compute_logits(hidden)`` must be capturable (no host syncs, no
+    ``model.compute_logits(hidden, float32=False)`` must be capturable (no host syncs, no
     data-dependent allocation) when ``ctx.kv_arena`` is set and the batch is
     decode-only; the models and kernels of this package are. Graphs share one
     memory pool. Not thread-safe: the engine thread drives it.
@@ -173,11 +175,15 @@ class DecodeGraphs:
         return all(store.all_resident for store in self._stores)
 
     @torch.inference_mode()
-    def replay(self, rows: DecodeRows, device_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, RoutingStats]:
-        """Runs the step; returns (logits [B, vocab] float32, the step's routing).
+    def replay(
+        self, rows: DecodeRows, device_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, RoutingStats]:
+        """Runs the step; returns (logits [B, vocab] in the model's dtype, their
+        greedy picks [B] int64 (dataplane/sampler.py's ``greedy_tokens``), the
+        step's routing).
 
-        Both results are views of the graph's static outputs: read them before
-        the next replay of the same bucket. ``device_ids`` ([B] int64 on the
+        All three are views of the graph's static outputs: read them (or queue
+        the work that reads them) before the next replay of the same bucket. ``device_ids`` ([B] int64 on the
         device) replaces ``rows.input_ids``: copied into the graph's input
         after the host upload, in stream order, so it may be the output of a
         step still queued.
@@ -196,12 +202,12 @@ class DecodeGraphs:
             g.input_ids[n:].copy_(device_ids[:1].expand(g.input_ids.shape[0] - n))  # padding repeats row 0
         if g.graph is None:
             assert g.step is not None
-            g.logits = g.step()
+            g.logits, g.greedy = g.step()
         else:
             g.graph.replay()
         self.replays += 1
-        assert g.logits is not None
-        return g.logits[: len(rows)], g.routing
+        assert g.logits is not None and g.greedy is not None
+        return g.logits[: len(rows)], g.greedy[: len(rows)], g.routing
 
     # -- internals ----------------------------------------------------------------
     def _fill(self, g: _Graph, rows: DecodeRows) -> None:
@@ -258,10 +264,14 @@ class DecodeGraphs:
         )
         ctx = ForwardContext(attn=meta, kv_caches=self.kv.layer_caches, routing=g.routing, kv_arena=self.kv.cache_view)
 
-        def step() -> torch.Tensor:
+        def step() -> tuple[torch.Tensor, torch.Tensor]:
             g.routing.reset()
             hidden = self.model(g.input_ids, g.positions, ctx)  # [bucket, H]
-            return self.model.compute_logits(hidden)  # [bucket, vocab]
+            # The greedy picks inside the graph, from the logits in the
+            # model's dtype: no float32 cast and no argmax launch after the
+            # replay (kernels/row_argmax.py).
+            logits = self.model.compute_logits(hidden, float32=False)  # [bucket, vocab]
+            return logits, greedy_tokens(logits)  # [bucket] int64
 
         g.step = step
         self._graphs[bucket] = g
@@ -274,6 +284,6 @@ class DecodeGraphs:
             step()
         torch.cuda.current_stream(dev).wait_stream(side)
         with torch.cuda.graph(g.graph, pool=self._pool):
-            g.logits = step()
+            g.logits, g.greedy = step()
         self.captures += 1
         return g

@@ -25,6 +25,21 @@ import torch
 from kernels.router import RoutingTargets
 
 
+_INT64_BYTES, _FLOAT32_BYTES = 8, 4
+# Each sum of RoutingStats' buffer starts at a multiple of this, so that the
+# kernels that add into them see 16-byte aligned rows where the sizes allow.
+_SECTION_ALIGN = 16
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _SECTION_ALIGN) * _SECTION_ALIGN
+
+
+def _buffer_bytes(num_layers: int, num_experts: int, num_seqs: int) -> int:
+    cells = num_layers * num_experts
+    return _aligned(cells * _INT64_BYTES) + _aligned(cells * _FLOAT32_BYTES) + num_seqs * cells * _FLOAT32_BYTES
+
+
 class RoutingStats:
     """Routing of one forward step, per layer and expert (device tensors).
 
@@ -43,23 +58,39 @@ class RoutingStats:
         token_weight: torch.Tensor | None = None,
     ) -> None:
         # token_seq_index: [T] int64, the batch index of each token's sequence
-        device = token_seq_index.device
         self.num_layers = num_layers
         self.num_experts = num_experts
+        self.num_seqs = num_seqs
         self.token_seq_index = token_seq_index
         self.token_weight = token_weight
-        # Tokens routed to each expert (a token counts once per chosen expert).
-        self.routed_tokens = torch.zeros(num_layers, num_experts, dtype=torch.int64, device=device)
-        # Sum over tokens of the router's softmax probability.
-        self.prob_mass = torch.zeros(num_layers, num_experts, dtype=torch.float32, device=device)
-        # The same sum split by sequence: [B, layers, experts].
-        self.seq_prob_sum = torch.zeros(num_seqs, num_layers, num_experts, dtype=torch.float32, device=device)
+        # The three sums are views of one buffer: a step zeroes them with one
+        # fill and a graph step's host copy is one copy, not three (each a
+        # launch on the decode step's chain).
+        self.buffer = torch.zeros(_buffer_bytes(num_layers, num_experts, num_seqs), dtype=torch.uint8,
+                                  device=token_seq_index.device)
+        self.routed_tokens, self.prob_mass, self.seq_prob_sum = self.views(self.buffer)
+
+    def views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(routed_tokens, prob_mass, seq_prob_sum) as views of ``buffer`` (this
+        recorder's or a copy of it, e.g. on the host):
+        * routed_tokens [layers, experts] int64: tokens routed to each expert
+          (a token counts once per chosen expert);
+        * prob_mass [layers, experts] float32: the sum over tokens of the
+          router's softmax probability;
+        * seq_prob_sum [B, layers, experts] float32: the same sum split by sequence.
+        """
+        cells = self.num_layers * self.num_experts
+        mass_at = _aligned(cells * _INT64_BYTES)
+        seq_at = mass_at + _aligned(cells * _FLOAT32_BYTES)
+        routed = buffer[:cells * _INT64_BYTES].view(torch.int64).view(self.num_layers, self.num_experts)
+        mass = buffer[mass_at:mass_at + cells * _FLOAT32_BYTES].view(torch.float32)
+        seq = buffer[seq_at:seq_at + self.num_seqs * cells * _FLOAT32_BYTES].view(torch.float32)
+        return (routed, mass.view(self.num_layers, self.num_experts),
+                seq.view(self.num_seqs, self.num_layers, self.num_experts))
 
     def reset(self) -> None:
         """Zeroes the sums in place (a captured graph reuses one recorder)."""
-        self.routed_tokens.zero_()
-        self.prob_mass.zero_()
-        self.seq_prob_sum.zero_()
+        self.buffer.zero_()
 
     def targets(self, layer: int) -> RoutingTargets:
         """Views of one layer's sums, for the fused router kernel (kernels/router.py)."""

@@ -56,11 +56,10 @@ class _HostStats:
 
     @classmethod
     def start(cls, routing: RoutingStats, batch: int) -> "_HostStats":
-        return cls(
-            routed_tokens=_start_host_copy(routing.routed_tokens),
-            prob_mass=_start_host_copy(routing.prob_mass),
-            seq_prob_sum=_start_host_copy(routing.seq_prob_sum[:batch]),
-        )
+        # One copy of the recorder's buffer (the three sums and any padding
+        # rows: a few KB), then views of it.
+        routed, mass, seq = routing.views(_start_host_copy(routing.buffer))
+        return cls(routed_tokens=routed, prob_mass=mass, seq_prob_sum=seq[:batch])
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ class LaunchedStep:
     """A step whose device work is queued (``ModelRunner.launch``); ``collect`` finishes it."""
 
     scheduled: list[ScheduledSeq]
-    logits: torch.Tensor | None  # [S, vocab] float32, rows of the sampling sequences (scheduled order)
+    logits: torch.Tensor | None  # [S, vocab] float32 (a graph's: the model's dtype), rows of the sampling sequences (scheduled order)
     stats: _HostStats
     num_tokens: int
     picks: _DevicePicks | None = None  # set when every row was sampled at launch (graph steps)
@@ -194,9 +193,9 @@ class ModelRunner:
         if self.graphs is not None:
             rows = self.decode_rows(scheduled)
             if rows is not None and self.graphs.can_replay(rows):
-                logits, routing = self.graphs.replay(rows)  # [B, vocab]
+                logits, greedy, routing = self.graphs.replay(rows)  # [B, vocab], [B]
                 if all(item.samples for item in scheduled):
-                    return self._picked_step(scheduled, logits, routing)
+                    return self._picked_step(scheduled, logits, greedy, routing)
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
                 if len(sampling) < len(scheduled):
                     logits = logits[sampling] if sampling else None
@@ -234,17 +233,22 @@ class ModelRunner:
         rows = self.decode_rows(scheduled, known_tokens=False)
         if rows is None or not self.graphs.can_replay(rows):
             return None
-        logits, routing = self.graphs.replay(rows, device_ids=picks.ids)
+        logits, greedy, routing = self.graphs.replay(rows, device_ids=picks.ids)
         self.steps_launched_ahead += 1
-        return self._picked_step(scheduled, logits, routing)
+        return self._picked_step(scheduled, logits, greedy, routing)
 
-    def _picked_step(self, scheduled: list[ScheduledSeq], logits: torch.Tensor, routing: RoutingStats) -> LaunchedStep:
+    def _picked_step(
+        self, scheduled: list[ScheduledSeq], logits: torch.Tensor, greedy: torch.Tensor, routing: RoutingStats
+    ) -> LaunchedStep:
         """A replayed step whose rows all sample: picks and host copies queued now.
 
         The picks must be queued before another replay of the same graph
-        overwrites ``logits``; the copies are queued before the picks' event.
+        overwrites ``logits`` and ``greedy`` (an all-greedy batch's picks are
+        ``greedy`` itself: the step launched ahead copies them into its input
+        in stream order, before its replay); the copies are queued before the
+        picks' event.
         """
-        ids = self.sampler.pick(logits, [item.seq for item in scheduled])  # [B] int64
+        ids = self.sampler.pick(logits, [item.seq for item in scheduled], greedy)  # [B] int64
         stats = _HostStats.start(routing, len(scheduled))
         host = _start_host_copy(ids)
         done = None

@@ -1,6 +1,9 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
 
-Greedy rows are taken with one argmax. Every other row draws from its own
+Greedy rows are taken with one argmax (``greedy_tokens``: on CUDA one Triton
+launch over the logits in their own dtype, kernels/row_argmax.py; a decode
+graph runs it inside the graph and hands its picks to ``pick``). Every other
+row draws, in float32, from its own
 ``torch.Generator`` (kept on the Sequence, on the logits' device), seeded with
 the request's seed or, when it has none, from the sampler's own generator, so
 a seeded request gives the same tokens whatever else shares its batches.
@@ -13,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from dataplane.sequence import Sequence
+from kernels.row_argmax import row_argmax, row_argmax_reference
 
 MAX_SEED = torch.iinfo(torch.int64).max  # exclusive bound of drawn seeds
 
@@ -37,6 +41,15 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return scaled
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] logits (any float dtype) -> [B] int64: each row's first index of
+    its maximum, NaN never picked (kernels/row_argmax.py's contract). On CUDA
+    one capturable launch; elsewhere plain torch."""
+    if logits.is_cuda and logits.stride(-1) == 1:
+        return row_argmax(logits)
+    return row_argmax_reference(logits)
+
+
 class Sampler:
     """Picks the next token of each sequence from its logits row."""
 
@@ -45,16 +58,18 @@ class Sampler:
         self._seeder = torch.Generator().manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits: [B, V] float32, row i for seqs[i]. Returns B token ids."""
+        """logits: [B, V] float (float32 or the model's dtype), row i for seqs[i]. Returns B token ids."""
         return self.pick(logits, seqs).tolist()
 
-    def pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def pick(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None = None) -> torch.Tensor:
         """[B] int64 token ids on the logits' device, queued without a host wait.
 
-        logits: [B, V] float32, row i for seqs[i]. One draw from each
-        non-greedy sequence's generator per call, as ``sample``.
+        logits: [B, V] float (float32 or the model's dtype), row i for
+        seqs[i]. greedy: [B] int64, ``greedy_tokens(logits)`` when the caller
+        has it already (a decode graph's picks), else computed here. One draw
+        from each non-greedy sequence's generator per call, as ``sample``.
         """
-        best = logits.argmax(dim=-1)  # [B]
+        best = greedy_tokens(logits) if greedy is None else greedy  # [B]
         if all(seq.sampling.greedy for seq in seqs):
             return best
         return torch.stack([best[i] if seq.sampling.greedy else self._draw(logits[i], seq)
@@ -68,5 +83,5 @@ class Sampler:
             if seed is None:
                 seed = int(torch.randint(0, MAX_SEED, (), generator=self._seeder))
             seq.generator = torch.Generator(device=row.device).manual_seed(seed)
-        probs = filter_logits(row, params.temperature, params.top_k, params.top_p).softmax(dim=-1)
+        probs = filter_logits(row.float(), params.temperature, params.top_k, params.top_p).softmax(dim=-1)
         return torch.multinomial(probs, 1, generator=seq.generator)[0]

@@ -281,10 +281,13 @@ class MixtralForCausalLM(nn.Module):
         """Final hidden states [T, H] of the step's tokens (no LM head)."""
         return self.model(input_ids, positions, ctx)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] -> logits [N, vocab] in float32."""
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """hidden: [N, H] -> logits [N, vocab], in float32 or (float32=False) in
+        the model's dtype: a decode graph picks greedy tokens from those
+        directly and leaves the cast to the rows that sample (dataplane/sampler.py)."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        logits = torch.nn.functional.linear(hidden, weight)  # [N, vocab]
+        return logits.float() if float32 else logits
 
     @torch.no_grad()
     def fuse_qkv(self) -> None:

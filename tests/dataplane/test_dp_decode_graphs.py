@@ -47,6 +47,22 @@ def test_routing_stats_token_weight_excludes_rows() -> None:
     assert stats.routed_tokens.sum() == 0
 
 
+def test_routing_stats_are_views_of_one_buffer() -> None:
+    # One fill zeroes them and one copy takes them to the host (runner._HostStats).
+    stats = RoutingStats(3, 5, torch.tensor([0, 1]), 2)
+    stats.record(1, torch.tensor([[0, 4], [4, 2]]), torch.full((2, 5), 0.25))
+    routed, mass, seq = stats.views(stats.buffer.clone())
+    assert routed.tolist()[1] == [1, 0, 1, 0, 2] and not routed[0].any() and not routed[2].any()
+    assert mass.tolist()[1] == [0.5] * 5 and seq[:, 1].tolist() == [[0.25] * 5] * 2 and not seq[:, 0].any()
+    assert torch.equal(routed, stats.routed_tokens) and torch.equal(mass, stats.prob_mass)
+    assert torch.equal(seq, stats.seq_prob_sum)
+    for view in (stats.routed_tokens, stats.prob_mass, stats.seq_prob_sum):
+        assert view.untyped_storage().data_ptr() == stats.buffer.untyped_storage().data_ptr()
+        assert (view.data_ptr() - stats.buffer.data_ptr()) % 16 == 0
+    stats.reset()
+    assert not stats.buffer.any()
+
+
 def _config(**kw) -> DataplaneConfig:
     return DataplaneConfig(model_path=str(MODEL), max_running_seqs=MAX_BATCH, max_batched_tokens=256,
                            max_context_length=256, **kw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dataplane.sampler import Sampler, filter_logits
+from dataplane.sampler import Sampler, filter_logits, greedy_tokens
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import Sequence
 
@@ -94,17 +94,53 @@ def test_invalid_sampling_values_are_named():
     SamplingParams(temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=(3,)).validate(VOCAB)
 
 
-def test_pick_keeps_tokens_on_the_device_and_agrees_with_sample():
-    rows = logits(seed=3, rows=3)
+def mixed_batch() -> tuple[list[Sequence], list[Sequence]]:
+    """A greedy, a top-p and a top-k sequence (seeded), and fresh twins of them."""
     mixed = [
         Sequence("g", [1], SamplingParams(), arrival=0),
         Sequence("t", [1], SamplingParams(temperature=0.9, top_p=0.8, seed=11), arrival=1),
         Sequence("k", [1], SamplingParams(temperature=1.3, top_k=5, seed=12), arrival=2),
     ]
-    twins = [Sequence(s.seq_id, [1], s.sampling, arrival=s.arrival) for s in mixed]
+    return mixed, [Sequence(s.seq_id, [1], s.sampling, arrival=s.arrival) for s in mixed]
+
+
+def test_pick_keeps_tokens_on_the_device_and_agrees_with_sample():
+    rows = logits(seed=3, rows=3)
+    mixed, twins = mixed_batch()
     a, b = Sampler(seed=1), Sampler(seed=1)
     for _ in range(20):  # each call draws once from each generator, on both paths
         picked = a.pick(rows, mixed)
         assert isinstance(picked, torch.Tensor) and picked.shape == (3,) and picked.dtype == torch.int64
         assert picked.tolist() == b.sample(rows, twins)
     assert picked[0].item() == rows[0].argmax().item()
+
+
+def test_bf16_logits_sample_as_their_float32_cast():
+    # A decode graph hands the sampler its logits in the model's dtype; the
+    # cast to float32 is exact, so greedy picks and seeded draws must equal
+    # those from the float32 logits.
+    rows = logits(seed=5, rows=3).to(torch.bfloat16)
+    batch, twins = mixed_batch()
+    a, b = Sampler(seed=1), Sampler(seed=1)
+    for _ in range(10):
+        assert a.sample(rows, batch) == b.sample(rows.float(), twins)
+    assert greedy_tokens(rows).tolist() == rows.float().argmax(dim=-1).tolist()
+
+
+def test_pick_takes_the_callers_greedy_picks():
+    rows = logits(seed=6, rows=2)
+    given = torch.tensor([7, 3])  # not the argmax: the sampler must use them as they are
+    greedy_only = seqs(SamplingParams(), 2)
+    assert Sampler(0).pick(rows, greedy_only, given).tolist() == [7, 3]
+    mixed = [greedy_only[0], Sequence("t", [1], SamplingParams(temperature=1.0, seed=4), arrival=1)]
+    twin = [greedy_only[0], Sequence("t", [1], SamplingParams(temperature=1.0, seed=4), arrival=1)]
+    picked = Sampler(0).pick(rows, mixed, given)
+    assert picked[0].item() == 7 and picked[1].item() == Sampler(0).pick(rows, twin)[1].item()
+
+
+def test_greedy_tokens_never_pick_nan():
+    x = logits(rows=2)
+    x[0, 4] = float("nan")
+    x[0, 9] = 100.0
+    x[1] = float("nan")
+    assert greedy_tokens(x).tolist() == [9, 0]
