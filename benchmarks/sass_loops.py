@@ -135,8 +135,7 @@ def main() -> None:
         args.wide_stages = tuning.wide_tile_stages if args.block_m_wide else args.num_stages
     # PDL: as the H200 runs them (kernels/pdl.py; one wait at the kernel's start)
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
-                  "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages,
-                  "E_FIELDS": triton.next_power_of_2(args.experts)}
+                  "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages}
     if args.kernel in ("down", "gate_up_down"):
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)

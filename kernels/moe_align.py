@@ -30,11 +30,6 @@ Outputs (all device tensors):
                   (in a mixed state, resident programs pair a wide view with a
                   narrow one instead of two wide ones)
 * num_active int32 [1]
-* slots     int32 [E, 4]  one record per slot: (active[slot], offsets of that
-                  expert and of the next, 0). A launch right behind the sort
-                  reads its slot's expert and token range in one 16-byte load
-                  instead of the expert, then its range (kernels/moe_gate_up.py);
-                  records past num_active are stale, as active's are
 """
 
 from __future__ import annotations
@@ -59,8 +54,6 @@ _QMAX = tl.constexpr(float(ACT_QMAX))
 SPAN = tl.constexpr(ACT_SPAN)
 # fp32 additions round to integers (half to even) below 2^22 once this is added.
 _ROUNDER = tl.constexpr(1.5 * 2.0**23)
-# int32 fields of a slot record (expert, start, end, unused): one 16-byte load.
-SLOT_RECORD = tl.constexpr(4)
 
 
 @dataclass
@@ -74,7 +67,6 @@ class MoePrep:
     offsets: torch.Tensor
     active: torch.Tensor
     num_active: torch.Tensor
-    slots: torch.Tensor  # [E, 4] int32 slot records (module docstring)
 
 
 @triton.jit
@@ -159,13 +151,12 @@ def stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, 
 
 
 @triton.jit
-def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, slots_ptr, cost, E,
+def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost, E,
                PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, HAS_COST: tl.constexpr):
     """ids: int32 [PAIRS_PAD], the expert of each (token, slot) pair (pairs
     past n_pairs and ids outside [0, E) are skipped); cost: [E_PAD] the
     experts' slot cost (load_slot_cost; read only with HAS_COST). Writes
-    sorted, offsets, active, num_active and the slot records (the module
-    docstring)."""
+    sorted, offsets, active and num_active (the module docstring)."""
     t = tl.arange(0, PAIRS_PAD)
     e = tl.arange(0, E_PAD)
     valid = (t < n_pairs) & (ids >= 0) & (ids < E)
@@ -187,24 +178,7 @@ def sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr
     else:
         slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
     tl.store(active_ptr + slot, e, mask=has)
-    field = tl.arange(0, SLOT_RECORD)
-    record = tl.where(field[None, :] == 0, e[:, None],
-                      tl.where(field[None, :] == 1, starts[:, None],
-                               tl.where(field[None, :] == 2, ends[:, None], 0)))  # [E_PAD, 4]
-    tl.store(slots_ptr + slot[:, None] * SLOT_RECORD + field[None, :], record, mask=has[:, None])
     tl.store(num_active_ptr, tl.sum(has.to(tl.int32), axis=0))
-
-
-@triton.jit
-def slot_record(slots_ptr, slot, E):
-    """(expert, start, end) of `slot` from its record: one 16-byte load
-    through the L2. A stale record (slot >= num_active) gives an expert
-    clamped into [0, E), so that the caller's table loads stay in bounds;
-    the caller must ignore the slot."""
-    field = tl.arange(0, SLOT_RECORD)
-    record = tl.load(slots_ptr + slot * SLOT_RECORD + field, cache_modifier=".cg")  # [4]
-    expert = tl.minimum(tl.maximum(tl.sum(tl.where(field == 0, record, 0), axis=0), 0), E - 1)
-    return expert, tl.sum(tl.where(field == 1, record, 0), axis=0), tl.sum(tl.where(field == 2, record, 0), axis=0)
 
 
 @triton.jit
@@ -232,7 +206,6 @@ def _moe_prep_kernel(
     offsets_ptr,  # [E + 1] int32 out
     active_ptr,  # [E] int32 out
     num_active_ptr,  # [1] int32 out
-    slots_ptr,  # [E, 4] int32 out, slot records
     cost_ptr,  # [E] int32 cost class of each expert, element stride cost_stride (HAS_COST)
     T, H, stride_x, E, n_pairs, n_chunks, cost_stride,
     GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, DO_SORT: tl.constexpr,
@@ -255,7 +228,7 @@ def _moe_prep_kernel(
         t = tl.arange(0, PAIRS_PAD)
         cost = load_slot_cost(cost_ptr, cost_stride, E, E_PAD, HAS_COST)
         ids = tl.load(ids_ptr + t, mask=t < n_pairs, other=-1)
-        sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, slots_ptr, cost, E,
+        sort_pairs(ids, n_pairs, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost, E,
                    PAIRS_PAD, E_PAD, HAS_COST)
 
 
@@ -276,19 +249,8 @@ def _sort_with_torch(ids: torch.Tensor, num_experts: int, prep: MoePrep,
     # Active experts first, costliest first (ties by id); slots past num_active are not read.
     key = expert if slot_cost is None else (slot_cost.max() - slot_cost.to(torch.int64)) * num_experts + expert
     key = torch.where(has, key, key.max() + 1 + expert)
-    active = torch.argsort(key)  # [E] int64
-    prep.active.copy_(active.to(torch.int32))
+    prep.active.copy_(torch.argsort(key).to(torch.int32))
     prep.num_active.copy_(has.sum().to(torch.int32).reshape(1))
-    prep.slots.copy_(slot_records(active, prep.offsets))
-
-
-def slot_records(active: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """[E, 4] int32 records (expert, start, end, 0) of every slot, from the
-    slots' experts [E] and the offsets [E + 1] (the records of slots past
-    num_active describe experts without tokens: start == end)."""
-    active = active.to(torch.int64)
-    starts, ends = offsets[active], offsets[active + 1]
-    return torch.stack([active.to(torch.int32), starts, ends, torch.zeros_like(starts)], dim=1).to(torch.int32)
 
 
 PLANE_DTYPES = (torch.float16, torch.int16)
@@ -323,7 +285,6 @@ def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
         offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=device),
         active=torch.empty(num_experts, dtype=torch.int32, device=device),
         num_active=torch.empty(1, dtype=torch.int32, device=device),
-        slots=torch.empty(num_experts, SLOT_RECORD, dtype=torch.int32, device=device),
     )
 
 
@@ -342,8 +303,7 @@ def check_prep_inputs(prep: MoePrep, num_tokens: int, hidden: int, n_pairs: int,
     slot_cost (if any) is int32 [E] on the device: what a launch that fills
     them (moe_prepare, kernels/moe_entry.py) needs."""
     if (prep.xp.shape != (num_tokens, hidden) or prep.sorted_ids.shape != (n_pairs,)
-            or prep.active.shape != (num_experts,) or prep.slots.shape != (num_experts, SLOT_RECORD)
-            or not prep.slots.is_contiguous()):
+            or prep.active.shape != (num_experts,)):
         raise ValueError("prep buffers do not match these sizes")
     check_planes(prep.x_planes, prep.xp, "xp")
     if slot_cost is not None and (slot_cost.shape != (num_experts,) or slot_cost.dtype != torch.int32
@@ -382,7 +342,7 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
     n_chunks = triton.cdiv(h // GROUP, GROUPS_PER_STEP)
     _moe_prep_kernel[(1 + t * n_chunks,)](
         x, ids, prep.xp, prep.xq_scale, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active,
-        prep.num_active, prep.slots, prep.offsets if slot_cost is None else slot_cost,
+        prep.num_active, prep.offsets if slot_cost is None else slot_cost,
         t, h, x.stride(0), num_experts, n_pairs, n_chunks, 0 if slot_cost is None else slot_cost.stride(0),
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
         E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort,
@@ -419,7 +379,6 @@ def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: 
         offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=x.device),
         active=torch.empty(num_experts, dtype=torch.int32, device=x.device),
         num_active=torch.empty(1, dtype=torch.int32, device=x.device),
-        slots=torch.empty(num_experts, SLOT_RECORD, dtype=torch.int32, device=x.device),
     )
     _sort_with_torch(ids, num_experts, prep, slot_cost)
     return prep

@@ -95,7 +95,7 @@ def _moe_entry_kernel(
     weights_ptr,  # [T, K] float32 out
     routed_ptr, mass_ptr, seq_mass_ptr, token_seq_ptr, token_weight_ptr, stride_seq,
     xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr,  # staging outputs (moe_align.MoePrep)
-    sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, slots_ptr, cost_ptr,  # sort outputs, slot cost
+    sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost_ptr,  # sort outputs, slot cost
     T, H, E, stride_d, stride_r, eps, n_chunks, cost_stride,
     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     NC_PAD: tl.constexpr, GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr,
@@ -173,12 +173,12 @@ def _moe_entry_kernel(
             kk = tl.arange(0, BLOCK_K)
             ids = tl.sum(tl.where(t[:, None] == kk[None, :], top_i[None, :], 0), axis=1)  # [PAIRS_PAD]
             sort_pairs(tl.where(t < K, ids, -1), K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr,
-                       slots_ptr, cost, E, PAIRS_PAD, E_PAD, HAS_COST)
+                       cost, E, PAIRS_PAD, E_PAD, HAS_COST)
         else:
             tl.debug_barrier()
             if tl.atomic_add(count_ptr + T, 1, sem="acq_rel") == T - 1:
                 ids = tl.load(ids_ptr + t, mask=t < T * K, other=-1, cache_modifier=".cg").to(tl.int32)
-                sort_pairs(ids, T * K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, slots_ptr, cost, E,
+                sort_pairs(ids, T * K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, cost, E,
                            PAIRS_PAD, E_PAD, HAS_COST)
                 tl.atomic_xchg(count_ptr + T, 0, sem="relaxed")  # as the row's counter
 
@@ -240,7 +240,7 @@ def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
     _moe_entry_kernel[(t * n_chunks,)](
         delta, residual, norm_weight, res_out, gate_weight, partial, count, ids, weights, *stats,
         prep.xp, prep.xq_scale, prep.xsum, prep.out, prep.sorted_ids, prep.offsets, prep.active, prep.num_active,
-        prep.slots, prep.offsets if slot_cost is None else slot_cost,
+        prep.offsets if slot_cost is None else slot_cost,
         t, hidden, num_experts, delta.stride(0), residual.stride(0), eps, n_chunks,
         0 if slot_cost is None else slot_cost.stride(0),
         K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),

@@ -21,17 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans, \
-    slot_record
+from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, expert_fields, layer_fields
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
-_PROJS = tl.constexpr(PROJS_PER_EXPERT)
 
 
 @triton.jit
@@ -127,7 +125,8 @@ def _moe_gate_up_kernel(
     xq_scale_ptr,  # [T, H / 64] fp32 scales of the int16 x (BM 1)
     xsum_ptr,  # [T, H / 128] fp32 group sums of xp
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
-    slots_ptr,  # [E, 4] int32 slot records (expert, start, end, -): moe_align.MoePrep.slots
+    offsets_ptr,  # [E + 1] int32
+    active_ptr,  # [E] int32 experts with tokens
     num_active_ptr,  # [1] int32
     arena_ptr,  # [num_pages * page_bytes / 4] int32 arena words
     pt_ptr,  # [num_blocks, 5, max_pages] int32 page table
@@ -142,29 +141,23 @@ def _moe_gate_up_kernel(
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
-    E_FIELDS: tl.constexpr,  # next_pow2(E)
 ):
-    # Program (2 * tile + which, slot): gate_up_program. The layer's field
-    # counts before the PDL wait (moe_paged.layer_fields).
-    fields_g, fields_u, fields_d = layer_fields(bf_ptr, block0, E, E_FIELDS)
+    # Program (2 * tile + which, slot): gate_up_program.
     wait_for_previous_grid(PDL)
     gate_up_program(tl.program_id(0) // 2, tl.program_id(0) % 2, tl.program_id(1), xp_ptr, xq_scale_ptr, xsum_ptr,
-                    sorted_ptr, slots_ptr, num_active_ptr, arena_ptr, pt_ptr, fields_g, fields_u, fields_d, gu_ptr,
+                    sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
                     count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
                     pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
-                    False, E_FIELDS)
+                    False)
 
 
 @triton.jit
-def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, slots_ptr,
-                    num_active_ptr, arena_ptr, pt_ptr, fields_g, fields_u, fields_d, gu_ptr, count_ptr, h_ptr,
-                    hq_scale_ptr, hsum_ptr,
+def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, offsets_ptr, active_ptr,
+                    num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr, count_ptr, h_ptr, hq_scale_ptr, hsum_ptr,
                     ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
                     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
-                    STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr,
-                    E_FIELDS: tl.constexpr):
-    """One program of the gate/up launch (arguments as _moe_gate_up_kernel's;
-    fields_*: the layer's field counts, moe_paged.layer_fields):
+                    STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr):
+    """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
     rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
     the slot's expert, over the expert's tokens in tiles of BM, or of
     BM_WIDE when the expert has more than BM tokens (one pass over the
@@ -173,14 +166,8 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     1 to ready_ptr[expert * (F / BN) + tile] after its h is stored (release),
     for a reader in the same launch (kernels/moe_gate_up_down.py); without,
     ready_ptr is not touched."""
-    # One round of loads after the wait (num_active and the slot's record,
-    # both the entry's) before the page table's: the field counts were
-    # loaded before the wait and are selected in registers. Reading the
-    # expert, then its counts and range, was two rounds.
     n_act = tl.load(num_active_ptr)
-    expert, start, end = slot_record(slots_ptr, slot, E)
-    blk = block0 + expert * _PROJS
-    nf_g, nf_u, nf_d = expert_fields(fields_g, fields_u, fields_d, expert, E_FIELDS)
+    expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     # Every loaded value is tested in two conditions: the compiler would
     # otherwise sink each load below the branch before it, one round trip
     # after another. Not in one condition: with the slot test joined to the
@@ -221,7 +208,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
     kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
-        ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.slots,
+        ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts,
         hidden, ffn,
@@ -230,7 +217,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
-        E_FIELDS=triton.next_power_of_2(num_experts), **tiles.launch_options(),
+        **tiles.launch_options(),
         **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

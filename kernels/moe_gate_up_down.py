@@ -40,7 +40,7 @@ import triton.language as tl
 
 from kernels.moe_down import down_launch_shape, down_program
 from kernels.moe_gate_up import gate_up_program
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, layer_fields
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, down_plan_width, ready_size, \
     settle_carveout
@@ -56,7 +56,6 @@ _ZERO_CHUNK = tl.constexpr(1024)
 def _moe_gate_up_down_kernel(
     xp_ptr, xq_scale_ptr, xsum_ptr,  # as _moe_gate_up_kernel's
     sorted_ptr, offsets_ptr, active_ptr, num_active_ptr,  # as both launches'
-    slots_ptr,  # [E, 4] int32 slot records, as _moe_gate_up_kernel's
     arena_ptr, pt_ptr, bf_ptr,
     gu_ptr, count_ptr, h_ptr, hq_scale_ptr, hsum_ptr,  # as _moe_gate_up_kernel's
     tw_ptr, out_ptr, plan_ptr,  # as _moe_down_kernel's
@@ -67,9 +66,8 @@ def _moe_gate_up_down_kernel(
     gate_up_programs,  # 2 * (F / BN) * slots
     row_tiles, progs_per_tile, split, groups_per_split,  # the down launch's grid and K split
     BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr, E_PAD: tl.constexpr,
-    BALANCE: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr, E_FIELDS: tl.constexpr,
+    BALANCE: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
 ):
-    fields_g, fields_u, fields_d = layer_fields(bf_ptr, block0, E, E_FIELDS)  # before the wait, as the gate/up launch's
     wait_for_previous_grid(PDL)
     n_ready = E * (F // BN)
     ticket_ptr = ready_ptr + n_ready
@@ -78,9 +76,9 @@ def _moe_gate_up_down_kernel(
     if item < gate_up_programs:
         pair = item // 2
         gate_up_program(pair // slots, item % 2, pair % slots, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr,
-                        slots_ptr, num_active_ptr, arena_ptr, pt_ptr, fields_g, fields_u, fields_d, gu_ptr, count_ptr, h_ptr,
+                        offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr, count_ptr, h_ptr,
                         hq_scale_ptr, hsum_ptr, ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p,
-                        top_k, m_tiles, q_x, q_h, BN, BM, 0, USE_ASM, STAGES, STAGES, True, E_FIELDS)
+                        top_k, m_tiles, q_x, q_h, BN, BM, 0, USE_ASM, STAGES, STAGES, True)
     else:
         d = item - gate_up_programs
         k = d // row_tiles
@@ -123,13 +121,13 @@ def run_gate_up_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: Page
     pt = weights.page_table
     kernel = _moe_gate_up_down_kernel[(gate_up_programs + row_tiles * progs_per_tile,)](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
-        ws.prep.num_active, ws.prep.slots, weights.storage.view(torch.int32), pt, weights.block_fields,
+        ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, tw, ws.prep.out, ws.down_plan, ws.ready,
         layer * num_experts * PROJS_PER_EXPERT, num_experts, hidden, ffn, pt.stride(0), pt.stride(1), log2p, top_k,
         ws.counts.shape[2], ws.prep.xp.numel(), ws.h.numel(),
         slots, gate_up_programs, row_tiles, progs_per_tile, split, groups_per_split,
         BN=tiles.block_n_up, BM=tiles.block_m, HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
-        E_FIELDS=triton.next_power_of_2(num_experts), **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
+        **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

@@ -51,30 +51,6 @@ def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E):
             tl.load(offsets_ptr + expert + 1, cache_modifier=".cg"))
 
 
-@triton.jit
-def layer_fields(bf_ptr, block0, E, E_FIELDS: tl.constexpr):
-    """The resident field counts of every expert of a layer, three [E_FIELDS]
-    vectors (gate, up, down; 0 past E) through the L2: no launch writes the
-    weight store's tables (the host changes them between steps, in stream
-    order), so a launch loads them before its PDL wait (kernels/pdl.py) and
-    picks its expert's with expert_fields once it knows the expert."""
-    e = tl.arange(0, E_FIELDS)
-    blk = block0 + e * 3
-    inside = e < E
-    return (tl.load(bf_ptr + blk, mask=inside, other=0, cache_modifier=".cg"),
-            tl.load(bf_ptr + blk + 1, mask=inside, other=0, cache_modifier=".cg"),
-            tl.load(bf_ptr + blk + 2, mask=inside, other=0, cache_modifier=".cg"))
-
-
-@triton.jit
-def expert_fields(fields_g, fields_u, fields_d, expert, E_FIELDS: tl.constexpr):
-    """Expert `expert`'s (gate, up, down) field counts from layer_fields'
-    vectors: selected in registers, no memory round trip."""
-    hit = tl.arange(0, E_FIELDS) == expert
-    return (tl.sum(tl.where(hit, fields_g, 0), axis=0), tl.sum(tl.where(hit, fields_u, 0), axis=0),
-            tl.sum(tl.where(hit, fields_d, 0), axis=0))
-
-
 def check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: int) -> int:
     """log2(page bytes) after checking the tables' types, shapes and devices
     against a layer of these sizes."""

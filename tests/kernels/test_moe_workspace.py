@@ -12,7 +12,7 @@ from kernels.moe_workspace import alloc_workspace, workspace_bytes
 def allocated_bytes(ws) -> int:
     tensors = [ws.gu, ws.counts, ws.h_planes, ws.hsum, ws.hq_scale, ws.down_plan, ws.prep.x_planes, ws.prep.xsum,
                ws.prep.xq_scale, ws.prep.out, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
-               ws.prep.num_active, ws.prep.slots]
+               ws.prep.num_active]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
 
