@@ -27,7 +27,11 @@ Mixtral-8x7B, three interleaved rounds,
 benchmarks/results/e2e_h200_s30_prewait.json): 4-bit B=1 308.7-309.7 tok/s
 against 302.7-303.6, B=16 1431.8 against 1411.2, 8-bit B=1 223.9 against
 221.4. The MoE entry's and the rmsnorm launch's weights before the wait
-came after that measurement (not yet measured). An L2 prefetch of weights
+came next: 4-bit B=1 307.4-308.7 -> 310.9-312.3 tok/s, 8-bit 223.9 ->
+225.4, B=16 level (benchmarks/results/e2e_h200_s31_ab.json, v0 -> v1).
+The gate/up launch's field counts before the wait, with the slot's expert
+and range read in one record after it, lost 0.5 % at B=1 and 6 % at B=16
+(the same file, v2 -> v3; reverted). An L2 prefetch of weights
 before the wait gained nothing (kernels/dense_gemv.py, benchmarks/NOTES.md
 session 20). A kernel after one that does not take part (cuBLAS, torch)
 launches only when that kernel has completed.

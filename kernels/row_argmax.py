@@ -10,6 +10,11 @@ Contract (as torch.argmax): the first index of the maximum, so ties go to the
 lowest index. NaN is never picked (torch's argmax would pick the first NaN; a
 NaN logit is a fault upstream, and this keeps the pick in range): a row of
 NaN and -inf only gives its first index, as an all -inf row does.
+
+End to end on the H200 (synthetic Mixtral-8x7B, 4-bit, three interleaved
+rounds, together with RoutingStats' one buffer; benchmarks/results/
+e2e_h200_s31_ab.json, v1 -> v2): B=1 310.9-312.3 -> 312.4-313.6 tok/s,
+B=16 level.
 """
 
 from __future__ import annotations
