@@ -116,7 +116,8 @@ class _Graph:
     routing: RoutingStats
     logits: torch.Tensor | None = None  # [bucket, vocab] in the model's dtype, written by the replay
     greedy: torch.Tensor | None = None  # [bucket] int64 greedy picks of those logits, written by the replay
-    step: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None  # the captured work (run directly when graph is None)
+    # The captured work, returning (logits, greedy); run directly when graph is None.
+    step: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 class DecodeGraphs:
@@ -183,10 +184,10 @@ class DecodeGraphs:
         step's routing).
 
         All three are views of the graph's static outputs: read them (or queue
-        the work that reads them) before the next replay of the same bucket. ``device_ids`` ([B] int64 on the
-        device) replaces ``rows.input_ids``: copied into the graph's input
-        after the host upload, in stream order, so it may be the output of a
-        step still queued.
+        the work that reads them) before the next replay of the same bucket.
+        ``device_ids`` ([B] int64 on the device) replaces ``rows.input_ids``:
+        copied into the graph's input after the host upload, in stream order,
+        so it may be the output of a step still queued.
         """
         bucket = self.bucket(len(rows))
         assert bucket is not None and self.can_replay(rows)

@@ -76,7 +76,9 @@ class LaunchedStep:
     """A step whose device work is queued (``ModelRunner.launch``); ``collect`` finishes it."""
 
     scheduled: list[ScheduledSeq]
-    logits: torch.Tensor | None  # [S, vocab] float32 (a graph's: the model's dtype), rows of the sampling sequences (scheduled order)
+    # [S, vocab] rows of the sampling sequences (scheduled order): float32, or
+    # the model's dtype from a graph replay
+    logits: torch.Tensor | None
     stats: _HostStats
     num_tokens: int
     picks: _DevicePicks | None = None  # set when every row was sampled at launch (graph steps)
