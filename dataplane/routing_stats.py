@@ -35,9 +35,13 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _SECTION_ALIGN) * _SECTION_ALIGN
 
 
-def _buffer_bytes(num_layers: int, num_experts: int, num_seqs: int) -> int:
+def _buffer_layout(num_layers: int, num_experts: int, num_seqs: int) -> tuple[int, int, int]:
+    """(byte offset of prob_mass, of seq_prob_sum, total bytes) in RoutingStats'
+    buffer; routed_tokens starts at 0."""
     cells = num_layers * num_experts
-    return _aligned(cells * _INT64_BYTES) + _aligned(cells * _FLOAT32_BYTES) + num_seqs * cells * _FLOAT32_BYTES
+    mass_at = _aligned(cells * _INT64_BYTES)
+    seq_at = mass_at + _aligned(cells * _FLOAT32_BYTES)
+    return mass_at, seq_at, seq_at + num_seqs * cells * _FLOAT32_BYTES
 
 
 class RoutingStats:
@@ -66,7 +70,7 @@ class RoutingStats:
         # The three sums are views of one buffer: a step zeroes them with one
         # fill and a graph step's host copy is one copy, not three (each a
         # launch on the decode step's chain).
-        self.buffer = torch.zeros(_buffer_bytes(num_layers, num_experts, num_seqs), dtype=torch.uint8,
+        self.buffer = torch.zeros(_buffer_layout(num_layers, num_experts, num_seqs)[2], dtype=torch.uint8,
                                   device=token_seq_index.device)
         self.routed_tokens, self.prob_mass, self.seq_prob_sum = self.views(self.buffer)
 
@@ -80,11 +84,10 @@ class RoutingStats:
         * seq_prob_sum [B, layers, experts] float32: the same sum split by sequence.
         """
         cells = self.num_layers * self.num_experts
-        mass_at = _aligned(cells * _INT64_BYTES)
-        seq_at = mass_at + _aligned(cells * _FLOAT32_BYTES)
+        mass_at, seq_at, end = _buffer_layout(self.num_layers, self.num_experts, self.num_seqs)
         routed = buffer[:cells * _INT64_BYTES].view(torch.int64).view(self.num_layers, self.num_experts)
         mass = buffer[mass_at:mass_at + cells * _FLOAT32_BYTES].view(torch.float32)
-        seq = buffer[seq_at:seq_at + self.num_seqs * cells * _FLOAT32_BYTES].view(torch.float32)
+        seq = buffer[seq_at:end].view(torch.float32)
         return (routed, mass.view(self.num_layers, self.num_experts),
                 seq.view(self.num_seqs, self.num_layers, self.num_experts))
 

@@ -30,6 +30,7 @@ MAX_BLOCK_V = 32768
 # a thread at bf16.
 VALUES_PER_THREAD = 32
 MAX_WARPS = 32
+THREADS_PER_WARP = 32
 
 
 @triton.jit
@@ -71,12 +72,11 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows:
         block = min(triton.next_power_of_2(vocab), MAX_BLOCK_V)
-        warps = max(1, min(MAX_WARPS, block // (32 * VALUES_PER_THREAD)))
+        warps = max(1, min(MAX_WARPS, block // (THREADS_PER_WARP * VALUES_PER_THREAD)))
         _row_argmax_kernel[(rows,)](x, out, vocab, x.stride(0), BLOCK_V=block, num_warps=warps)
     return out
 
 
 def row_argmax_reference(x: torch.Tensor) -> torch.Tensor:
     """Plain torch with the same contract: NaN treated as -inf, then torch's argmax."""
-    clean = torch.where(torch.isnan(x), torch.full_like(x, -float("inf")), x)
-    return clean.argmax(dim=-1)
+    return x.masked_fill(torch.isnan(x), -float("inf")).argmax(dim=-1)
