@@ -1,0 +1,280 @@
+"""The kernel of benchmarks/gluon_ws_probe.py: a warp-specialised 16-token
+4-bit MoE step in Gluon (triton.experimental.gluon, Triton 3.6). A probe, not
+a kernel of the engine; the question, the modes and what they measured are
+in the probe's docstring.
+
+One persistent program (4 consumer warps + a producer partition) takes row
+tiles pid, pid + programs, ...; each 128 x 128 (tile, group) step goes
+through a ring of STAGES shared-memory slots whose ready / empty mbarriers
+say a slot is full or free. The producer (one warp issuing TMA copies, or a
+warpgroup issuing 16-byte cp.async: X_MODES) fills it; the consumer reads
+the step's code words, decodes them into the product's A operand, multiplies
+by the 16 tokens (wgmma or mma.sync: MMAS) and scales the product into its
+accumulator, w = o + s q per row and group.
+
+Its own layout (not the engine's v4): a (tile, group)'s 2,048 code words are
+ordered so that the consumer's shared-memory reads are 16-byte vectors with
+the 32 lanes on 512 contiguous bytes, and so that the decoded pairs are the
+A operand's registers with no data movement (CODE_OFFSETS, WORD_L). Word
+(r, w) holds the nibbles of K = 2c, 2c + 1 for c = 16 s + w at bits 4s and
+16 + 4s, s = 0..3; a masked nibble read as fp16 is the subnormal q 2^-24, the
+product's scale 2^24 is applied once at the end.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier, mma_v2, tma,
+                                                              warpgroup_mma)
+
+# Rows of a tile, K of a group (one step), tokens.
+BN, BK, BM = gl.constexpr(128), gl.constexpr(128), gl.constexpr(16)
+WORDS_PER_ROW = gl.constexpr(BK.value // 8)  # 4-bit codes, 8 to a 32-bit word
+# A (tile, group)'s code words as a TMA box of [CODE_ROWS, 128] int32.
+CODE_ROWS = gl.constexpr(BN.value * WORDS_PER_ROW.value // 128)
+NIBBLE_PAIRS = gl.constexpr(0x000F000F)
+# A masked nibble read as fp16 is q * 2^-24 (a subnormal).
+SUBNORMAL_SCALE = gl.constexpr(2.0**24)
+
+# Offset bit i of a (tile, group)'s code words -> its (row, word) in the
+# [BN, WORDS_PER_ROW] tensor. Bits 0-1: two register bits of the consumer's
+# word layout (a 16-byte vector); 2-6: its lanes; 7-8: its warps; 9-10: its
+# other two register bits. So one LDS.128 covers 512 contiguous bytes.
+CODE_OFFSETS = [[8, 0], [0, 4], [0, 1], [0, 2], [1, 0], [2, 0], [4, 0], [16, 0], [32, 0], [0, 8], [64, 0]]
+CODE_SL = gl.constexpr(gl.SharedLinearLayout(CODE_OFFSETS))
+# The consumer's words: the wgmma A operand's pair layout (k_width = 1 over
+# [BN, BK / 2] int32, from gl.to_linear_layout on Triton 3.6) without the two
+# register bits of the pair columns 16 and 32, which are the nibble shifts.
+WORD_L = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[8, 0], [0, 4], [0, 8], [64, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN.value, WORDS_PER_ROW.value]))
+
+
+# Shared layouts of the TMA boxes: codes and scales plain rows, activations
+# [BK, BM] fp16 swizzled for the wgmma B operand, or that slot seen as a flat
+# box of X_FLAT_ROWS x 256 fp16 (X_FLAT).
+CODES_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+X_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
+X_FLAT_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+X_FLAT_ROWS = gl.constexpr(BK.value * BM.value // 256)
+# XModes: how the producer brings each step's operands. box / flat / once:
+# codes and scales as TMA boxes of 512-byte rows without swizzle (see
+# _producer); swz128: boxes of a step's codes and activations of 128-byte
+# rows in the 128-byte swizzle, each already in the order that the swizzle
+# turns into the consumer's (gluon_ws_probe.swizzle128_order); scales as before.
+X_BOX, X_FLAT, X_ONCE, X_SWZ128, X_CPASYNC = (gl.constexpr(0), gl.constexpr(1), gl.constexpr(2), gl.constexpr(3),
+                                              gl.constexpr(4))
+X_MODES = {"box": 0, "flat": 1, "once": 2, "swz128": 3, "cpasync": 4}
+# cpasync: a producer warpgroup copies each step by 16-byte cp.async (the
+# engine's way, per thread) and each of its threads arrives on the slot's
+# ready barrier as its copies land.
+CP_PRODUCER_WARPS = gl.constexpr(4)
+CP_PRODUCER_THREADS = gl.constexpr(CP_PRODUCER_WARPS.value * 32)
+SWZ128_WORDS = gl.constexpr(32)  # a 128-byte row of int32
+# A step's 2048 code words in rows of 128 bytes.
+WIDE_CODE_ROWS = gl.constexpr(BN.value * WORDS_PER_ROW.value // SWZ128_WORDS.value)
+WIDE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+X_WIDE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+X_WIDE_ROWS = gl.constexpr(BK.value * BM.value // 64)  # 64 fp16 = 128 bytes
+# The product: wgmma (B from shared memory), mma.sync (B from registers), or
+# (timing only) none, or nothing read at all (stream: the copies alone).
+MMA_WGMMA, MMA_SYNC, MMA_NONE, MMA_STREAM = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2), gl.constexpr(3)
+MMAS = {"wgmma": 0, "v2": 1, "none": 2, "stream": 3}
+
+
+@gluon.jit
+def _decode4(words, PAIR_L: gl.constexpr, A_L: gl.constexpr):
+    """[BN, WORDS_PER_ROW] int32 code words -> the fp16 A operand [BN, BK]
+    (q 2^-24), with no data movement between threads."""
+    p0 = words & NIBBLE_PAIRS
+    p1 = (words >> 4) & NIBBLE_PAIRS
+    p2 = (words >> 8) & NIBBLE_PAIRS
+    p3 = (words >> 12) & NIBBLE_PAIRS
+    pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [BN, W, s0, s1]
+    pairs = gl.reshape(gl.permute(pairs, [0, 3, 2, 1]), [BN, BK // 2])  # column 16 s + w
+    pairs = gl.convert_layout(pairs, PAIR_L, assert_trivial=True)
+    lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs], dtype=(gl.float16, gl.float16),
+                                       is_pure=True, pack=1)
+    return gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), A_L, assert_trivial=True)
+
+
+@gluon.jit
+def _producer(codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups, x_copies,
+              STAGES: gl.constexpr, X_MODE: gl.constexpr):
+    # One warp: for each step wait for its slot to be free, then its TMA
+    # copies, all signalling the slot's ready barrier. X_MODE (XModes): the
+    # activations as a [BK, BM] box of BK 32-byte rows, as a flat box of
+    # X_FLAT_ROWS 512-byte rows already in the swizzled order (from copy
+    # pid % x_copies of them), (timing only) not after the ring is first
+    # filled; or swz128.
+    weight_bytes: gl.constexpr = codes_desc.block_type.nbytes + scales_desc.block_type.nbytes
+    step_bytes: gl.constexpr = weight_bytes + x_desc.block_type.nbytes
+    x_base = (gl.program_id(0) % x_copies) * n_groups
+    it = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        for g in range(n_groups):
+            slot = it % STAGES
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            chunk = tile * n_groups + g
+            if X_MODE == X_SWZ128:
+                mbarrier.expect(bar, step_bytes)
+                tma.async_copy_global_to_shared(codes_desc, [chunk * WIDE_CODE_ROWS, 0], bar, codes.index(slot))
+                tma.async_copy_global_to_shared(scales_desc, [chunk, 0], bar, scales.index(slot))
+                tma.async_copy_global_to_shared(x_desc, [(x_base + g) * X_WIDE_ROWS, 0], bar, xs.index(slot))
+            else:
+                if X_MODE == X_ONCE:
+                    if it < STAGES:
+                        mbarrier.expect(bar, step_bytes)
+                        tma.async_copy_global_to_shared(x_desc, [g * BK, 0], bar, xs.index(slot))
+                    else:
+                        mbarrier.expect(bar, weight_bytes)
+                else:
+                    mbarrier.expect(bar, step_bytes)
+                    if X_MODE == X_FLAT:
+                        dst = xs.index(slot)._reinterpret(gl.float16, [X_FLAT_ROWS, 256], X_FLAT_LAYOUT)
+                        tma.async_copy_global_to_shared(x_desc, [(x_base + g) * X_FLAT_ROWS, 0], bar, dst)
+                    else:
+                        tma.async_copy_global_to_shared(x_desc, [g * BK, 0], bar, xs.index(slot))
+                tma.async_copy_global_to_shared(codes_desc, [chunk * CODE_ROWS, 0], bar, codes.index(slot))
+                tma.async_copy_global_to_shared(scales_desc, [chunk, 0], bar, scales.index(slot))
+            it += 1
+
+
+@gluon.jit
+def _producer_cp(codes_ptr, scales_ptr, x_ptr, codes, scales, xs, ready, empty, n_tiles, n_groups,
+                 STAGES: gl.constexpr, GPS: gl.constexpr):
+    # CP_PRODUCER_WARPS warps: each group's codes (4 x 16 bytes a thread),
+    # scales (4 bytes) and activations (2 x 16 bytes) by cp.async, GPS
+    # groups to a slot.
+    code_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [CP_PRODUCER_WARPS, 1], [1, 0])
+    scale_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, CP_PRODUCER_WARPS], [1, 0])
+    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [CP_PRODUCER_WARPS, 1], [1, 0])
+    code_offs = (gl.arange(0, CODE_ROWS, layout=gl.SliceLayout(1, code_l))[:, None] * 128 +
+                 gl.arange(0, 128, layout=gl.SliceLayout(0, code_l))[None, :])
+    scale_offs = (gl.arange(0, 1, layout=gl.SliceLayout(1, scale_l))[:, None] * BN +
+                  gl.arange(0, BN, layout=gl.SliceLayout(0, scale_l))[None, :])
+    x_offs = (gl.arange(0, BK, layout=gl.SliceLayout(1, x_l))[:, None] * BM +
+              gl.arange(0, BM, layout=gl.SliceLayout(0, x_l))[None, :])
+    it = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        for g0 in range(0, n_groups, GPS):
+            slot = it % STAGES
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            for j in gl.static_range(GPS):
+                buf = slot * GPS + j
+                chunk = tile * n_groups + g0 + j
+                async_copy.async_copy_global_to_shared(codes.index(buf),
+                                                       codes_ptr + chunk * (CODE_ROWS * 128) + code_offs)
+                async_copy.async_copy_global_to_shared(scales.index(buf), scales_ptr + chunk * BN + scale_offs)
+                async_copy.async_copy_global_to_shared(xs.index(buf), x_ptr + (g0 + j) * (BK * BM) + x_offs)
+            async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+            it += 1
+
+
+@gluon.jit
+def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES: gl.constexpr,
+              MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr):
+    # The same A, pair and accumulator layouts either way (gl.to_linear_layout).
+    if MMA == MMA_SYNC:
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+    else:
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BM, 16])
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=acc_l, k_width=2)
+    pair_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=1)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    flat_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
+    zero = gl.zeros([BN, BM], gl.float32, acc_l)
+    cols = gl.arange(0, BM, layout=col_l)
+    it = 0
+    if MMA == MMA_STREAM:
+        # Timing only: each slot released unread (the copies' own ceiling).
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            for g0 in range(0, n_groups, GPS):
+                slot = it % STAGES
+                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+                mbarrier.arrive(empty.index(slot), count=1)
+                it += 1
+        return
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        acc = gl.zeros([BN, BM], gl.float32, acc_l)
+        for g0 in range(0, n_groups, GPS):
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            if X_MODE == X_CPASYNC and MMA == MMA_WGMMA:
+                # cp.async wrote the slot through the generic proxy; the wgmma reads it through the async one.
+                fence_async_shared()
+            for j in gl.static_range(GPS):
+                buf = slot * GPS + j
+                words = codes.index(buf)._reinterpret(gl.int32, [BN, WORDS_PER_ROW], CODE_SL).load(WORD_L)
+                so = scales.index(buf)._reinterpret(gl.int32, [BN], flat_sl).load(row_l)  # fp16 s | o << 16
+                if X_MODE == X_SWZ128:
+                    x_view = xs.index(buf)._reinterpret(gl.float16, [BK, BM], X_LAYOUT)
+                else:
+                    x_view = xs.index(buf)
+                xsum = gl.load(xsum_ptr + (g0 + j) * BM + cols)  # 2^-24 sum(x), from the L1
+                a = _decode4(words, pair_l, a_l)
+                if MMA == MMA_SYNC:
+                    # mma.sync m16n8k16: B from registers (every warp reads all of it).
+                    part = mma_v2(a, x_view.load(b_l), zero)
+                elif MMA == MMA_NONE:
+                    # Timing only: no product; a store that never runs keeps the decode.
+                    if tile < 0:
+                        gl.store(out_ptr + gl.arange(0, BN, layout=gl.SliceLayout(1, a_l))[:, None] * BK +
+                                 gl.arange(0, BK, layout=gl.SliceLayout(0, a_l))[None, :], a.to(gl.float32))
+                    part = zero
+                else:
+                    part = warpgroup_mma(a, x_view, zero, use_acc=False)
+                if j == GPS - 1:
+                    if X_MODE != X_CPASYNC:
+                        # The slot's generic reads are ordered before the
+                        # producer's next TMA write into it (cp.async writes
+                        # are generic too).
+                        fence_async_shared()
+                    mbarrier.arrive(empty.index(slot), count=1)
+                s, o = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [so],
+                                                 dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+                acc += part * s.to(gl.float32)[:, None] + o.to(gl.float32)[:, None] * xsum[None, :]
+            it += 1
+        rows = tile * BN + gl.arange(0, BN, layout=row_l)
+        gl.store(out_ptr + rows[:, None] * BM + cols[None, :], acc * SUBNORMAL_SCALE)
+
+
+@gluon.jit
+def _ws_kernel(codes_desc, scales_desc, x_desc, xsum_ptr, out_ptr, n_tiles, n_groups, x_copies, STAGES: gl.constexpr,
+               PRODUCER_REGS: gl.constexpr, MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr):
+    if X_MODE == X_SWZ128:
+        codes = gl.allocate_shared_memory(gl.int32, [STAGES, WIDE_CODE_ROWS, SWZ128_WORDS], WIDE_LAYOUT)
+        scales = gl.allocate_shared_memory(gl.int32, [STAGES, 1, BN], CODES_LAYOUT)
+        xs = gl.allocate_shared_memory(gl.float16, [STAGES, X_WIDE_ROWS, 64], X_WIDE_LAYOUT)
+    else:
+        codes = gl.allocate_shared_memory(gl.int32, [STAGES * GPS, CODE_ROWS, 128], CODES_LAYOUT)
+        scales = gl.allocate_shared_memory(gl.int32, [STAGES * GPS, 1, BN], CODES_LAYOUT)
+        xs = gl.allocate_shared_memory(gl.float16, [STAGES * GPS, BK, BM], X_LAYOUT)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        if X_MODE == X_CPASYNC:
+            mbarrier.init(ready.index(i), count=CP_PRODUCER_THREADS)
+        else:
+            mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    if X_MODE == X_CPASYNC:
+        # codes_desc, scales_desc, x_desc are plain pointers here.
+        gl.warp_specialize([
+            (_consumer, (codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES, MMA, X_MODE,
+                          GPS)),
+            (_producer_cp, (codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups,
+                            STAGES, GPS)),
+        ], [CP_PRODUCER_WARPS], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES, MMA, X_MODE,
+                          GPS)),
+            (_producer, (codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups,
+                         x_copies, STAGES, X_MODE)),
+        ], [1], [PRODUCER_REGS])

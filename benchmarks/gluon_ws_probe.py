@@ -1,0 +1,352 @@
+"""Does a warp-specialised data path lift the 16-token tensor-core MoE step?
+A probe in Gluon (triton.experimental.gluon, Triton 3.6), not a kernel of
+the engine; the kernel is benchmarks/gluon_ws_kernel.py.
+
+The engine's 16-token tile (kernels/moe_block_matmul.py) runs each 128 x 128
+group step in every thread: issue the next stage's cp.async, wait for this
+one, barrier, read the fields from shared memory, decode, wgmma, scale. At
+4 bits a step took ~1.03 us per program at Mixtral B=16 (benchmarks/NOTES.md,
+session 12), of which the decode -> wgmma -> scale chain alone is ~0.5-0.7 us
+(benchmarks/gluon_overlap_probe.py). Here a producer partition fills a ring
+of shared-memory slots and a consumer warpgroup only reads, decodes,
+multiplies and scales, so the data path leaves the consumer's chain.
+
+Shape: Mixtral-8x7B's gate/up at B=16, every row tile of all 8 experts'
+gate and up (229,376 rows x 4,096), 4-bit codes with an fp16 scale and
+offset per row and 128-wide group (w = o + s q), 16 tokens. Bytes per (tile,
+group): 8 KiB of codes and 512 B of scales from HBM (what GB/s counts),
+4 KiB of activations and 64 B of their group sums from the L2.
+
+A form (--configs, Config) is stages:programs_per_sm:maxnreg:mma:x_mode:
+x_copies[:groups_per_slot]: the product wgmma | v2 (mma.sync) | none (no
+product) | stream (slots released unread: the copies' own ceiling); the
+copies box | flat | once (no activations after the ring fills) | swz128 (TMA
+boxes) or cpasync (a producer warpgroup by 16-byte cp.async); x_copies
+copies of the activations in memory; groups per ring slot (cpasync). "none",
+"stream" and "once" compute a wrong product by design (timing only).
+
+Measured (H200, benchmarks/results/gluon_ws_probe_h200_s32.json, NOTES
+session 32): the best full step 2.50-2.60 TB/s (60-62 % of the copy), the
+engine's whole 4-bit B=16 layer 2.39 TB/s (session 21); TMA copies alone
+2.4-2.9 TB/s in every box shape and depth, cp.async from a producer
+warpgroup 3.3 TB/s in the call where TMA's took 2.7; in one call the full
+step runs 16-27 % under its copies' ceiling and the step without the
+product 6-16 %; a third program per multiprocessor brought no clear gain;
+mma.sync ran within -9 % / +8 % of wgmma. groups_per_slot > 1 is built but
+was not measured (no device time left).
+
+    python3 benchmarks/gluon_ws_probe.py --out benchmarks/results/gluon_ws_probe_h200.json
+    PYTHONPATH=/tmp/t36:. python benchmarks/gluon_ws_probe.py --compile-only   # local sm_90 SASS
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gluon_ws_kernel import (BK, BM, BN, CODE_OFFSETS, CODE_ROWS, CODES_LAYOUT, MMAS,  # noqa: E402
+                                        SUBNORMAL_SCALE, SWZ128_WORDS, WIDE_CODE_ROWS, WIDE_LAYOUT, WORDS_PER_ROW,
+                                        X_FLAT_LAYOUT, X_FLAT_ROWS, X_LAYOUT, X_MODES, X_WIDE_LAYOUT, X_WIDE_ROWS,
+                                        _ws_kernel)
+
+# Opcodes counted by --compile-only.
+COUNTED = ("HGMMA", "HMMA", "LDSM", "LDS", "LDG", "STL", "LDL", "SYNCS", "LOP3", "SHF", "PRMT", "UTMALDG", "BAR", "FFMA")
+# What marks the consumer's loop in the SASS (--compile-only).
+CONSUMER_OPS = ("HGMMA", "HMMA", "FFMA")
+# Mixtral-8x7B: experts, hidden, intermediate.
+EXPERTS, HIDDEN, INTERMEDIATE = 8, 4096, 14336
+
+
+def code_word_order() -> torch.Tensor:
+    """[BN * WORDS_PER_ROW] int64: offset o of a (tile, group)'s words -> the
+    flat index r * WORDS_PER_ROW + w of the word stored there."""
+    o = torch.arange(BN.value * WORDS_PER_ROW.value)
+    r = torch.zeros_like(o)
+    w = torch.zeros_like(o)
+    for bit, (dr, dw) in enumerate(CODE_OFFSETS):
+        on = (o >> bit) & 1
+        r ^= on * dr
+        w ^= on * dw
+    return r * WORDS_PER_ROW.value + w
+
+
+def pack_codes(q: torch.Tensor) -> torch.Tensor:
+    """q: uint8 [rows, K] codes 0..15 -> int32 [tiles * groups * CODE_ROWS, 128]
+    in the probe's order (module docstring)."""
+    rows, k = q.shape
+    tiles, groups = rows // BN.value, k // BK.value
+    # [tiles, BN, groups, BK/2 pairs, 2] -> pair c = 16 s + w of a group.
+    qp = q.to(torch.int64).view(tiles, BN.value, groups, 4, WORDS_PER_ROW.value, 2)  # [.., s, w, half]
+    shifts = (4 * torch.arange(4, device=q.device)).view(1, 1, 1, 4, 1)
+    words = ((qp[..., 0] << shifts) | (qp[..., 1] << (shifts + 16))).sum(dim=3)  # [tiles, BN, groups, W]
+    words = words.permute(0, 2, 1, 3).reshape(tiles, groups, BN.value * WORDS_PER_ROW.value)
+    words = words[..., code_word_order().to(q.device)]
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.reshape(tiles * groups * CODE_ROWS.value, 128)
+
+
+def pack_scales(s: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """s, o: fp16 [rows, groups] -> int32 [tiles * groups, BN], s | o << 16."""
+    rows, groups = s.shape
+    lo = s.view(torch.int16).to(torch.int32) & 0xFFFF
+    hi = o.view(torch.int16).to(torch.int32) << 16
+    words = (lo | hi).view(rows // BN.value, BN.value, groups).permute(0, 2, 1)
+    return words.reshape(-1, BN.value).contiguous()
+
+
+def reference(q, s, o, x):
+    """fp32 [rows, BM]: (o + s q) @ x^T with the group's scale and offset."""
+    rows, k = q.shape
+    w = q.float().view(rows, -1, BK.value) * s.float()[..., None] + o.float()[..., None]
+    return w.view(rows, k) @ x.float().t()
+
+
+def swizzle32_order() -> torch.Tensor:
+    """[BK * BM] int64: element e of an activation slot's bytes in the 32-byte
+    swizzle of X_LAYOUT -> the element k * BM + n of the [BK, BM] tile stored
+    there. The swizzle flips 16-byte chunk bit 4 of the byte address with bit 7
+    (CUTLASS Swizzle<1, 4, 3>); in 2-byte elements bit 3 with bit 6. It is its
+    own inverse. A wrong guess shows in the probe's error, not as a crash."""
+    e = torch.arange(BK.value * BM.value)
+    return e ^ (((e >> 6) & 1) << 3)
+
+
+def swizzle128_order(n: int, element_bytes: int) -> torch.Tensor:
+    """[n] int64: position p of a TMA box in the 128-byte swizzle -> the
+    shared-memory element it lands on. The swizzle flips byte-address bits
+    4-6 with bits 7-9 (CUTLASS Swizzle<3, 4, 3>); it is its own inverse, so a
+    box whose position p holds element order[p] lands in plain order."""
+    p = torch.arange(n)
+    chunk_bits = 4 - (element_bytes.bit_length() - 1)  # bit of a 16-byte chunk in elements
+    return p ^ (((p >> (chunk_bits + 3)) & 7) << chunk_bits)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured form: ring depth, resident programs per multiprocessor,
+    the register cap, the product (wgmma or mma.sync), the activations'
+    copy (X_MODES) from x_copies copies, and the groups a ring slot holds
+    (one wait and one release per slot; cpasync only)."""
+
+    stages: int
+    per_sm: int
+    maxnreg: int
+    mma: str
+    x_mode: str
+    x_copies: int
+    groups_per_slot: int = 1
+
+    @staticmethod
+    def parse(text: str) -> "Config":
+        fields = text.split(":")
+        if len(fields) not in (6, 7):
+            raise ValueError(f"bad config {text!r}: stages:per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot]")
+        stages, per_sm, maxnreg, mma, x_mode, x_copies = fields[:6]
+        config = Config(int(stages), int(per_sm), int(maxnreg), mma, x_mode, int(x_copies),
+                        int(fields[6]) if len(fields) == 7 else 1)
+        if HIDDEN // BK.value % config.groups_per_slot or (config.groups_per_slot > 1 and x_mode != "cpasync"):
+            raise ValueError(f"bad config {text!r}: groups_per_slot must divide the groups, >1 only with cpasync")
+        if mma not in MMAS or x_mode not in X_MODES or config.x_copies < 1:
+            raise ValueError(f"bad config {text!r}: mma {'|'.join(MMAS)}, x_mode {'|'.join(X_MODES)}, x_copies >= 1")
+        if x_mode not in ("flat", "swz128") and config.x_copies != 1:
+            raise ValueError(f"bad config {text!r}: x_copies only with x_mode flat or swz128")
+        return config
+
+    def constexprs(self, producer_regs: int) -> dict:
+        return dict(STAGES=self.stages, PRODUCER_REGS=producer_regs, MMA=MMAS[self.mma],
+                    X_MODE=X_MODES[self.x_mode], GPS=self.groups_per_slot)
+
+
+def x_block_shape(config: Config) -> list[int]:
+    return {"flat": [X_FLAT_ROWS.value, 256], "swz128": [X_WIDE_ROWS.value, 64]}.get(config.x_mode,
+                                                                                     [BK.value, BM.value])
+
+
+def x_desc_layout(config: Config):
+    return {"flat": X_FLAT_LAYOUT.value, "swz128": X_WIDE_LAYOUT.value}.get(config.x_mode, X_LAYOUT.value)
+
+
+def codes_block_shape(config: Config) -> list[int]:
+    return [WIDE_CODE_ROWS.value, SWZ128_WORDS.value] if config.x_mode == "swz128" else [CODE_ROWS.value, 128]
+
+
+def scales_block_shape(config: Config) -> list[int]:
+    return [1, BN.value]
+
+
+def codes_desc_layout(config: Config):
+    return WIDE_LAYOUT.value if config.x_mode == "swz128" else CODES_LAYOUT.value
+
+
+class Problem:
+    """The probe's operands on the GPU (see the module docstring)."""
+
+    def __init__(self, rows: int, k: int, max_x_copies: int, seed: int = 0):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.rows, self.k = rows, k
+        groups = k // BK.value
+        self.q = torch.randint(0, 16, (rows, k), device="cuda", dtype=torch.uint8, generator=gen)
+        self.s = (torch.rand(rows, groups, device="cuda", generator=gen) * 2e-3 + 1e-3).half()
+        self.o = (-8 * self.s.float()).half()
+        self.x = (torch.randn(BM.value, k, device="cuda", generator=gen)).half()  # [tokens, K]
+        self.codes = pack_codes(self.q)
+        self.scales = pack_scales(self.s, self.o)
+        self.xt = self.x.t().contiguous()  # [K, tokens]
+        # [copies * groups * X_FLAT_ROWS, 256]: each group's tile in its slot's byte order.
+        flat = self.xt.view(groups, BK.value * BM.value)[:, swizzle32_order().to(self.xt.device)]
+        self.x_flat = flat.reshape(1, -1).expand(max_x_copies, -1).reshape(-1, 256).contiguous()
+        # swz128: [steps * WIDE_CODE_ROWS, 32] int32 codes, [copies * groups *
+        # X_WIDE_ROWS, 64] fp16 activations, each in the swizzle's order.
+        step = self.codes.view(rows // BN.value * groups, -1)
+        order = swizzle128_order(step.shape[1], 4).to(step.device)
+        self.wide_codes = step[:, order].reshape(-1, SWZ128_WORDS.value).contiguous()
+        x_order = swizzle128_order(BK.value * BM.value, 2).to(self.xt.device)
+        self.x_wide = self.x_flat.view(-1, BK.value * BM.value)[:, x_order].reshape(-1, 64).contiguous()
+        self.xsum = (self.x.float().view(BM.value, -1, BK.value).sum(-1).t() / SUBNORMAL_SCALE.value).contiguous()
+        self.out = torch.empty(rows, BM.value, device="cuda", dtype=torch.float32)
+
+    def hbm_bytes(self) -> int:
+        return self.codes.numel() * 4 + self.scales.numel() * 4
+
+    def launch(self, config: Config, programs: int, producer_regs: int):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        x = {"flat": self.x_flat, "swz128": self.x_wide}.get(config.x_mode, self.xt)
+        wide = config.x_mode == "swz128"
+        codes = self.wide_codes if wide else self.codes
+        if config.x_mode == "cpasync":
+            descs = (self.codes, self.scales, self.xt, self.xsum)
+        else:
+            descs = (TensorDescriptor.from_tensor(codes, codes_block_shape(config), codes_desc_layout(config)),
+                     TensorDescriptor.from_tensor(self.scales, scales_block_shape(config), CODES_LAYOUT.value),
+                     TensorDescriptor.from_tensor(x, x_block_shape(config), x_desc_layout(config)), self.xsum)
+        tiles, groups = self.rows // BN.value, self.k // BK.value
+        return lambda: _ws_kernel[(programs,)](*descs, self.out, tiles, groups, config.x_copies,
+                                               **config.constexprs(producer_regs), num_warps=4,
+                                               maxnreg=config.maxnreg)
+
+
+def time_launch(launch, reps: int = 20) -> float:
+    """Median ms of reps launches, each timed by CUDA events."""
+    launch()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth() -> float:
+    """bytes/s of a 2 GiB device-to-device copy, read + write counted."""
+    src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_launch(lambda: dst.copy_(src), reps=10)
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def compile_only(config: Config, producer_regs: int) -> dict:
+    """Compile for sm_90 on this machine; the kernel's SASS opcode counts."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from benchmarks.sass_loops import RESOURCES, SASS_LINE, cuobjdump, inner_loops
+
+    def desc(dtype, block, layout):
+        return f"tensordesc<{dtype}{list(block)},{layout!r}>"
+
+    constexprs = config.constexprs(producer_regs)
+    signature = {"codes_desc": desc("i32", codes_block_shape(config), codes_desc_layout(config)),
+                 "scales_desc": desc("i32", scales_block_shape(config), CODES_LAYOUT.value),
+                 "x_desc": desc("fp16", x_block_shape(config), x_desc_layout(config)),
+                 "xsum_ptr": "*fp32", "out_ptr": "*fp32", "n_tiles": "i32", "n_groups": "i32", "x_copies": "i32",
+                 **{name: "constexpr" for name in constexprs}}
+    if config.x_mode == "cpasync":
+        signature.update(codes_desc="*i32", scales_desc="*i32", x_desc="*fp16")
+    # Pointers 16-byte aligned, as the launches' tensors are (the JIT specialises on it).
+    attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
+    src = GluonASTSource(_ws_kernel, signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=4, maxnreg=config.maxnreg))
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = cuobjdump("-sass", str(cubin))
+        regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
+    ops = [m.group(2).lstrip("@!P0123456789T ").split()[0] for m in map(SASS_LINE.match, sass.splitlines()) if m]
+    counts = {op: sum(1 for x in ops if x.startswith(op)) for op in COUNTED}
+    # The consumer's step: the innermost loop around the products (or, with
+    # none, the scale epilogue's FFMA).
+    loops = [dict(start=hex(lp.start), instructions=lp.instructions) for lp in inner_loops(sass, CONSUMER_OPS)]
+    return dict(**asdict(config), producer_regs=producer_regs, shared=compiled.metadata.shared, registers=regs,
+                stack=stack, sass_counts=counts, sass_instructions=len(ops), loops=loops)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--configs", default="4:2:128:wgmma:box:1,4:2:128:wgmma:flat:1,4:2:128:wgmma:flat:16,"
+                                         "4:2:128:wgmma:once:1,4:1:256:wgmma:once:1",
+                    help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies, comma-separated "
+                         "(mma wgmma | v2 | none | stream; x_mode box | flat | once)")
+    ap.add_argument("--producer-regs", type=int, default=40)
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args()
+    try:
+        configs = [Config.parse(c) for c in args.configs.split(",")]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.compile_only:
+        for config in configs:
+            print(json.dumps(compile_only(config, args.producer_regs)))
+        return
+    from benchmarks.provenance import git_commit
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    copies = max(c.x_copies for c in configs)
+    check = Problem(rows=BN.value * 2 * sms + BN.value * 3, k=HIDDEN, max_x_copies=copies, seed=1)
+    ref = reference(check.q, check.s, check.o, check.x)
+    full = Problem(rows=EXPERTS * 2 * INTERMEDIATE, k=HIDDEN, max_x_copies=copies)
+    copy = copy_bandwidth()
+    steps = full.rows // BN.value * (full.k // BK.value)
+    rows = []
+    for config in configs:
+        programs = config.per_sm * sms
+        check.out.fill_(float("nan"))
+        check.launch(config, programs, args.producer_regs)()
+        torch.cuda.synchronize()
+        err = ((check.out - ref).norm() / ref.norm()).item()
+        ms = time_launch(full.launch(config, programs, args.producer_regs))
+        row = dict(**asdict(config), programs=programs, producer_regs=args.producer_regs, rel_err=err,
+                   timing_only=config.x_mode == "once" or config.mma in ("none", "stream"), written=bool(torch.isfinite(check.out).all().item()),
+                   ms=ms, hbm_GBps=full.hbm_bytes() / (ms * 1e-3) / 1e9,
+                   pct_copy=100 * full.hbm_bytes() / (ms * 1e-3) / copy,
+                   ns_per_step_per_program=ms * 1e6 * programs / steps)
+        rows.append(row)
+        print(f"{config}: err {err:.2e}, {ms:.3f} ms, {row['hbm_GBps']:.0f} GB/s ({row['pct_copy']:.1f} % of "
+              f"copy), {row['ns_per_step_per_program']:.0f} ns/step/program", flush=True)
+    meta = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                command=" ".join(sys.argv), git_commit=git_commit(args.commit), torch=torch.__version__,
+                triton=triton.__version__, copy_GBps=copy / 1e9, rows_of_weights=full.rows, k=full.k,
+                hbm_bytes=full.hbm_bytes())
+    if args.out:
+        args.out.write_text(json.dumps(dict(**meta, results=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

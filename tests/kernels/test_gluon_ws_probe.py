@@ -1,0 +1,118 @@
+"""benchmarks/gluon_ws_probe.py, host side: the packed codes, scales and
+activations are the layouts its docstring states. Checked here by an
+independent emulation on the CPU; the kernel itself runs only on an H200
+(it agreed with the reference to 1.2e-6 there, benchmarks/NOTES.md session 32).
+"""
+
+import pytest
+import torch
+
+from benchmarks import gluon_ws_kernel as kernel
+from benchmarks import gluon_ws_probe as probe
+
+BN, BK, BM = kernel.BN.value, kernel.BK.value, kernel.BM.value
+WORDS = kernel.WORDS_PER_ROW.value
+
+
+def _unpack_codes(words: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+    """The consumer's reading, emulated: offset o of a (tile, group) holds
+    word (r, w) by CODE_OFFSETS; its nibble s at bits 4s / 16 + 4s is the
+    code of K = 2c / 2c + 1 with c = 16 s + w."""
+    tiles, groups = rows // BN, k // BK
+    chunks = words.view(tiles, groups, BN * WORDS).to(torch.int64) & 0xFFFFFFFF
+    q = torch.full((rows, k), -1, dtype=torch.int64)
+    for o in range(BN * WORDS):
+        r = w = 0
+        for bit, (dr, dw) in enumerate(kernel.CODE_OFFSETS):
+            if (o >> bit) & 1:
+                r, w = r + dr, w + dw
+        word = chunks[:, :, o]  # [tiles, groups]
+        for s in range(4):
+            c = 16 * s + w
+            for half, shift in ((0, 4 * s), (1, 16 + 4 * s)):
+                rows_idx = torch.arange(tiles)[:, None] * BN + r
+                cols_idx = torch.arange(groups)[None, :] * BK + 2 * c + half
+                q[rows_idx, cols_idx] = (word >> shift) & 0xF
+    return q
+
+
+def test_packed_codes_are_read_back_by_the_stated_layout():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (3 * BN, 2 * BK), dtype=torch.uint8, generator=gen)
+    words = probe.pack_codes(q)
+    assert words.dtype == torch.int32 and words.shape == (3 * 2 * kernel.CODE_ROWS.value, 128)
+    assert torch.equal(_unpack_codes(words, *q.shape), q.to(torch.int64))
+
+
+def test_code_offsets_follow_the_consumers_word_layout():
+    # A 16-byte vector of two register bits, then the 32 lanes on contiguous
+    # vectors (512 bytes per LDS.128), the warps, the other register bits.
+    word_l = kernel.WORD_L.value
+    offsets = kernel.CODE_OFFSETS
+    assert offsets[:2] == word_l.reg_bases[:2]
+    assert offsets[2:7] == word_l.lane_bases
+    assert offsets[7:9] == word_l.warp_bases
+    assert offsets[9:] == word_l.reg_bases[2:]
+
+
+def test_code_offsets_cover_every_word_once():
+    order = probe.code_word_order()
+    assert sorted(order.tolist()) == list(range(BN * WORDS))
+
+
+def test_scales_pack_low_half_scale_high_half_offset():
+    gen = torch.Generator().manual_seed(1)
+    s = torch.rand(2 * BN, 3, generator=gen).half()
+    o = (-torch.rand(2 * BN, 3, generator=gen)).half()
+    words = probe.pack_scales(s, o)  # [tiles * groups, BN]
+    assert words.shape == (2 * 3, BN)
+    lo = (words & 0xFFFF).to(torch.int16).view(torch.float16)
+    hi = ((words >> 16) & 0xFFFF).to(torch.int16).view(torch.float16)
+    # chunk tile * groups + g, row r -> s[tile * BN + r, g]
+    expect_s = s.view(2, BN, 3).permute(0, 2, 1).reshape(6, BN)
+    expect_o = o.view(2, BN, 3).permute(0, 2, 1).reshape(6, BN)
+    assert torch.equal(lo, expect_s) and torch.equal(hi, expect_o)
+
+
+@pytest.mark.parametrize("n, element_bytes", [(2048, 4), (2048, 2), (128, 4)])
+def test_swizzle128_flips_chunk_bits_with_row_bits_and_is_its_own_inverse(n, element_bytes):
+    order = probe.swizzle128_order(n, element_bytes)
+    assert torch.equal(order[order], torch.arange(n))
+    byte = torch.arange(n) * element_bytes
+    expect = (byte ^ (((byte >> 7) & 7) << 4)) // element_bytes
+    assert torch.equal(order, expect)
+
+
+def test_swizzle32_order_is_its_own_inverse_and_flips_one_chunk_bit():
+    order = probe.swizzle32_order()
+    assert torch.equal(order[order], torch.arange(BK * BM))
+    byte = torch.arange(BK * BM) * 2
+    assert torch.equal(order * 2, byte ^ (((byte >> 7) & 1) << 4))
+
+
+def test_reference_applies_each_groups_scale_and_offset():
+    q = torch.tensor([[1, 2] * (BK // 2) + [3] * BK], dtype=torch.uint8)  # 1 row, 2 groups
+    s = torch.tensor([[0.5, 2.0]]).half()
+    o = torch.tensor([[-1.0, 1.0]]).half()
+    x = torch.ones(BM, 2 * BK).half()
+    out = probe.reference(q, s, o, x)
+    group0 = sum(-1.0 + 0.5 * v for v in [1, 2] * (BK // 2))
+    group1 = BK * (1.0 + 2.0 * 3)
+    assert torch.allclose(out, torch.full((1, BM), group0 + group1))
+
+
+@pytest.mark.parametrize("text", ["4:2:128:tensor:box:1", "4:2:128:wgmma:tiles:1", "4:2:128:wgmma:box:2",
+                                  "4:2:128:wgmma:flat:0", "4:2:128:wgmma", "4:2:128:wgmma:box:1:2",
+                                  "4:2:128:v2:cpasync:1:3"])
+def test_config_rejects_bad_input(text):
+    with pytest.raises(ValueError):
+        probe.Config.parse(text)
+
+
+def test_config_parses_its_fields():
+    config = probe.Config.parse("6:3:80:v2:swz128:16")
+    assert (config.stages, config.per_sm, config.maxnreg, config.mma, config.x_mode, config.x_copies) == (
+        6, 3, 80, "v2", "swz128", 16)
+    assert config.constexprs(40) == dict(STAGES=6, PRODUCER_REGS=40, MMA=kernel.MMAS["v2"],
+                                         X_MODE=kernel.X_MODES["swz128"], GPS=1)
+    assert probe.Config.parse("4:2:128:v2:cpasync:1:2").groups_per_slot == 2
