@@ -12,13 +12,10 @@ the step's code words, decodes them into the product's A operand, multiplies
 by the 16 tokens (wgmma or mma.sync: MMAS) and scales the product into its
 accumulator, w = o + s q per row and group.
 
-Its own layout (not the engine's v4): a (tile, group)'s 2,048 code words are
-ordered so that the consumer's shared-memory reads are 16-byte vectors with
-the 32 lanes on 512 contiguous bytes, and so that the decoded pairs are the
-A operand's registers with no data movement (CODE_OFFSETS, WORD_L). Word
-(r, w) holds the nibbles of K = 2c, 2c + 1 for c = 16 s + w at bits 4s and
-16 + 4s, s = 0..3; a masked nibble read as fp16 is the subnormal q 2^-24, the
-product's scale 2^24 is applied once at the end.
+Its own layout (not the engine's v4) is benchmarks/gluon_ws_layout.py's:
+CODE_SL and WORD_L here are its CODE_OFFSETS and WORD_*_BASES as Gluon
+layouts. Imported with the repository root on sys.path (the probe puts it
+there).
 """
 
 from __future__ import annotations
@@ -28,27 +25,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier, mma_v2, tma,
                                                               warpgroup_mma)
 
-# Rows of a tile, K of a group (one step), tokens.
-BN, BK, BM = gl.constexpr(128), gl.constexpr(128), gl.constexpr(16)
-WORDS_PER_ROW = gl.constexpr(BK.value // 8)  # 4-bit codes, 8 to a 32-bit word
-# A (tile, group)'s code words as a TMA box of [CODE_ROWS, 128] int32.
-CODE_ROWS = gl.constexpr(BN.value * WORDS_PER_ROW.value // 128)
-NIBBLE_PAIRS = gl.constexpr(0x000F000F)
-# A masked nibble read as fp16 is q * 2^-24 (a subnormal).
-SUBNORMAL_SCALE = gl.constexpr(2.0**24)
+from benchmarks import gluon_ws_layout as layout
 
-# Offset bit i of a (tile, group)'s code words -> its (row, word) in the
-# [BN, WORDS_PER_ROW] tensor. Bits 0-1: two register bits of the consumer's
-# word layout (a 16-byte vector); 2-6: its lanes; 7-8: its warps; 9-10: its
-# other two register bits. So one LDS.128 covers 512 contiguous bytes.
-CODE_OFFSETS = [[8, 0], [0, 4], [0, 1], [0, 2], [1, 0], [2, 0], [4, 0], [16, 0], [32, 0], [0, 8], [64, 0]]
-CODE_SL = gl.constexpr(gl.SharedLinearLayout(CODE_OFFSETS))
-# The consumer's words: the wgmma A operand's pair layout (k_width = 1 over
-# [BN, BK / 2] int32, from gl.to_linear_layout on Triton 3.6) without the two
-# register bits of the pair columns 16 and 32, which are the nibble shifts.
+BN, BK, BM = gl.constexpr(layout.BN), gl.constexpr(layout.BK), gl.constexpr(layout.BM)
+WORDS_PER_ROW = gl.constexpr(layout.WORDS_PER_ROW)
+CODE_ROWS = gl.constexpr(layout.CODE_ROWS)
+NIBBLE_PAIRS = gl.constexpr(0x000F000F)
+SUBNORMAL_SCALE = gl.constexpr(layout.SUBNORMAL_SCALE)
+CODE_SL = gl.constexpr(gl.SharedLinearLayout(layout.CODE_OFFSETS))
 WORD_L = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[8, 0], [0, 4], [0, 8], [64, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN.value, WORDS_PER_ROW.value]))
+    reg_bases=layout.WORD_REG_BASES, lane_bases=layout.WORD_LANE_BASES, warp_bases=layout.WORD_WARP_BASES,
+    block_bases=[], shape=[layout.BN, layout.WORDS_PER_ROW]))
 
 
 # Shared layouts of the TMA boxes: codes and scales plain rows, activations
@@ -63,9 +50,8 @@ X_FLAT_ROWS = gl.constexpr(BK.value * BM.value // 256)
 # _producer); swz128: boxes of a step's codes and activations of 128-byte
 # rows in the 128-byte swizzle, each already in the order that the swizzle
 # turns into the consumer's (gluon_ws_probe.swizzle128_order); scales as before.
-X_BOX, X_FLAT, X_ONCE, X_SWZ128, X_CPASYNC = (gl.constexpr(0), gl.constexpr(1), gl.constexpr(2), gl.constexpr(3),
-                                              gl.constexpr(4))
-X_MODES = {"box": 0, "flat": 1, "once": 2, "swz128": 3, "cpasync": 4}
+X_BOX, X_FLAT, X_ONCE, X_SWZ128, X_CPASYNC = (gl.constexpr(layout.X_MODES[m])
+                                              for m in ("box", "flat", "once", "swz128", "cpasync"))
 # cpasync: a producer warpgroup copies each step by 16-byte cp.async (the
 # engine's way, per thread) and each of its threads arrives on the slot's
 # ready barrier as its copies land.
@@ -79,8 +65,7 @@ X_WIDE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, elemen
 X_WIDE_ROWS = gl.constexpr(BK.value * BM.value // 64)  # 64 fp16 = 128 bytes
 # The product: wgmma (B from shared memory), mma.sync (B from registers), or
 # (timing only) none, or nothing read at all (stream: the copies alone).
-MMA_WGMMA, MMA_SYNC, MMA_NONE, MMA_STREAM = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2), gl.constexpr(3)
-MMAS = {"wgmma": 0, "v2": 1, "none": 2, "stream": 3}
+MMA_WGMMA, MMA_SYNC, MMA_NONE, MMA_STREAM = (gl.constexpr(layout.MMAS[m]) for m in ("wgmma", "v2", "none", "stream"))
 
 
 @gluon.jit

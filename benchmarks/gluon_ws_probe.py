@@ -46,7 +46,7 @@ import datetime
 import json
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -54,122 +54,22 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gluon_ws_kernel import (BK, BM, BN, CODE_OFFSETS, CODE_ROWS, CODES_LAYOUT, MMAS,  # noqa: E402
-                                        SUBNORMAL_SCALE, SWZ128_WORDS, WIDE_CODE_ROWS, WIDE_LAYOUT, WORDS_PER_ROW,
-                                        X_FLAT_LAYOUT, X_FLAT_ROWS, X_LAYOUT, X_MODES, X_WIDE_LAYOUT, X_WIDE_ROWS,
-                                        _ws_kernel)
+from benchmarks.gluon_ws_kernel import (CODES_LAYOUT, SWZ128_WORDS, WIDE_CODE_ROWS, WIDE_LAYOUT,  # noqa: E402
+                                        X_FLAT_LAYOUT, X_FLAT_ROWS, X_LAYOUT, X_WIDE_LAYOUT, X_WIDE_ROWS, _ws_kernel)
+from benchmarks.gluon_ws_layout import (BK, BM, BN, CODE_ROWS, EXPERTS, HIDDEN, INTERMEDIATE,  # noqa: E402
+                                        SUBNORMAL_SCALE, Config, pack_codes, pack_scales, reference,
+                                        swizzle32_order, swizzle128_order)
 
 # Opcodes counted by --compile-only.
-COUNTED = ("HGMMA", "HMMA", "LDSM", "LDS", "LDG", "STL", "LDL", "SYNCS", "LOP3", "SHF", "PRMT", "UTMALDG", "BAR", "FFMA")
+COUNTED = ("HGMMA", "HMMA", "LDSM", "LDS", "LDG", "STL", "LDL", "SYNCS", "LOP3", "SHF", "PRMT", "UTMALDG", "BAR",
+           "FFMA")
 # What marks the consumer's loop in the SASS (--compile-only).
 CONSUMER_OPS = ("HGMMA", "HMMA", "FFMA")
-# Mixtral-8x7B: experts, hidden, intermediate.
-EXPERTS, HIDDEN, INTERMEDIATE = 8, 4096, 14336
-
-
-def code_word_order() -> torch.Tensor:
-    """[BN * WORDS_PER_ROW] int64: offset o of a (tile, group)'s words -> the
-    flat index r * WORDS_PER_ROW + w of the word stored there."""
-    o = torch.arange(BN.value * WORDS_PER_ROW.value)
-    r = torch.zeros_like(o)
-    w = torch.zeros_like(o)
-    for bit, (dr, dw) in enumerate(CODE_OFFSETS):
-        on = (o >> bit) & 1
-        r ^= on * dr
-        w ^= on * dw
-    return r * WORDS_PER_ROW.value + w
-
-
-def pack_codes(q: torch.Tensor) -> torch.Tensor:
-    """q: uint8 [rows, K] codes 0..15 -> int32 [tiles * groups * CODE_ROWS, 128]
-    in the probe's order (module docstring)."""
-    rows, k = q.shape
-    tiles, groups = rows // BN.value, k // BK.value
-    # [tiles, BN, groups, BK/2 pairs, 2] -> pair c = 16 s + w of a group.
-    qp = q.to(torch.int64).view(tiles, BN.value, groups, 4, WORDS_PER_ROW.value, 2)  # [.., s, w, half]
-    shifts = (4 * torch.arange(4, device=q.device)).view(1, 1, 1, 4, 1)
-    words = ((qp[..., 0] << shifts) | (qp[..., 1] << (shifts + 16))).sum(dim=3)  # [tiles, BN, groups, W]
-    words = words.permute(0, 2, 1, 3).reshape(tiles, groups, BN.value * WORDS_PER_ROW.value)
-    words = words[..., code_word_order().to(q.device)]
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return words.reshape(tiles * groups * CODE_ROWS.value, 128)
-
-
-def pack_scales(s: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    """s, o: fp16 [rows, groups] -> int32 [tiles * groups, BN], s | o << 16."""
-    rows, groups = s.shape
-    lo = s.view(torch.int16).to(torch.int32) & 0xFFFF
-    hi = o.view(torch.int16).to(torch.int32) << 16
-    words = (lo | hi).view(rows // BN.value, BN.value, groups).permute(0, 2, 1)
-    return words.reshape(-1, BN.value).contiguous()
-
-
-def reference(q, s, o, x):
-    """fp32 [rows, BM]: (o + s q) @ x^T with the group's scale and offset."""
-    rows, k = q.shape
-    w = q.float().view(rows, -1, BK.value) * s.float()[..., None] + o.float()[..., None]
-    return w.view(rows, k) @ x.float().t()
-
-
-def swizzle32_order() -> torch.Tensor:
-    """[BK * BM] int64: element e of an activation slot's bytes in the 32-byte
-    swizzle of X_LAYOUT -> the element k * BM + n of the [BK, BM] tile stored
-    there. The swizzle flips 16-byte chunk bit 4 of the byte address with bit 7
-    (CUTLASS Swizzle<1, 4, 3>); in 2-byte elements bit 3 with bit 6. It is its
-    own inverse. A wrong guess shows in the probe's error, not as a crash."""
-    e = torch.arange(BK.value * BM.value)
-    return e ^ (((e >> 6) & 1) << 3)
-
-
-def swizzle128_order(n: int, element_bytes: int) -> torch.Tensor:
-    """[n] int64: position p of a TMA box in the 128-byte swizzle -> the
-    shared-memory element it lands on. The swizzle flips byte-address bits
-    4-6 with bits 7-9 (CUTLASS Swizzle<3, 4, 3>); it is its own inverse, so a
-    box whose position p holds element order[p] lands in plain order."""
-    p = torch.arange(n)
-    chunk_bits = 4 - (element_bytes.bit_length() - 1)  # bit of a 16-byte chunk in elements
-    return p ^ (((p >> (chunk_bits + 3)) & 7) << chunk_bits)
-
-
-@dataclass(frozen=True)
-class Config:
-    """One measured form: ring depth, resident programs per multiprocessor,
-    the register cap, the product (wgmma or mma.sync), the activations'
-    copy (X_MODES) from x_copies copies, and the groups a ring slot holds
-    (one wait and one release per slot; cpasync only)."""
-
-    stages: int
-    per_sm: int
-    maxnreg: int
-    mma: str
-    x_mode: str
-    x_copies: int
-    groups_per_slot: int = 1
-
-    @staticmethod
-    def parse(text: str) -> "Config":
-        fields = text.split(":")
-        if len(fields) not in (6, 7):
-            raise ValueError(f"bad config {text!r}: stages:per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot]")
-        stages, per_sm, maxnreg, mma, x_mode, x_copies = fields[:6]
-        config = Config(int(stages), int(per_sm), int(maxnreg), mma, x_mode, int(x_copies),
-                        int(fields[6]) if len(fields) == 7 else 1)
-        if HIDDEN // BK.value % config.groups_per_slot or (config.groups_per_slot > 1 and x_mode != "cpasync"):
-            raise ValueError(f"bad config {text!r}: groups_per_slot must divide the groups, >1 only with cpasync")
-        if mma not in MMAS or x_mode not in X_MODES or config.x_copies < 1:
-            raise ValueError(f"bad config {text!r}: mma {'|'.join(MMAS)}, x_mode {'|'.join(X_MODES)}, x_copies >= 1")
-        if x_mode not in ("flat", "swz128") and config.x_copies != 1:
-            raise ValueError(f"bad config {text!r}: x_copies only with x_mode flat or swz128")
-        return config
-
-    def constexprs(self, producer_regs: int) -> dict:
-        return dict(STAGES=self.stages, PRODUCER_REGS=producer_regs, MMA=MMAS[self.mma],
-                    X_MODE=X_MODES[self.x_mode], GPS=self.groups_per_slot)
 
 
 def x_block_shape(config: Config) -> list[int]:
     return {"flat": [X_FLAT_ROWS.value, 256], "swz128": [X_WIDE_ROWS.value, 64]}.get(config.x_mode,
-                                                                                     [BK.value, BM.value])
+                                                                                     [BK, BM])
 
 
 def x_desc_layout(config: Config):
@@ -177,11 +77,11 @@ def x_desc_layout(config: Config):
 
 
 def codes_block_shape(config: Config) -> list[int]:
-    return [WIDE_CODE_ROWS.value, SWZ128_WORDS.value] if config.x_mode == "swz128" else [CODE_ROWS.value, 128]
+    return [WIDE_CODE_ROWS.value, SWZ128_WORDS.value] if config.x_mode == "swz128" else [CODE_ROWS, 128]
 
 
 def scales_block_shape(config: Config) -> list[int]:
-    return [1, BN.value]
+    return [1, BN]
 
 
 def codes_desc_layout(config: Config):
@@ -194,26 +94,26 @@ class Problem:
     def __init__(self, rows: int, k: int, max_x_copies: int, seed: int = 0):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         self.rows, self.k = rows, k
-        groups = k // BK.value
+        groups = k // BK
         self.q = torch.randint(0, 16, (rows, k), device="cuda", dtype=torch.uint8, generator=gen)
         self.s = (torch.rand(rows, groups, device="cuda", generator=gen) * 2e-3 + 1e-3).half()
         self.o = (-8 * self.s.float()).half()
-        self.x = (torch.randn(BM.value, k, device="cuda", generator=gen)).half()  # [tokens, K]
+        self.x = (torch.randn(BM, k, device="cuda", generator=gen)).half()  # [tokens, K]
         self.codes = pack_codes(self.q)
         self.scales = pack_scales(self.s, self.o)
         self.xt = self.x.t().contiguous()  # [K, tokens]
         # [copies * groups * X_FLAT_ROWS, 256]: each group's tile in its slot's byte order.
-        flat = self.xt.view(groups, BK.value * BM.value)[:, swizzle32_order().to(self.xt.device)]
+        flat = self.xt.view(groups, BK * BM)[:, swizzle32_order().to(self.xt.device)]
         self.x_flat = flat.reshape(1, -1).expand(max_x_copies, -1).reshape(-1, 256).contiguous()
         # swz128: [steps * WIDE_CODE_ROWS, 32] int32 codes, [copies * groups *
         # X_WIDE_ROWS, 64] fp16 activations, each in the swizzle's order.
-        step = self.codes.view(rows // BN.value * groups, -1)
+        step = self.codes.view(rows // BN * groups, -1)
         order = swizzle128_order(step.shape[1], 4).to(step.device)
         self.wide_codes = step[:, order].reshape(-1, SWZ128_WORDS.value).contiguous()
-        x_order = swizzle128_order(BK.value * BM.value, 2).to(self.xt.device)
-        self.x_wide = self.x_flat.view(-1, BK.value * BM.value)[:, x_order].reshape(-1, 64).contiguous()
-        self.xsum = (self.x.float().view(BM.value, -1, BK.value).sum(-1).t() / SUBNORMAL_SCALE.value).contiguous()
-        self.out = torch.empty(rows, BM.value, device="cuda", dtype=torch.float32)
+        x_order = swizzle128_order(BK * BM, 2).to(self.xt.device)
+        self.x_wide = self.x_flat.view(-1, BK * BM)[:, x_order].reshape(-1, 64).contiguous()
+        self.xsum = (self.x.float().view(BM, -1, BK).sum(-1).t() / SUBNORMAL_SCALE).contiguous()
+        self.out = torch.empty(rows, BM, device="cuda", dtype=torch.float32)
 
     def hbm_bytes(self) -> int:
         return self.codes.numel() * 4 + self.scales.numel() * 4
@@ -230,7 +130,7 @@ class Problem:
             descs = (TensorDescriptor.from_tensor(codes, codes_block_shape(config), codes_desc_layout(config)),
                      TensorDescriptor.from_tensor(self.scales, scales_block_shape(config), CODES_LAYOUT.value),
                      TensorDescriptor.from_tensor(x, x_block_shape(config), x_desc_layout(config)), self.xsum)
-        tiles, groups = self.rows // BN.value, self.k // BK.value
+        tiles, groups = self.rows // BN, self.k // BK
         return lambda: _ws_kernel[(programs,)](*descs, self.out, tiles, groups, config.x_copies,
                                                **config.constexprs(producer_regs), num_warps=4,
                                                maxnreg=config.maxnreg)
@@ -292,6 +192,8 @@ def compile_only(config: Config, producer_regs: int) -> dict:
     # The consumer's step: the innermost loop around the products (or, with
     # none, the scale epilogue's FFMA).
     loops = [dict(start=hex(lp.start), instructions=lp.instructions) for lp in inner_loops(sass, CONSUMER_OPS)]
+    # registers: the kernel's allocation a thread (maxnreg); the partitions
+    # then move registers between them (setmaxnreg).
     return dict(**asdict(config), producer_regs=producer_regs, shared=compiled.metadata.shared, registers=regs,
                 stack=stack, sass_counts=counts, sass_instructions=len(ops), loops=loops)
 
@@ -300,10 +202,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--configs", default="4:2:128:wgmma:box:1,4:2:128:wgmma:flat:1,4:2:128:wgmma:flat:16,"
-                                         "4:2:128:wgmma:once:1,4:1:256:wgmma:once:1",
-                    help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies, comma-separated "
-                         "(mma wgmma | v2 | none | stream; x_mode box | flat | once)")
+    # The default: what session 32 left unmeasured (two groups a slot), after
+    # a warm-up form (the first form of a run meets a cold GPU).
+    ap.add_argument("--configs", default="4:2:128:stream:cpasync:1,4:2:128:v2:cpasync:1,4:2:128:v2:cpasync:1:2,"
+                                         "4:2:128:wgmma:cpasync:1,4:2:128:wgmma:cpasync:1:2,"
+                                         "4:2:128:none:cpasync:1:2,4:2:128:v2:cpasync:1",
+                    help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot], comma-separated "
+                         "(mma wgmma | v2 | none | stream; x_mode box | flat | once | swz128 | cpasync)")
     ap.add_argument("--producer-regs", type=int, default=40)
     ap.add_argument("--commit", default=None)
     args = ap.parse_args()
@@ -319,11 +224,11 @@ def main() -> None:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     copies = max(c.x_copies for c in configs)
-    check = Problem(rows=BN.value * 2 * sms + BN.value * 3, k=HIDDEN, max_x_copies=copies, seed=1)
+    check = Problem(rows=BN * 2 * sms + BN * 3, k=HIDDEN, max_x_copies=copies, seed=1)
     ref = reference(check.q, check.s, check.o, check.x)
     full = Problem(rows=EXPERTS * 2 * INTERMEDIATE, k=HIDDEN, max_x_copies=copies)
     copy = copy_bandwidth()
-    steps = full.rows // BN.value * (full.k // BK.value)
+    steps = full.rows // BN * (full.k // BK)
     rows = []
     for config in configs:
         programs = config.per_sm * sms
@@ -333,9 +238,8 @@ def main() -> None:
         err = ((check.out - ref).norm() / ref.norm()).item()
         ms = time_launch(full.launch(config, programs, args.producer_regs))
         row = dict(**asdict(config), programs=programs, producer_regs=args.producer_regs, rel_err=err,
-                   timing_only=config.x_mode == "once" or config.mma in ("none", "stream"), written=bool(torch.isfinite(check.out).all().item()),
-                   ms=ms, hbm_GBps=full.hbm_bytes() / (ms * 1e-3) / 1e9,
-                   pct_copy=100 * full.hbm_bytes() / (ms * 1e-3) / copy,
+                   timing_only=config.timing_only, written=bool(torch.isfinite(check.out).all().item()), ms=ms,
+                   hbm_GBps=full.hbm_bytes() / (ms * 1e-3) / 1e9, pct_copy=100 * full.hbm_bytes() / (ms * 1e-3) / copy,
                    ns_per_step_per_program=ms * 1e6 * programs / steps)
         rows.append(row)
         print(f"{config}: err {err:.2e}, {ms:.3f} ms, {row['hbm_GBps']:.0f} GB/s ({row['pct_copy']:.1f} % of "

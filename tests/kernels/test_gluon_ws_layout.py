@@ -1,17 +1,17 @@
-"""benchmarks/gluon_ws_probe.py, host side: the packed codes, scales and
-activations are the layouts its docstring states. Checked here by an
-independent emulation on the CPU; the kernel itself runs only on an H200
-(it agreed with the reference to 1.2e-6 there, benchmarks/NOTES.md session 32).
+"""benchmarks/gluon_ws_layout.py, the layout of gluon_ws_probe.py's operands:
+the packed codes, scales and activations are what its docstring states,
+checked by an independent emulation on the CPU (no Gluon needed). The kernel
+runs only on an H200; it agreed with the reference to 1.2e-6 there
+(benchmarks/NOTES.md session 32).
 """
 
 import pytest
 import torch
 
-from benchmarks import gluon_ws_kernel as kernel
-from benchmarks import gluon_ws_probe as probe
+from benchmarks import gluon_ws_layout as layout
 
-BN, BK, BM = kernel.BN.value, kernel.BK.value, kernel.BM.value
-WORDS = kernel.WORDS_PER_ROW.value
+BN, BK, BM = layout.BN, layout.BK, layout.BM
+WORDS = layout.WORDS_PER_ROW
 
 
 def _unpack_codes(words: torch.Tensor, rows: int, k: int) -> torch.Tensor:
@@ -23,7 +23,7 @@ def _unpack_codes(words: torch.Tensor, rows: int, k: int) -> torch.Tensor:
     q = torch.full((rows, k), -1, dtype=torch.int64)
     for o in range(BN * WORDS):
         r = w = 0
-        for bit, (dr, dw) in enumerate(kernel.CODE_OFFSETS):
+        for bit, (dr, dw) in enumerate(layout.CODE_OFFSETS):
             if (o >> bit) & 1:
                 r, w = r + dr, w + dw
         word = chunks[:, :, o]  # [tiles, groups]
@@ -39,24 +39,30 @@ def _unpack_codes(words: torch.Tensor, rows: int, k: int) -> torch.Tensor:
 def test_packed_codes_are_read_back_by_the_stated_layout():
     gen = torch.Generator().manual_seed(0)
     q = torch.randint(0, 16, (3 * BN, 2 * BK), dtype=torch.uint8, generator=gen)
-    words = probe.pack_codes(q)
-    assert words.dtype == torch.int32 and words.shape == (3 * 2 * kernel.CODE_ROWS.value, 128)
+    words = layout.pack_codes(q)
+    assert words.dtype == torch.int32 and words.shape == (3 * 2 * layout.CODE_ROWS, 128)
     assert torch.equal(_unpack_codes(words, *q.shape), q.to(torch.int64))
 
 
-def test_code_offsets_follow_the_consumers_word_layout():
-    # A 16-byte vector of two register bits, then the 32 lanes on contiguous
-    # vectors (512 bytes per LDS.128), the warps, the other register bits.
-    word_l = kernel.WORD_L.value
-    offsets = kernel.CODE_OFFSETS
-    assert offsets[:2] == word_l.reg_bases[:2]
-    assert offsets[2:7] == word_l.lane_bases
-    assert offsets[7:9] == word_l.warp_bases
-    assert offsets[9:] == word_l.reg_bases[2:]
+def test_word_layout_is_the_a_fragment_without_the_shift_bits():
+    # The A operand's fragment as the PTX ISA gives it for m16n8k16 / wgmma
+    # m64nNk16 (fp16, a register = a pair of K): lane l holds row l // 4 and
+    # pair l % 4; register a1 is 8 rows down, a2 4 pairs right; warp w of the
+    # warpgroup takes rows 16 w; further registers step the 8-pair K tiles,
+    # then the second 64 rows (Triton 3.6's order, gl.to_linear_layout). The
+    # pair columns 16 and 32 are the nibble shifts, so the word layout has the
+    # rest, in the same order.
+    fragment_lanes = [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]]
+    fragment_warps = [[16, 0], [32, 0]]
+    fragment_regs = [[8, 0], [0, 4], [0, 8], [0, 16], [0, 32], [64, 0]]
+    shift_bits = [[0, 16], [0, 32]]
+    assert layout.WORD_LANE_BASES == fragment_lanes
+    assert layout.WORD_WARP_BASES == fragment_warps
+    assert layout.WORD_REG_BASES == [b for b in fragment_regs if b not in shift_bits]
 
 
 def test_code_offsets_cover_every_word_once():
-    order = probe.code_word_order()
+    order = layout.code_word_order()
     assert sorted(order.tolist()) == list(range(BN * WORDS))
 
 
@@ -64,7 +70,7 @@ def test_scales_pack_low_half_scale_high_half_offset():
     gen = torch.Generator().manual_seed(1)
     s = torch.rand(2 * BN, 3, generator=gen).half()
     o = (-torch.rand(2 * BN, 3, generator=gen)).half()
-    words = probe.pack_scales(s, o)  # [tiles * groups, BN]
+    words = layout.pack_scales(s, o)  # [tiles * groups, BN]
     assert words.shape == (2 * 3, BN)
     lo = (words & 0xFFFF).to(torch.int16).view(torch.float16)
     hi = ((words >> 16) & 0xFFFF).to(torch.int16).view(torch.float16)
@@ -76,7 +82,7 @@ def test_scales_pack_low_half_scale_high_half_offset():
 
 @pytest.mark.parametrize("n, element_bytes", [(2048, 4), (2048, 2), (128, 4)])
 def test_swizzle128_flips_chunk_bits_with_row_bits_and_is_its_own_inverse(n, element_bytes):
-    order = probe.swizzle128_order(n, element_bytes)
+    order = layout.swizzle128_order(n, element_bytes)
     assert torch.equal(order[order], torch.arange(n))
     byte = torch.arange(n) * element_bytes
     expect = (byte ^ (((byte >> 7) & 7) << 4)) // element_bytes
@@ -84,7 +90,7 @@ def test_swizzle128_flips_chunk_bits_with_row_bits_and_is_its_own_inverse(n, ele
 
 
 def test_swizzle32_order_is_its_own_inverse_and_flips_one_chunk_bit():
-    order = probe.swizzle32_order()
+    order = layout.swizzle32_order()
     assert torch.equal(order[order], torch.arange(BK * BM))
     byte = torch.arange(BK * BM) * 2
     assert torch.equal(order * 2, byte ^ (((byte >> 7) & 1) << 4))
@@ -95,7 +101,7 @@ def test_reference_applies_each_groups_scale_and_offset():
     s = torch.tensor([[0.5, 2.0]]).half()
     o = torch.tensor([[-1.0, 1.0]]).half()
     x = torch.ones(BM, 2 * BK).half()
-    out = probe.reference(q, s, o, x)
+    out = layout.reference(q, s, o, x)
     group0 = sum(-1.0 + 0.5 * v for v in [1, 2] * (BK // 2))
     group1 = BK * (1.0 + 2.0 * 3)
     assert torch.allclose(out, torch.full((1, BM), group0 + group1))
@@ -106,13 +112,16 @@ def test_reference_applies_each_groups_scale_and_offset():
                                   "4:2:128:v2:cpasync:1:3"])
 def test_config_rejects_bad_input(text):
     with pytest.raises(ValueError):
-        probe.Config.parse(text)
+        layout.Config.parse(text)
 
 
 def test_config_parses_its_fields():
-    config = probe.Config.parse("6:3:80:v2:swz128:16")
+    config = layout.Config.parse("6:3:80:v2:swz128:16")
     assert (config.stages, config.per_sm, config.maxnreg, config.mma, config.x_mode, config.x_copies) == (
         6, 3, 80, "v2", "swz128", 16)
-    assert config.constexprs(40) == dict(STAGES=6, PRODUCER_REGS=40, MMA=kernel.MMAS["v2"],
-                                         X_MODE=kernel.X_MODES["swz128"], GPS=1)
-    assert probe.Config.parse("4:2:128:v2:cpasync:1:2").groups_per_slot == 2
+    assert config.constexprs(40) == dict(STAGES=6, PRODUCER_REGS=40, MMA=layout.MMAS["v2"],
+                                         X_MODE=layout.X_MODES["swz128"], GPS=1)
+    assert layout.Config.parse("4:2:128:v2:cpasync:1:2").groups_per_slot == 2
+    assert not config.timing_only
+    assert all(layout.Config.parse(t).timing_only for t in ("4:2:128:none:box:1", "4:2:128:stream:cpasync:1",
+                                                              "4:2:128:wgmma:once:1"))
