@@ -45,11 +45,11 @@ CODES_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_b
 X_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
 X_FLAT_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
 X_FLAT_ROWS = gl.constexpr(BK.value * BM.value // 256)
-# XModes: how the producer brings each step's operands. box / flat / once:
+# X_MODES: how the producer brings each step's operands. box / flat / once:
 # codes and scales as TMA boxes of 512-byte rows without swizzle (see
 # _producer); swz128: boxes of a step's codes and activations of 128-byte
 # rows in the 128-byte swizzle, each already in the order that the swizzle
-# turns into the consumer's (gluon_ws_probe.swizzle128_order); scales as before.
+# turns into the consumer's (gluon_ws_layout.swizzle128_order); scales as before.
 X_BOX, X_FLAT, X_ONCE, X_SWZ128, X_CPASYNC = (gl.constexpr(layout.X_MODES[m])
                                               for m in ("box", "flat", "once", "swz128", "cpasync"))
 # cpasync: a producer warpgroup copies each step by 16-byte cp.async (the
@@ -88,7 +88,7 @@ def _decode4(words, PAIR_L: gl.constexpr, A_L: gl.constexpr):
 def _producer(codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups, x_copies,
               STAGES: gl.constexpr, X_MODE: gl.constexpr):
     # One warp: for each step wait for its slot to be free, then its TMA
-    # copies, all signalling the slot's ready barrier. X_MODE (XModes): the
+    # copies, all signalling the slot's ready barrier. X_MODE (X_MODES): the
     # activations as a [BK, BM] box of BK 32-byte rows, as a flat box of
     # X_FLAT_ROWS 512-byte rows already in the swizzled order (from copy
     # pid % x_copies of them), (timing only) not after the ring is first
