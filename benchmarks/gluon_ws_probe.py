@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import sys
 import tempfile
@@ -65,6 +66,8 @@ COUNTED = ("HGMMA", "HMMA", "LDSM", "LDS", "LDG", "STL", "LDL", "SYNCS", "LOP3",
            "FFMA")
 # What marks the consumer's loop in the SASS (--compile-only).
 CONSUMER_OPS = ("HGMMA", "HMMA", "FFMA")
+# A step's scales as a TMA box (every TMA form): one row of BN words.
+SCALES_BLOCK = [1, BN]
 
 
 def x_block_shape(config: Config) -> list[int]:
@@ -78,10 +81,6 @@ def x_desc_layout(config: Config):
 
 def codes_block_shape(config: Config) -> list[int]:
     return [WIDE_CODE_ROWS.value, SWZ128_WORDS.value] if config.x_mode == "swz128" else [CODE_ROWS, 128]
-
-
-def scales_block_shape(config: Config) -> list[int]:
-    return [1, BN]
 
 
 def codes_desc_layout(config: Config):
@@ -102,18 +101,30 @@ class Problem:
         self.codes = pack_codes(self.q)
         self.scales = pack_scales(self.s, self.o)
         self.xt = self.x.t().contiguous()  # [K, tokens]
-        # [copies * groups * X_FLAT_ROWS, 256]: each group's tile in its slot's byte order.
-        flat = self.xt.view(groups, BK * BM)[:, swizzle32_order().to(self.xt.device)]
-        self.x_flat = flat.reshape(1, -1).expand(max_x_copies, -1).reshape(-1, 256).contiguous()
-        # swz128: [steps * WIDE_CODE_ROWS, 32] int32 codes, [copies * groups *
-        # X_WIDE_ROWS, 64] fp16 activations, each in the swizzle's order.
-        step = self.codes.view(rows // BN * groups, -1)
-        order = swizzle128_order(step.shape[1], 4).to(step.device)
-        self.wide_codes = step[:, order].reshape(-1, SWZ128_WORDS.value).contiguous()
-        x_order = swizzle128_order(BK * BM, 2).to(self.xt.device)
-        self.x_wide = self.x_flat.view(-1, BK * BM)[:, x_order].reshape(-1, 64).contiguous()
+        self.max_x_copies = max_x_copies
         self.xsum = (self.x.float().view(BM, -1, BK).sum(-1).t() / SUBNORMAL_SCALE).contiguous()
         self.out = torch.empty(rows, BM, device="cuda", dtype=torch.float32)
+
+    # The other forms' operands, built when a form first asks (the swizzled
+    # codes alone are another 470 MB at full size).
+    @functools.cached_property
+    def x_flat(self) -> torch.Tensor:
+        """[copies * groups * X_FLAT_ROWS, 256] fp16: each group's tile in its slot's byte order."""
+        flat = self.xt.view(-1, BK * BM)[:, swizzle32_order().to(self.xt.device)]
+        return flat.reshape(1, -1).expand(self.max_x_copies, -1).reshape(-1, 256).contiguous()
+
+    @functools.cached_property
+    def wide_codes(self) -> torch.Tensor:
+        """swz128: [steps * WIDE_CODE_ROWS, 32] int32 codes in the swizzle's order."""
+        step = self.codes.view(self.rows // BN * (self.k // BK), -1)
+        order = swizzle128_order(step.shape[1], 4).to(step.device)
+        return step[:, order].reshape(-1, SWZ128_WORDS.value).contiguous()
+
+    @functools.cached_property
+    def x_wide(self) -> torch.Tensor:
+        """swz128: [copies * groups * X_WIDE_ROWS, 64] fp16 activations in the swizzle's order."""
+        x_order = swizzle128_order(BK * BM, 2).to(self.xt.device)
+        return self.x_flat.view(-1, BK * BM)[:, x_order].reshape(-1, 64).contiguous()
 
     def hbm_bytes(self) -> int:
         return self.codes.numel() * 4 + self.scales.numel() * 4
@@ -121,14 +132,15 @@ class Problem:
     def launch(self, config: Config, programs: int, producer_regs: int):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        x = {"flat": self.x_flat, "swz128": self.x_wide}.get(config.x_mode, self.xt)
-        wide = config.x_mode == "swz128"
-        codes = self.wide_codes if wide else self.codes
         if config.x_mode == "cpasync":
             descs = (self.codes, self.scales, self.xt, self.xsum)
         else:
+            if config.x_mode == "swz128":
+                codes, x = self.wide_codes, self.x_wide
+            else:
+                codes, x = self.codes, self.x_flat if config.x_mode == "flat" else self.xt
             descs = (TensorDescriptor.from_tensor(codes, codes_block_shape(config), codes_desc_layout(config)),
-                     TensorDescriptor.from_tensor(self.scales, scales_block_shape(config), CODES_LAYOUT.value),
+                     TensorDescriptor.from_tensor(self.scales, SCALES_BLOCK, CODES_LAYOUT.value),
                      TensorDescriptor.from_tensor(x, x_block_shape(config), x_desc_layout(config)), self.xsum)
         tiles, groups = self.rows // BN, self.k // BK
         return lambda: _ws_kernel[(programs,)](*descs, self.out, tiles, groups, config.x_copies,
@@ -171,7 +183,7 @@ def compile_only(config: Config, producer_regs: int) -> dict:
 
     constexprs = config.constexprs(producer_regs)
     signature = {"codes_desc": desc("i32", codes_block_shape(config), codes_desc_layout(config)),
-                 "scales_desc": desc("i32", scales_block_shape(config), CODES_LAYOUT.value),
+                 "scales_desc": desc("i32", SCALES_BLOCK, CODES_LAYOUT.value),
                  "x_desc": desc("fp16", x_block_shape(config), x_desc_layout(config)),
                  "xsum_ptr": "*fp32", "out_ptr": "*fp32", "n_tiles": "i32", "n_groups": "i32", "x_copies": "i32",
                  **{name: "constexpr" for name in constexprs}}
