@@ -65,17 +65,24 @@ X_WIDE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, elemen
 X_WIDE_ROWS = gl.constexpr(BK.value * BM.value // 64)  # 64 fp16 = 128 bytes
 # The product: wgmma (B from shared memory), mma.sync (B from registers), or
 # (timing only) none, or nothing read at all (stream: the copies alone).
-MMA_WGMMA, MMA_SYNC, MMA_NONE, MMA_STREAM = (gl.constexpr(layout.MMAS[m]) for m in ("wgmma", "v2", "none", "stream"))
+# nodecode (timing only): wgmma of the words' bits unmasked (_decode4's DECODE).
+MMA_WGMMA, MMA_SYNC, MMA_NONE, MMA_STREAM, MMA_NODECODE = (gl.constexpr(layout.MMAS[m])
+                                                           for m in ("wgmma", "v2", "none", "stream", "nodecode"))
 
 
 @gluon.jit
-def _decode4(words, PAIR_L: gl.constexpr, A_L: gl.constexpr):
+def _decode4(words, PAIR_L: gl.constexpr, A_L: gl.constexpr, DECODE: gl.constexpr):
     """[BN, WORDS_PER_ROW] int32 code words -> the fp16 A operand [BN, BK]
-    (q 2^-24), with no data movement between threads."""
-    p0 = words & NIBBLE_PAIRS
-    p1 = (words >> 4) & NIBBLE_PAIRS
-    p2 = (words >> 8) & NIBBLE_PAIRS
-    p3 = (words >> 12) & NIBBLE_PAIRS
+    (q 2^-24), with no data movement between threads. DECODE False (timing
+    only): each word stands for all four of its nibble pairs unmasked, so
+    the operand has the right shape and no decode instructions."""
+    if DECODE:
+        p0 = words & NIBBLE_PAIRS
+        p1 = (words >> 4) & NIBBLE_PAIRS
+        p2 = (words >> 8) & NIBBLE_PAIRS
+        p3 = (words >> 12) & NIBBLE_PAIRS
+    else:
+        p0, p1, p2, p3 = words, words, words, words
     pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [BN, W, s0, s1]
     pairs = gl.reshape(gl.permute(pairs, [0, 3, 2, 1]), [BN, BK // 2])  # column 16 s + w
     pairs = gl.convert_layout(pairs, PAIR_L, assert_trivial=True)
@@ -190,7 +197,7 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
         for g0 in range(0, n_groups, GPS):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            if X_MODE == X_CPASYNC and MMA == MMA_WGMMA:
+            if X_MODE == X_CPASYNC and (MMA == MMA_WGMMA or MMA == MMA_NODECODE):
                 # cp.async wrote the slot through the generic proxy; the wgmma reads it through the async one.
                 fence_async_shared()
             for j in gl.static_range(GPS):
@@ -202,7 +209,7 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
                 else:
                     x_view = xs.index(buf)
                 xsum = gl.load(xsum_ptr + (g0 + j) * BM + cols)  # 2^-24 sum(x), from the L1
-                a = _decode4(words, pair_l, a_l)
+                a = _decode4(words, pair_l, a_l, MMA != MMA_NODECODE)
                 if MMA == MMA_SYNC:
                     # mma.sync m16n8k16: B from registers (every warp reads all of it).
                     part = mma_v2(a, x_view.load(b_l), zero)

@@ -44,8 +44,10 @@ CODE_OFFSETS = WORD_REG_BASES[:2] + WORD_LANE_BASES + WORD_WARP_BASES + WORD_REG
 
 # How the producer brings each step's operands (benchmarks/gluon_ws_kernel.py).
 X_MODES = {"box": 0, "flat": 1, "once": 2, "swz128": 3, "cpasync": 4}
-# The product: wgmma, mma.sync, none (timing only), stream (copies alone).
-MMAS = {"wgmma": 0, "v2": 1, "none": 2, "stream": 3}
+# The product: wgmma, mma.sync, none (timing only), stream (copies alone),
+# nodecode (timing only: wgmma of the code words' bits as they lie, no masks
+# or shifts, so the decode's share of a step shows against wgmma).
+MMAS = {"wgmma": 0, "v2": 1, "none": 2, "stream": 3, "nodecode": 4}
 
 
 def code_word_order() -> torch.Tensor:
@@ -145,9 +147,10 @@ class Config:
 
     @property
     def timing_only(self) -> bool:
-        """The form computes a wrong product by design (no product, slots
-        released unread, or activations copied only while the ring fills)."""
-        return self.x_mode == "once" or self.mma in ("none", "stream")
+        """The form computes a wrong product by design (no product, no
+        decode, slots released unread, or activations copied only while the
+        ring fills)."""
+        return self.x_mode == "once" or self.mma in ("none", "stream", "nodecode")
 
     def constexprs(self, producer_regs: int) -> dict:
         return dict(STAGES=self.stages, PRODUCER_REGS=producer_regs, MMA=MMAS[self.mma],

@@ -124,4 +124,4 @@ def test_config_parses_its_fields():
     assert layout.Config.parse("4:2:128:v2:cpasync:1:2").groups_per_slot == 2
     assert not config.timing_only
     assert all(layout.Config.parse(t).timing_only for t in ("4:2:128:none:box:1", "4:2:128:stream:cpasync:1",
-                                                              "4:2:128:wgmma:once:1"))
+                                                              "4:2:128:wgmma:once:1", "4:2:128:nodecode:cpasync:1"))
