@@ -19,11 +19,14 @@ group): 8 KiB of codes and 512 B of scales from HBM (what GB/s counts),
 
 A form (--configs, Config) is stages:programs_per_sm:maxnreg:mma:x_mode:
 x_copies[:groups_per_slot]: the product wgmma | v2 (mma.sync) | none (no
-product) | stream (slots released unread: the copies' own ceiling); the
+product) | nodecode (wgmma of the code words unmasked: no decode) | stream
+(slots released unread: the copies' own ceiling); the
 copies box | flat | once (no activations after the ring fills) | swz128 (TMA
 boxes) or cpasync (a producer warpgroup by 16-byte cp.async); x_copies
 copies of the activations in memory; groups per ring slot (cpasync). "none",
-"stream" and "once" compute a wrong product by design (timing only).
+"nodecode", "stream" and "once" compute a wrong product by design (timing
+only). Every form is timed in --rounds interleaved rounds, each after 0.2 s
+of warm-up launches (time_launch).
 
 Measured (H200, benchmarks/results/gluon_ws_probe_h200_s32.json, NOTES
 session 32): the best full step 2.50-2.60 TB/s (60-62 % of the copy), the
@@ -47,6 +50,7 @@ import functools
 import json
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -148,26 +152,36 @@ class Problem:
                                                maxnreg=config.maxnreg)
 
 
-def time_launch(launch, reps: int = 20) -> float:
-    """Median ms of reps launches, each timed by CUDA events."""
+def time_launch(launch, batches: int = 5, per_batch: int = 50, warmup_s: float = 0.2) -> float:
+    """Median over batches of the mean ms of per_batch back-to-back launches
+    (CUDA events around each batch), after warmup_s of launches: a form
+    timed straight after another form, or after a compile, otherwise meets
+    a GPU whose clocks have dropped (session 32: the first form of a call
+    read up to 24 % slow)."""
     launch()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup_s:
+        for _ in range(per_batch):
+            launch()
+        torch.cuda.synchronize()
+    means = []
+    for _ in range(batches):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        launch()
+        for _ in range(per_batch):
+            launch()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+        means.append(start.elapsed_time(end) / per_batch)
+    return sorted(means)[len(means) // 2]
 
 
 def copy_bandwidth() -> float:
     """bytes/s of a 2 GiB device-to-device copy, read + write counted."""
     src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_launch(lambda: dst.copy_(src), reps=10)
+    ms = time_launch(lambda: dst.copy_(src), per_batch=5)
     return 2 * src.numel() / (ms * 1e-3)
 
 
@@ -214,14 +228,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--compile-only", action="store_true")
-    # The default: what session 32 left unmeasured (two groups a slot), after
-    # a warm-up form (the first form of a run meets a cold GPU).
-    ap.add_argument("--configs", default="4:2:128:stream:cpasync:1,4:2:128:v2:cpasync:1,4:2:128:v2:cpasync:1:2,"
-                                         "4:2:128:wgmma:cpasync:1,4:2:128:wgmma:cpasync:1:2,"
-                                         "4:2:128:none:cpasync:1:2,4:2:128:v2:cpasync:1",
+    # The default: the step taken apart (copies alone, no decode, no
+    # product, the full step by wgmma and mma.sync) at one and two groups a
+    # ring slot, all with the cp.async producer.
+    forms = [f"4:2:128:{mma}:cpasync:1:{gps}" for gps in (1, 2) for mma in ("stream", "nodecode", "none", "wgmma", "v2")]
+    ap.add_argument("--configs", default=",".join(forms),
                     help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot], comma-separated "
-                         "(mma wgmma | v2 | none | stream; x_mode box | flat | once | swz128 | cpasync)")
+                         "(mma wgmma | v2 | none | nodecode | stream; x_mode box | flat | once | swz128 | cpasync)")
     ap.add_argument("--producer-regs", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3, help="timings of every form, interleaved; the median is kept")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args()
     try:
@@ -248,17 +263,29 @@ def main() -> None:
         check.launch(config, programs, args.producer_regs)()
         torch.cuda.synchronize()
         err = ((check.out - ref).norm() / ref.norm()).item()
-        ms = time_launch(full.launch(config, programs, args.producer_regs))
-        row = dict(**asdict(config), programs=programs, producer_regs=args.producer_regs, rel_err=err,
-                   timing_only=config.timing_only, written=bool(torch.isfinite(check.out).all().item()), ms=ms,
-                   hbm_GBps=full.hbm_bytes() / (ms * 1e-3) / 1e9, pct_copy=100 * full.hbm_bytes() / (ms * 1e-3) / copy,
-                   ns_per_step_per_program=ms * 1e6 * programs / steps)
-        rows.append(row)
-        print(f"{config}: err {err:.2e}, {ms:.3f} ms, {row['hbm_GBps']:.0f} GB/s ({row['pct_copy']:.1f} % of "
-              f"copy), {row['ns_per_step_per_program']:.0f} ns/step/program", flush=True)
+        rows.append(dict(**asdict(config), programs=programs, producer_regs=args.producer_regs, rel_err=err,
+                         timing_only=config.timing_only, written=bool(torch.isfinite(check.out).all().item()),
+                         ms_rounds=[]))
+    # Rounds over all forms, so that a drift of the GPU's speed within the
+    # call spreads over every form instead of favouring the later ones.
+    launches = [full.launch(config, row["programs"], args.producer_regs) for config, row in zip(configs, rows)]
+    for _ in range(args.rounds):
+        for launch, row in zip(launches, rows):
+            row["ms_rounds"].append(time_launch(launch))
+    for config, row in zip(configs, rows):
+        ms = sorted(row["ms_rounds"])[len(row["ms_rounds"]) // 2]
+        gbps = full.hbm_bytes() / (ms * 1e-3) / 1e9
+        row.update(ms=ms, hbm_GBps=gbps, pct_copy=100 * gbps * 1e9 / copy,
+                   ns_per_step_per_program=ms * 1e6 * row["programs"] / steps)
+        spread = 100 * (max(row["ms_rounds"]) / min(row["ms_rounds"]) - 1)
+        print(f"{config}: err {row['rel_err']:.2e}, {ms:.3f} ms, {gbps:.0f} GB/s ({row['pct_copy']:.1f} % of "
+              f"copy), {row['ns_per_step_per_program']:.0f} ns/step/program, rounds spread {spread:.1f} %",
+              flush=True)
     meta = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 command=" ".join(sys.argv), git_commit=git_commit(args.commit), torch=torch.__version__,
-                triton=triton.__version__, copy_GBps=copy / 1e9, rows_of_weights=full.rows, k=full.k,
+                triton=triton.__version__, copy_GBps=copy / 1e9, rounds=args.rounds,
+                timing="median over rounds of: median of 5 batches' mean of 50 back-to-back launches, "
+                       "after 0.2 s of launches", rows_of_weights=full.rows, k=full.k,
                 hbm_bytes=full.hbm_bytes())
     if args.out:
         args.out.write_text(json.dumps(dict(**meta, results=rows), indent=1))
