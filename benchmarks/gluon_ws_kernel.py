@@ -13,8 +13,8 @@ by the 16 tokens (wgmma or mma.sync: MMAS) and scales the product into its
 accumulator, w = o + s q per row and group.
 
 Its own layout (not the engine's v4) is benchmarks/gluon_ws_layout.py's:
-CODE_SL and WORD_L here are its CODE_OFFSETS and WORD_*_BASES as Gluon
-layouts. Imported with the repository root on sys.path (the probe puts it
+CODE_SL and WORD_L4 / WORD_L8 here are its CODE_OFFSETS and word_bases as
+Gluon layouts. Imported with the repository root on sys.path (the probe puts it
 there).
 """
 
@@ -33,9 +33,10 @@ CODE_ROWS = gl.constexpr(layout.CODE_ROWS)
 NIBBLE_PAIRS = gl.constexpr(0x000F000F)
 SUBNORMAL_SCALE = gl.constexpr(layout.SUBNORMAL_SCALE)
 CODE_SL = gl.constexpr(gl.SharedLinearLayout(layout.CODE_OFFSETS))
-WORD_L = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=layout.WORD_REG_BASES, lane_bases=layout.WORD_LANE_BASES, warp_bases=layout.WORD_WARP_BASES,
-    block_bases=[], shape=[layout.BN, layout.WORDS_PER_ROW]))
+# The consumer's words with 4 or 8 warps (gluon_ws_layout.word_bases).
+WORD_L4, WORD_L8 = (gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[], shape=[layout.BN, layout.WORDS_PER_ROW]))
+    for regs, lanes, warps in map(layout.word_bases, layout.CONSUMER_WARPS))
 
 
 # Shared layouts of the TMA boxes: codes and scales plain rows, activations
@@ -167,13 +168,18 @@ def _producer_cp(codes_ptr, scales_ptr, x_ptr, codes, scales, xs, ready, empty, 
 
 @gluon.jit
 def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES: gl.constexpr,
-              MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr):
+              MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr, WARPS: gl.constexpr):
     # The same A, pair and accumulator layouts either way (gl.to_linear_layout).
     if MMA == MMA_SYNC:
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                        instr_shape=[16, 8])
     else:
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                         instr_shape=[16, BM, 16])
+    if WARPS == 8:
+        word_l: gl.constexpr = WORD_L8
+    else:
+        word_l: gl.constexpr = WORD_L4
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=acc_l, k_width=2)
     pair_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=1)
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -202,7 +208,7 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
                 fence_async_shared()
             for j in gl.static_range(GPS):
                 buf = slot * GPS + j
-                words = codes.index(buf)._reinterpret(gl.int32, [BN, WORDS_PER_ROW], CODE_SL).load(WORD_L)
+                words = codes.index(buf)._reinterpret(gl.int32, [BN, WORDS_PER_ROW], CODE_SL).load(word_l)
                 so = scales.index(buf)._reinterpret(gl.int32, [BN], flat_sl).load(row_l)  # fp16 s | o << 16
                 if X_MODE == X_SWZ128:
                     x_view = xs.index(buf)._reinterpret(gl.float16, [BK, BM], X_LAYOUT)
@@ -238,7 +244,9 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
 
 @gluon.jit
 def _ws_kernel(codes_desc, scales_desc, x_desc, xsum_ptr, out_ptr, n_tiles, n_groups, x_copies, STAGES: gl.constexpr,
-               PRODUCER_REGS: gl.constexpr, MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr):
+               PRODUCER_REGS: gl.constexpr, MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr,
+               WARPS: gl.constexpr):
+    # WARPS: the consumer's (the launch's num_warps; the producer adds its own).
     if X_MODE == X_SWZ128:
         codes = gl.allocate_shared_memory(gl.int32, [STAGES, WIDE_CODE_ROWS, SWZ128_WORDS], WIDE_LAYOUT)
         scales = gl.allocate_shared_memory(gl.int32, [STAGES, 1, BN], CODES_LAYOUT)
@@ -259,14 +267,14 @@ def _ws_kernel(codes_desc, scales_desc, x_desc, xsum_ptr, out_ptr, n_tiles, n_gr
         # codes_desc, scales_desc, x_desc are plain pointers here.
         gl.warp_specialize([
             (_consumer, (codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES, MMA, X_MODE,
-                          GPS)),
+                          GPS, WARPS)),
             (_producer_cp, (codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups,
                             STAGES, GPS)),
         ], [CP_PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES, MMA, X_MODE,
-                          GPS)),
+                          GPS, WARPS)),
             (_producer, (codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups,
                          x_copies, STAGES, X_MODE)),
         ], [1], [PRODUCER_REGS])

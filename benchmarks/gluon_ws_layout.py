@@ -36,6 +36,22 @@ EXPERTS, HIDDEN, INTERMEDIATE = 8, 4096, 14336
 WORD_REG_BASES = [[8, 0], [0, 4], [0, 8], [64, 0]]
 WORD_LANE_BASES = [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]]
 WORD_WARP_BASES = [[16, 0], [32, 0]]
+# Consumer warps a program may have: one warpgroup over the tile's 128 rows,
+# or two of 64 rows each (the second 64 rows then a warp bit of the A
+# operand, not a register bit, so each warpgroup's chain is half as long).
+CONSUMER_WARPS = (4, 8)
+
+
+def word_bases(consumer_warps: int) -> tuple[list, list, list]:
+    """(register, lane, warp) bases of the consumer's words [BN, WORDS_PER_ROW]
+    with consumer_warps warps: with 8, the rows 64 apart are warpgroups."""
+    if consumer_warps not in CONSUMER_WARPS:
+        raise ValueError(f"consumer warps must be one of {CONSUMER_WARPS}, got {consumer_warps}")
+    if consumer_warps == 4:
+        return WORD_REG_BASES, WORD_LANE_BASES, WORD_WARP_BASES
+    return WORD_REG_BASES[:3], WORD_LANE_BASES, WORD_WARP_BASES + WORD_REG_BASES[3:]
+
+
 # Offset bit i of a (tile, group)'s code words -> its (row, word). Bits 0-1:
 # two register bits of the word layout (a 16-byte vector); 2-6: its lanes;
 # 7-8: its warps; 9-10: its other two register bits. So one LDS.128 covers
@@ -118,8 +134,9 @@ def swizzle128_order(n: int, element_bytes: int) -> torch.Tensor:
 class Config:
     """One measured form: ring depth, resident programs per multiprocessor,
     the register cap, the product (wgmma or mma.sync), the activations'
-    copy (X_MODES) from x_copies copies, and the groups a ring slot holds
-    (one wait and one release per slot; cpasync only)."""
+    copy (X_MODES) from x_copies copies, the groups a ring slot holds (one
+    wait and one release per slot; cpasync only) and the consumer's warps
+    (CONSUMER_WARPS)."""
 
     stages: int
     per_sm: int
@@ -128,15 +145,19 @@ class Config:
     x_mode: str
     x_copies: int
     groups_per_slot: int = 1
+    consumer_warps: int = 4
 
     @staticmethod
     def parse(text: str) -> "Config":
         fields = text.split(":")
-        if len(fields) not in (6, 7):
-            raise ValueError(f"bad config {text!r}: stages:per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot]")
+        if len(fields) not in (6, 7, 8):
+            raise ValueError(f"bad config {text!r}: "
+                             "stages:per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot[:consumer_warps]]")
         stages, per_sm, maxnreg, mma, x_mode, x_copies = fields[:6]
         config = Config(int(stages), int(per_sm), int(maxnreg), mma, x_mode, int(x_copies),
-                        int(fields[6]) if len(fields) == 7 else 1)
+                        int(fields[6]) if len(fields) >= 7 else 1, int(fields[7]) if len(fields) == 8 else 4)
+        if config.consumer_warps not in CONSUMER_WARPS:
+            raise ValueError(f"bad config {text!r}: consumer_warps one of {CONSUMER_WARPS}")
         if HIDDEN // BK % config.groups_per_slot or (config.groups_per_slot > 1 and x_mode != "cpasync"):
             raise ValueError(f"bad config {text!r}: groups_per_slot must divide the groups, >1 only with cpasync")
         if mma not in MMAS or x_mode not in X_MODES or config.x_copies < 1:
@@ -154,4 +175,4 @@ class Config:
 
     def constexprs(self, producer_regs: int) -> dict:
         return dict(STAGES=self.stages, PRODUCER_REGS=producer_regs, MMA=MMAS[self.mma],
-                    X_MODE=X_MODES[self.x_mode], GPS=self.groups_per_slot)
+                    X_MODE=X_MODES[self.x_mode], GPS=self.groups_per_slot, WARPS=self.consumer_warps)

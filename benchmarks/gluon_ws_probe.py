@@ -148,7 +148,8 @@ class Problem:
                      TensorDescriptor.from_tensor(x, x_block_shape(config), x_desc_layout(config)), self.xsum)
         tiles, groups = self.rows // BN, self.k // BK
         return lambda: _ws_kernel[(programs,)](*descs, self.out, tiles, groups, config.x_copies,
-                                               **config.constexprs(producer_regs), num_warps=4,
+                                               **config.constexprs(producer_regs),
+                                               num_warps=config.consumer_warps,
                                                maxnreg=config.maxnreg)
 
 
@@ -207,7 +208,7 @@ def compile_only(config: Config, producer_regs: int) -> dict:
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
     src = GluonASTSource(_ws_kernel, signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=4, maxnreg=config.maxnreg))
+                              options=dict(num_warps=config.consumer_warps, maxnreg=config.maxnreg))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -233,7 +234,8 @@ def main() -> None:
     # ring slot, all with the cp.async producer.
     forms = [f"4:2:128:{mma}:cpasync:1:{gps}" for gps in (1, 2) for mma in ("stream", "nodecode", "none", "wgmma", "v2")]
     ap.add_argument("--configs", default=",".join(forms),
-                    help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot], comma-separated "
+                    help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot[:consumer_warps]], "
+                         "comma-separated "
                          "(mma wgmma | v2 | none | nodecode | stream; x_mode box | flat | once | swz128 | cpasync)")
     ap.add_argument("--producer-regs", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3, help="timings of every form, interleaved; the median is kept")

@@ -61,6 +61,22 @@ def test_word_layout_is_the_a_fragment_without_the_shift_bits():
     assert layout.WORD_REG_BASES == [b for b in fragment_regs if b not in shift_bits]
 
 
+def test_eight_consumer_warps_put_the_second_64_rows_on_a_warpgroup():
+    # wgmma with warps_per_cta [8, 1]: warpgroup 2 takes rows 64-127, so the
+    # fragment's register bit for the second 64 rows becomes a warp bit; the
+    # words' memory order (CODE_OFFSETS) stays, each thread then reading two
+    # 16-byte vectors 2 KiB apart.
+    regs, lanes, warps = layout.word_bases(8)
+    assert lanes == layout.WORD_LANE_BASES
+    assert warps == [[16, 0], [32, 0], [64, 0]]
+    assert regs == [[8, 0], [0, 4], [0, 8]]
+    assert layout.word_bases(4) == (layout.WORD_REG_BASES, layout.WORD_LANE_BASES, layout.WORD_WARP_BASES)
+    held = [layout.CODE_OFFSETS.index(b) for b in regs]
+    assert held == [0, 1, 9]
+    with pytest.raises(ValueError):
+        layout.word_bases(6)
+
+
 def test_code_offsets_cover_every_word_once():
     order = layout.code_word_order()
     assert sorted(order.tolist()) == list(range(BN * WORDS))
@@ -109,7 +125,8 @@ def test_reference_applies_each_groups_scale_and_offset():
 
 @pytest.mark.parametrize("text", ["4:2:128:tensor:box:1", "4:2:128:wgmma:tiles:1", "4:2:128:wgmma:box:2",
                                   "4:2:128:wgmma:flat:0", "4:2:128:wgmma", "4:2:128:wgmma:box:1:2",
-                                  "4:2:128:v2:cpasync:1:3"])
+                                  "4:2:128:v2:cpasync:1:3", "4:2:80:wgmma:cpasync:1:1:6",
+                                  "4:2:80:wgmma:cpasync:1:1:8:1"])
 def test_config_rejects_bad_input(text):
     with pytest.raises(ValueError):
         layout.Config.parse(text)
@@ -120,8 +137,11 @@ def test_config_parses_its_fields():
     assert (config.stages, config.per_sm, config.maxnreg, config.mma, config.x_mode, config.x_copies) == (
         6, 3, 80, "v2", "swz128", 16)
     assert config.constexprs(40) == dict(STAGES=6, PRODUCER_REGS=40, MMA=layout.MMAS["v2"],
-                                         X_MODE=layout.X_MODES["swz128"], GPS=1)
+                                         X_MODE=layout.X_MODES["swz128"], GPS=1, WARPS=4)
     assert layout.Config.parse("4:2:128:v2:cpasync:1:2").groups_per_slot == 2
+    assert config.consumer_warps == 4
+    eight = layout.Config.parse("4:2:80:wgmma:cpasync:1:1:8")
+    assert eight.consumer_warps == 8 and eight.constexprs(40)["WARPS"] == 8
     assert not config.timing_only
     assert all(layout.Config.parse(t).timing_only for t in ("4:2:128:none:box:1", "4:2:128:stream:cpasync:1",
                                                               "4:2:128:wgmma:once:1", "4:2:128:nodecode:cpasync:1"))
