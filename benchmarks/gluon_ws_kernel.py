@@ -45,6 +45,8 @@ WORD_L4, WORD_L8 = (gl.constexpr(gl.DistributedLinearLayout(
 CODES_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 X_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
 X_FLAT_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+# An 8-token tile's activations (cpasync): [BK, 8] fp16, 16-byte rows, no swizzle.
+X8_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
 X_FLAT_ROWS = gl.constexpr(BK.value * BM.value // 256)
 # X_MODES: how the producer brings each step's operands. box / flat / once:
 # codes and scales as TMA boxes of 512-byte rows without swizzle (see
@@ -137,19 +139,19 @@ def _producer(codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, 
 
 @gluon.jit
 def _producer_cp(codes_ptr, scales_ptr, x_ptr, codes, scales, xs, ready, empty, n_tiles, n_groups,
-                 STAGES: gl.constexpr, GPS: gl.constexpr):
+                 STAGES: gl.constexpr, GPS: gl.constexpr, TOKENS: gl.constexpr):
     # CP_PRODUCER_WARPS warps: each group's codes (4 x 16 bytes a thread),
-    # scales (4 bytes) and activations (2 x 16 bytes) by cp.async, GPS
-    # groups to a slot.
+    # scales (4 bytes) and activations (TOKENS / 8 x 16 bytes) by cp.async,
+    # GPS groups to a slot.
     code_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [CP_PRODUCER_WARPS, 1], [1, 0])
     scale_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, CP_PRODUCER_WARPS], [1, 0])
-    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [CP_PRODUCER_WARPS, 1], [1, 0])
+    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // TOKENS, TOKENS // 8], [CP_PRODUCER_WARPS, 1], [1, 0])
     code_offs = (gl.arange(0, CODE_ROWS, layout=gl.SliceLayout(1, code_l))[:, None] * 128 +
                  gl.arange(0, 128, layout=gl.SliceLayout(0, code_l))[None, :])
     scale_offs = (gl.arange(0, 1, layout=gl.SliceLayout(1, scale_l))[:, None] * BN +
                   gl.arange(0, BN, layout=gl.SliceLayout(0, scale_l))[None, :])
-    x_offs = (gl.arange(0, BK, layout=gl.SliceLayout(1, x_l))[:, None] * BM +
-              gl.arange(0, BM, layout=gl.SliceLayout(0, x_l))[None, :])
+    x_offs = (gl.arange(0, BK, layout=gl.SliceLayout(1, x_l))[:, None] * TOKENS +
+              gl.arange(0, TOKENS, layout=gl.SliceLayout(0, x_l))[None, :])
     it = 0
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         for g0 in range(0, n_groups, GPS):
@@ -161,21 +163,23 @@ def _producer_cp(codes_ptr, scales_ptr, x_ptr, codes, scales, xs, ready, empty, 
                 async_copy.async_copy_global_to_shared(codes.index(buf),
                                                        codes_ptr + chunk * (CODE_ROWS * 128) + code_offs)
                 async_copy.async_copy_global_to_shared(scales.index(buf), scales_ptr + chunk * BN + scale_offs)
-                async_copy.async_copy_global_to_shared(xs.index(buf), x_ptr + (g0 + j) * (BK * BM) + x_offs)
+                async_copy.async_copy_global_to_shared(xs.index(buf), x_ptr + (g0 + j) * (BK * TOKENS) + x_offs)
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
             it += 1
 
 
 @gluon.jit
 def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES: gl.constexpr,
-              MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr, WARPS: gl.constexpr):
+              MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr, WARPS: gl.constexpr,
+              TOKENS: gl.constexpr):
+    # TOKENS: the product's N (BM unless cpasync).
     # The same A, pair and accumulator layouts either way (gl.to_linear_layout).
     if MMA == MMA_SYNC:
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                         instr_shape=[16, 8])
     else:
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                        instr_shape=[16, BM, 16])
+                                                        instr_shape=[16, TOKENS, 16])
     if WARPS == 8:
         word_l: gl.constexpr = WORD_L8
     else:
@@ -186,8 +190,8 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
     flat_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    zero = gl.zeros([BN, BM], gl.float32, acc_l)
-    cols = gl.arange(0, BM, layout=col_l)
+    zero = gl.zeros([BN, TOKENS], gl.float32, acc_l)
+    cols = gl.arange(0, TOKENS, layout=col_l)
     it = 0
     if MMA == MMA_STREAM:
         # Timing only: each slot released unread (the copies' own ceiling).
@@ -199,7 +203,7 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
                 it += 1
         return
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        acc = gl.zeros([BN, BM], gl.float32, acc_l)
+        acc = gl.zeros([BN, TOKENS], gl.float32, acc_l)
         for g0 in range(0, n_groups, GPS):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -214,7 +218,7 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
                     x_view = xs.index(buf)._reinterpret(gl.float16, [BK, BM], X_LAYOUT)
                 else:
                     x_view = xs.index(buf)
-                xsum = gl.load(xsum_ptr + (g0 + j) * BM + cols)  # 2^-24 sum(x), from the L1
+                xsum = gl.load(xsum_ptr + (g0 + j) * TOKENS + cols)  # 2^-24 sum(x), from the L1
                 a = _decode4(words, pair_l, a_l, MMA != MMA_NODECODE)
                 if MMA == MMA_SYNC:
                     # mma.sync m16n8k16: B from registers (every warp reads all of it).
@@ -239,14 +243,15 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
                 acc += part * s.to(gl.float32)[:, None] + o.to(gl.float32)[:, None] * xsum[None, :]
             it += 1
         rows = tile * BN + gl.arange(0, BN, layout=row_l)
-        gl.store(out_ptr + rows[:, None] * BM + cols[None, :], acc * SUBNORMAL_SCALE)
+        gl.store(out_ptr + rows[:, None] * TOKENS + cols[None, :], acc * SUBNORMAL_SCALE)
 
 
 @gluon.jit
 def _ws_kernel(codes_desc, scales_desc, x_desc, xsum_ptr, out_ptr, n_tiles, n_groups, x_copies, STAGES: gl.constexpr,
                PRODUCER_REGS: gl.constexpr, MMA: gl.constexpr, X_MODE: gl.constexpr, GPS: gl.constexpr,
-               WARPS: gl.constexpr):
-    # WARPS: the consumer's (the launch's num_warps; the producer adds its own).
+               WARPS: gl.constexpr, TOKENS: gl.constexpr):
+    # WARPS: the consumer's (the launch's num_warps; the producer adds its
+    # own). TOKENS: the tile's (gluon_ws_layout.TOKEN_TILES; 8 only with cpasync).
     if X_MODE == X_SWZ128:
         codes = gl.allocate_shared_memory(gl.int32, [STAGES, WIDE_CODE_ROWS, SWZ128_WORDS], WIDE_LAYOUT)
         scales = gl.allocate_shared_memory(gl.int32, [STAGES, 1, BN], CODES_LAYOUT)
@@ -254,7 +259,10 @@ def _ws_kernel(codes_desc, scales_desc, x_desc, xsum_ptr, out_ptr, n_tiles, n_gr
     else:
         codes = gl.allocate_shared_memory(gl.int32, [STAGES * GPS, CODE_ROWS, 128], CODES_LAYOUT)
         scales = gl.allocate_shared_memory(gl.int32, [STAGES * GPS, 1, BN], CODES_LAYOUT)
-        xs = gl.allocate_shared_memory(gl.float16, [STAGES * GPS, BK, BM], X_LAYOUT)
+        if TOKENS == 8:
+            xs = gl.allocate_shared_memory(gl.float16, [STAGES * GPS, BK, TOKENS], X8_LAYOUT)
+        else:
+            xs = gl.allocate_shared_memory(gl.float16, [STAGES * GPS, BK, TOKENS], X_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -267,14 +275,14 @@ def _ws_kernel(codes_desc, scales_desc, x_desc, xsum_ptr, out_ptr, n_tiles, n_gr
         # codes_desc, scales_desc, x_desc are plain pointers here.
         gl.warp_specialize([
             (_consumer, (codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES, MMA, X_MODE,
-                          GPS, WARPS)),
+                          GPS, WARPS, TOKENS)),
             (_producer_cp, (codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups,
-                            STAGES, GPS)),
+                            STAGES, GPS, TOKENS)),
         ], [CP_PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_groups, STAGES, MMA, X_MODE,
-                          GPS, WARPS)),
+                          GPS, WARPS, TOKENS)),
             (_producer, (codes_desc, scales_desc, x_desc, codes, scales, xs, ready, empty, n_tiles, n_groups,
                          x_copies, STAGES, X_MODE)),
         ], [1], [PRODUCER_REGS])

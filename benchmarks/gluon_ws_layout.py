@@ -52,6 +52,9 @@ def word_bases(consumer_warps: int) -> tuple[list, list, list]:
     return WORD_REG_BASES[:3], WORD_LANE_BASES, WORD_WARP_BASES + WORD_REG_BASES[3:]
 
 
+# Tokens of a tile (the product's N): 16, or 8 (wgmma m64n8k16; cpasync only),
+# which halves the product's tensor work and accumulators.
+TOKEN_TILES = (8, 16)
 # Offset bit i of a (tile, group)'s code words -> its (row, word). Bits 0-1:
 # two register bits of the word layout (a 16-byte vector); 2-6: its lanes;
 # 7-8: its warps; 9-10: its other two register bits. So one LDS.128 covers
@@ -104,7 +107,7 @@ def pack_scales(s: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
 
 
 def reference(q, s, o, x):
-    """fp32 [rows, BM]: (o + s q) @ x^T with the group's scale and offset."""
+    """fp32 [rows, tokens]: (o + s q) @ x^T with the group's scale and offset."""
     rows, k = q.shape
     w = q.float().view(rows, -1, BK) * s.float()[..., None] + o.float()[..., None]
     return w.view(rows, k) @ x.float().t()
@@ -135,8 +138,8 @@ class Config:
     """One measured form: ring depth, resident programs per multiprocessor,
     the register cap, the product (wgmma or mma.sync), the activations'
     copy (X_MODES) from x_copies copies, the groups a ring slot holds (one
-    wait and one release per slot; cpasync only) and the consumer's warps
-    (CONSUMER_WARPS)."""
+    wait and one release per slot; cpasync only), the consumer's warps
+    (CONSUMER_WARPS) and the tile's tokens (TOKEN_TILES)."""
 
     stages: int
     per_sm: int
@@ -146,18 +149,21 @@ class Config:
     x_copies: int
     groups_per_slot: int = 1
     consumer_warps: int = 4
+    tokens: int = BM
 
     @staticmethod
     def parse(text: str) -> "Config":
         fields = text.split(":")
-        if len(fields) not in (6, 7, 8):
-            raise ValueError(f"bad config {text!r}: "
-                             "stages:per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot[:consumer_warps]]")
+        if len(fields) not in (6, 7, 8, 9):
+            raise ValueError(f"bad config {text!r}: stages:per_sm:maxnreg:mma:x_mode:x_copies"
+                             "[:groups_per_slot[:consumer_warps[:tokens]]]")
         stages, per_sm, maxnreg, mma, x_mode, x_copies = fields[:6]
-        config = Config(int(stages), int(per_sm), int(maxnreg), mma, x_mode, int(x_copies),
-                        int(fields[6]) if len(fields) >= 7 else 1, int(fields[7]) if len(fields) == 8 else 4)
+        optional = [int(f) for f in fields[6:]] + [1, 4, BM][len(fields) - 6:]
+        config = Config(int(stages), int(per_sm), int(maxnreg), mma, x_mode, int(x_copies), *optional)
         if config.consumer_warps not in CONSUMER_WARPS:
             raise ValueError(f"bad config {text!r}: consumer_warps one of {CONSUMER_WARPS}")
+        if config.tokens not in TOKEN_TILES or (config.tokens != BM and x_mode != "cpasync"):
+            raise ValueError(f"bad config {text!r}: tokens one of {TOKEN_TILES}, {BM} unless cpasync")
         if HIDDEN // BK % config.groups_per_slot or (config.groups_per_slot > 1 and x_mode != "cpasync"):
             raise ValueError(f"bad config {text!r}: groups_per_slot must divide the groups, >1 only with cpasync")
         if mma not in MMAS or x_mode not in X_MODES or config.x_copies < 1:
@@ -175,4 +181,5 @@ class Config:
 
     def constexprs(self, producer_regs: int) -> dict:
         return dict(STAGES=self.stages, PRODUCER_REGS=producer_regs, MMA=MMAS[self.mma],
-                    X_MODE=X_MODES[self.x_mode], GPS=self.groups_per_slot, WARPS=self.consumer_warps)
+                    X_MODE=X_MODES[self.x_mode], GPS=self.groups_per_slot, WARPS=self.consumer_warps,
+                    TOKENS=self.tokens)

@@ -94,20 +94,20 @@ def codes_desc_layout(config: Config):
 class Problem:
     """The probe's operands on the GPU (see the module docstring)."""
 
-    def __init__(self, rows: int, k: int, max_x_copies: int, seed: int = 0):
+    def __init__(self, rows: int, k: int, max_x_copies: int, seed: int = 0, tokens: int = BM):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         self.rows, self.k = rows, k
         groups = k // BK
         self.q = torch.randint(0, 16, (rows, k), device="cuda", dtype=torch.uint8, generator=gen)
         self.s = (torch.rand(rows, groups, device="cuda", generator=gen) * 2e-3 + 1e-3).half()
         self.o = (-8 * self.s.float()).half()
-        self.x = (torch.randn(BM, k, device="cuda", generator=gen)).half()  # [tokens, K]
+        self.x = (torch.randn(tokens, k, device="cuda", generator=gen)).half()  # [tokens, K]
         self.codes = pack_codes(self.q)
         self.scales = pack_scales(self.s, self.o)
         self.xt = self.x.t().contiguous()  # [K, tokens]
         self.max_x_copies = max_x_copies
-        self.xsum = (self.x.float().view(BM, -1, BK).sum(-1).t() / SUBNORMAL_SCALE).contiguous()
-        self.out = torch.empty(rows, BM, device="cuda", dtype=torch.float32)
+        self.xsum = (self.x.float().view(tokens, -1, BK).sum(-1).t() / SUBNORMAL_SCALE).contiguous()
+        self.out = torch.empty(rows, tokens, device="cuda", dtype=torch.float32)
 
     # The other forms' operands, built when a form first asks (the swizzled
     # codes alone are another 470 MB at full size).
@@ -234,7 +234,8 @@ def main() -> None:
     # ring slot, all with the cp.async producer.
     forms = [f"4:2:128:{mma}:cpasync:1:{gps}" for gps in (1, 2) for mma in ("stream", "nodecode", "none", "wgmma", "v2")]
     ap.add_argument("--configs", default=",".join(forms),
-                    help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot[:consumer_warps]], "
+                    help="stages:programs_per_sm:maxnreg:mma:x_mode:x_copies[:groups_per_slot[:consumer_warps"
+                         "[:tokens]]], "
                          "comma-separated "
                          "(mma wgmma | v2 | none | nodecode | stream; x_mode box | flat | once | swz128 | cpasync)")
     ap.add_argument("--producer-regs", type=int, default=40)
@@ -253,14 +254,18 @@ def main() -> None:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     copies = max(c.x_copies for c in configs)
-    check = Problem(rows=BN * 2 * sms + BN * 3, k=HIDDEN, max_x_copies=copies, seed=1)
-    ref = reference(check.q, check.s, check.o, check.x)
-    full = Problem(rows=EXPERTS * 2 * INTERMEDIATE, k=HIDDEN, max_x_copies=copies)
+    # One check and one full problem per token tile the forms use.
+    checks = {t: Problem(rows=BN * 2 * sms + BN * 3, k=HIDDEN, max_x_copies=copies, seed=1, tokens=t)
+              for t in sorted({c.tokens for c in configs})}
+    refs = {t: reference(p.q, p.s, p.o, p.x) for t, p in checks.items()}
+    fulls = {t: Problem(rows=EXPERTS * 2 * INTERMEDIATE, k=HIDDEN, max_x_copies=copies, tokens=t) for t in checks}
+    full = next(iter(fulls.values()))  # for the sizes, the same in each
     copy = copy_bandwidth()
     steps = full.rows // BN * (full.k // BK)
     rows = []
     for config in configs:
         programs = config.per_sm * sms
+        check, ref = checks[config.tokens], refs[config.tokens]
         check.out.fill_(float("nan"))
         check.launch(config, programs, args.producer_regs)()
         torch.cuda.synchronize()
@@ -270,7 +275,8 @@ def main() -> None:
                          ms_rounds=[]))
     # Rounds over all forms, so that a drift of the GPU's speed within the
     # call spreads over every form instead of favouring the later ones.
-    launches = [full.launch(config, row["programs"], args.producer_regs) for config, row in zip(configs, rows)]
+    launches = [fulls[config.tokens].launch(config, row["programs"], args.producer_regs)
+                for config, row in zip(configs, rows)]
     for _ in range(args.rounds):
         for launch, row in zip(launches, rows):
             row["ms_rounds"].append(time_launch(launch))

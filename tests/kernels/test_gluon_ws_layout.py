@@ -126,7 +126,8 @@ def test_reference_applies_each_groups_scale_and_offset():
 @pytest.mark.parametrize("text", ["4:2:128:tensor:box:1", "4:2:128:wgmma:tiles:1", "4:2:128:wgmma:box:2",
                                   "4:2:128:wgmma:flat:0", "4:2:128:wgmma", "4:2:128:wgmma:box:1:2",
                                   "4:2:128:v2:cpasync:1:3", "4:2:80:wgmma:cpasync:1:1:6",
-                                  "4:2:80:wgmma:cpasync:1:1:8:1"])
+                                  "4:2:80:wgmma:cpasync:1:1:8:1", "4:2:128:wgmma:box:1:1:4:8",
+                                  "4:2:128:wgmma:cpasync:1:1:4:32", "4:2:128:wgmma:cpasync:1:1:4:16:1"])
 def test_config_rejects_bad_input(text):
     with pytest.raises(ValueError):
         layout.Config.parse(text)
@@ -137,11 +138,13 @@ def test_config_parses_its_fields():
     assert (config.stages, config.per_sm, config.maxnreg, config.mma, config.x_mode, config.x_copies) == (
         6, 3, 80, "v2", "swz128", 16)
     assert config.constexprs(40) == dict(STAGES=6, PRODUCER_REGS=40, MMA=layout.MMAS["v2"],
-                                         X_MODE=layout.X_MODES["swz128"], GPS=1, WARPS=4)
+                                         X_MODE=layout.X_MODES["swz128"], GPS=1, WARPS=4,
+                                         TOKENS=16)
     assert layout.Config.parse("4:2:128:v2:cpasync:1:2").groups_per_slot == 2
     assert config.consumer_warps == 4
     eight = layout.Config.parse("4:2:80:wgmma:cpasync:1:1:8")
-    assert eight.consumer_warps == 8 and eight.constexprs(40)["WARPS"] == 8
+    assert eight.consumer_warps == 8 and eight.constexprs(40)["WARPS"] == 8 and eight.tokens == 16
+    assert layout.Config.parse("4:2:128:wgmma:cpasync:1:1:4:8").constexprs(40)["TOKENS"] == 8
     assert not config.timing_only
     assert all(layout.Config.parse(t).timing_only for t in ("4:2:128:none:box:1", "4:2:128:stream:cpasync:1",
                                                               "4:2:128:wgmma:once:1", "4:2:128:nodecode:cpasync:1"))
