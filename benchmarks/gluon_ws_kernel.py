@@ -45,8 +45,10 @@ WORD_L4, WORD_L8 = (gl.constexpr(gl.DistributedLinearLayout(
 CODES_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 X_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
 X_FLAT_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
-# An 8-token tile's activations (cpasync): [BK, 8] fp16, 16-byte rows, no swizzle.
-X8_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+# An 8-token tile's activations (cpasync): K-major [8, BK] fp16 in the 128-byte
+# swizzle, the product's B its transposed view. (N-major [BK, 8] fp16 has
+# 16-byte rows, no swizzle: its wgmma faulted on the H200, session 33.)
+X8_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 X_FLAT_ROWS = gl.constexpr(BK.value * BM.value // 256)
 # X_MODES: how the producer brings each step's operands. box / flat / once:
 # codes and scales as TMA boxes of 512-byte rows without swizzle (see
@@ -142,16 +144,23 @@ def _producer_cp(codes_ptr, scales_ptr, x_ptr, codes, scales, xs, ready, empty, 
                  STAGES: gl.constexpr, GPS: gl.constexpr, TOKENS: gl.constexpr):
     # CP_PRODUCER_WARPS warps: each group's codes (4 x 16 bytes a thread),
     # scales (4 bytes) and activations (TOKENS / 8 x 16 bytes) by cp.async,
-    # GPS groups to a slot.
+    # GPS groups to a slot. x_ptr: [K, 16] (16 tokens) or [8, K] (8 tokens).
     code_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [CP_PRODUCER_WARPS, 1], [1, 0])
     scale_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, CP_PRODUCER_WARPS], [1, 0])
-    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // TOKENS, TOKENS // 8], [CP_PRODUCER_WARPS, 1], [1, 0])
     code_offs = (gl.arange(0, CODE_ROWS, layout=gl.SliceLayout(1, code_l))[:, None] * 128 +
                  gl.arange(0, 128, layout=gl.SliceLayout(0, code_l))[None, :])
     scale_offs = (gl.arange(0, 1, layout=gl.SliceLayout(1, scale_l))[:, None] * BN +
                   gl.arange(0, BN, layout=gl.SliceLayout(0, scale_l))[None, :])
-    x_offs = (gl.arange(0, BK, layout=gl.SliceLayout(1, x_l))[:, None] * TOKENS +
-              gl.arange(0, TOKENS, layout=gl.SliceLayout(0, x_l))[None, :])
+    if TOKENS == 8:
+        x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [CP_PRODUCER_WARPS, 1], [1, 0])
+        x_offs = (gl.arange(0, TOKENS, layout=gl.SliceLayout(1, x_l))[:, None] * (n_groups * BK) +
+                  gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))[None, :])
+        x_group = BK
+    else:
+        x_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [CP_PRODUCER_WARPS, 1], [1, 0])
+        x_offs = (gl.arange(0, BK, layout=gl.SliceLayout(1, x_l))[:, None] * TOKENS +
+                  gl.arange(0, TOKENS, layout=gl.SliceLayout(0, x_l))[None, :])
+        x_group = BK * TOKENS
     it = 0
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         for g0 in range(0, n_groups, GPS):
@@ -163,7 +172,7 @@ def _producer_cp(codes_ptr, scales_ptr, x_ptr, codes, scales, xs, ready, empty, 
                 async_copy.async_copy_global_to_shared(codes.index(buf),
                                                        codes_ptr + chunk * (CODE_ROWS * 128) + code_offs)
                 async_copy.async_copy_global_to_shared(scales.index(buf), scales_ptr + chunk * BN + scale_offs)
-                async_copy.async_copy_global_to_shared(xs.index(buf), x_ptr + (g0 + j) * (BK * TOKENS) + x_offs)
+                async_copy.async_copy_global_to_shared(xs.index(buf), x_ptr + (g0 + j) * x_group + x_offs)
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
             it += 1
 
@@ -216,6 +225,8 @@ def _consumer(codes, scales, xs, ready, empty, xsum_ptr, out_ptr, n_tiles, n_gro
                 so = scales.index(buf)._reinterpret(gl.int32, [BN], flat_sl).load(row_l)  # fp16 s | o << 16
                 if X_MODE == X_SWZ128:
                     x_view = xs.index(buf)._reinterpret(gl.float16, [BK, BM], X_LAYOUT)
+                elif TOKENS == 8:
+                    x_view = xs.index(buf).permute([1, 0])  # [BK, 8] of the K-major slot
                 else:
                     x_view = xs.index(buf)
                 xsum = gl.load(xsum_ptr + (g0 + j) * TOKENS + cols)  # 2^-24 sum(x), from the L1
@@ -260,7 +271,7 @@ def _ws_kernel(codes_desc, scales_desc, x_desc, xsum_ptr, out_ptr, n_tiles, n_gr
         codes = gl.allocate_shared_memory(gl.int32, [STAGES * GPS, CODE_ROWS, 128], CODES_LAYOUT)
         scales = gl.allocate_shared_memory(gl.int32, [STAGES * GPS, 1, BN], CODES_LAYOUT)
         if TOKENS == 8:
-            xs = gl.allocate_shared_memory(gl.float16, [STAGES * GPS, BK, TOKENS], X8_LAYOUT)
+            xs = gl.allocate_shared_memory(gl.float16, [STAGES * GPS, TOKENS, BK], X8_LAYOUT)
         else:
             xs = gl.allocate_shared_memory(gl.float16, [STAGES * GPS, BK, TOKENS], X_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

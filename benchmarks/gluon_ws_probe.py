@@ -137,7 +137,8 @@ class Problem:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         if config.x_mode == "cpasync":
-            descs = (self.codes, self.scales, self.xt, self.xsum)
+            # 16 tokens K-major per token pair ([K, 16]), 8 tokens as [8, K] (gluon_ws_kernel.X8_LAYOUT).
+            descs = (self.codes, self.scales, self.x if self.x.shape[0] == 8 else self.xt, self.xsum)
         else:
             if config.x_mode == "swz128":
                 codes, x = self.wide_codes, self.x_wide
