@@ -47,7 +47,7 @@ FP32_POINTERS = {"xsum_ptr", "gu_ptr", "hsum_ptr", "tw_ptr", "out_ptr", "xq_scal
 # Integer arguments the launches pass as multiples of 16 (Triton specialises
 # those as divisible by 16; the counts differ without it).
 DIVISIBLE_INTS = {"H", "F", "pt_block_stride", "pt_field_stride", "q_x", "q_h"}
-COUNTED = ("HGMMA", "IDP", "FFMA", "HADD2", "LOP3", "IADD3", "IMAD", "SHF", "SHFL", "PRMT", "IMAD.U32", "R2UR",
+COUNTED = ("HGMMA", "HMMA", "IDP", "FFMA", "HADD2", "LOP3", "IADD3", "IMAD", "SHF", "SHFL", "PRMT", "IMAD.U32", "R2UR",
            "LDS", "LDGSTS", "LDG", "BAR.SYNC", "STL", "LDL")
 TENSOR_CORE = ("HGMMA", "HMMA")
 SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")

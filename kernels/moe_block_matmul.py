@@ -145,12 +145,12 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
         f3 = _load_two_bit(arena_ptr, p3, g)
     if NF >= 5:
         f4 = _load_two_bit(arena_ptr, p4, g)
-    if BM >= 16:
-        w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM)  # [BN, 128] fp16
+    if BM > 1:
+        w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM, BM)  # [BN, 128] fp16
         xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] x 2^-p
         part = tl.dot(w, xt)  # [BN, BM] = 2^-24 sum t x (times the view's factor)
     else:
-        # One token on the CUDA cores (tl.dot needs 16), by dp2a against the
+        # One token on the CUDA cores, by dp2a against the
         # token's int16 activations (kernels/moe_cuda_core.py); with one row
         # per thread (MoeTiles: num_warps = BN / 32) each row's sum stays in
         # its thread. Every thread reads the whole group of activations
@@ -187,7 +187,8 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     The CUDA-core product (BM = 1, one valid token) reads instead int16
     activations (weight_layout.quantize_activations): xt_ptrs int32 pointers
     [64] to the words of group 0, qs_ptrs fp32 pointers [2] to the scales of
-    its spans (unused for BM >= 16), xt_mask and plane_off unused.
+    its spans (unused for BM > 1), xt_mask and plane_off unused. The
+    tensor-core tiles (BM >= 8) read xt_ptrs' rows in moe_decode.tile_k_order.
     STAGES: pipeline depth of the K loop (MoeTiles.num_stages, or
     wide_loop_stages for a launch's wide token tile).
     The group range is cut into segments at the page boundaries of the tile's
@@ -235,7 +236,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
         inv_step = 4194304.0  # 2^22
     else:
         inv_step = 16777216.0  # 2^24
-    if BM >= 16:
+    if BM > 1:
         if NF == 1:
             xt_ptrs += 2 * plane_off
         elif NF <= 3:
@@ -267,7 +268,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
         if NF >= 5:
             ge, p4 = _field_segment(a4, b4, k4, gs, ge, 8)
         ps = tl.where(gs < sk, sa, sb)
-        if BM >= 16:
+        if BM > 1:
             # The launch's num_stages would pipeline a plain range too, but
             # one depth for every loop; a launch with a wide tile gives each
             # token tile's loop its own (MoeTiles.wide_stages).

@@ -140,13 +140,37 @@ def _byte_pairs(hi, lo, USE_ASM: tl.constexpr):
     return tl.join(even, odd)  # [.., s, ab]
 
 
+# Token tiles under this are multiplied by mma.sync (Triton 3.6 takes wgmma
+# from 16 tokens up), whose fp16 A operand Triton lays out with kWidth 4: a
+# thread holds 4 consecutive K of each 16, not the pairs 2t, 2t + 1, 2t + 8,
+# 2t + 9 of wgmma's. decode_tile then puts quarter c on K bits 2-3 instead of
+# bits 1-2, so that each thread's decoded weights are again what it holds of
+# the operand (sm_90 SASS, 4-bit gate/up loop at 8 tokens: 430 instructions
+# with the wgmma order, 277 with this one; 272 at 16 tokens by wgmma).
+MIN_WGMMA_TOKENS: tl.constexpr = tl.constexpr(16)
+
+
 @triton.jit
-def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
-    """fp16 [BN, 128] of one group in the virtual K order
-    (weight_layout.virtual_to_actual): each weight masked where its code lies
-    and read as the subnormal fp16 t 2^p 2^-24 (t the view's code, 2^p its
-    place, staged into the activations: weight_layout.plane_scales; no offset
-    to take out).
+def tile_k_order(k, BM: tl.constexpr):
+    """Virtual in-group position (0..127) of decode_tile's column k for a
+    BM-token tile: the column itself from MIN_WGMMA_TOKENS up; below,
+    column 64 w + 32 h + 16 s + 4 c + 2 ab + e holds position
+    64 w + 32 h + 16 s + 8 ab + 2 c + e. Callers read the activations' rows
+    in this order."""
+    if BM < MIN_WGMMA_TOKENS:
+        return (k & 0x71) | ((k & 0x2) << 2) | (((k >> 2) & 0x3) << 1)
+    else:
+        return k
+
+
+@triton.jit
+def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr, BM: tl.constexpr):
+    """fp16 [BN, 128] of one group, column j the weight at virtual in-group
+    position tile_k_order(j, BM) (weight_layout.virtual_to_actual): each
+    weight masked where its code lies and read as the subnormal fp16
+    t 2^p 2^-24 (t the view's code, 2^p its place, staged into the
+    activations: weight_layout.plane_scales; no offset to take out). BM: the
+    product's tokens (tile_k_order says why it matters).
 
     f0, f3, f4: uint32 [BN, 4, 2] (2-bit fields: quarter c, word); f1, f2:
     uint32 [BN, 4] (1-bit fields: quarter c). Fields >= NF are ignored.
@@ -174,5 +198,8 @@ def decode_tile(f0, f1, f2, f3, f4, NF: tl.constexpr, BN: tl.constexpr, USE_ASM:
                 low = nibble_words(f3, f3, f3, r, TOP_ONLY, USE_ASM)
             pairs = _byte_pairs(nib, low, USE_ASM)  # [BN, c, w, h, s, ab]
     halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))  # [BN, c, w, h, s, ab, e]
-    halves = tl.permute(halves, (0, 2, 3, 4, 5, 1, 6))  # [BN, w, h, s, ab, c, e]
+    if BM < MIN_WGMMA_TOKENS:
+        halves = tl.permute(halves, (0, 2, 3, 4, 1, 5, 6))  # [BN, w, h, s, c, ab, e]
+    else:
+        halves = tl.permute(halves, (0, 2, 3, 4, 5, 1, 6))  # [BN, w, h, s, ab, c, e]
     return tl.reshape(halves, (BN, 128)).to(tl.float16, bitcast=True)

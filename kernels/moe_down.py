@@ -11,6 +11,7 @@ import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
+from kernels.moe_decode import tile_k_order
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
@@ -38,7 +39,7 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
                STAGES: tl.constexpr, ACT_CG: tl.constexpr):
     m = tl.arange(0, BM)
-    kv = tl.arange(0, 128)
+    kv = tile_k_order(tl.arange(0, 128), BM)  # the activation row of each decoded column
     pos = m0 + m
     valid = pos < end
     pos64 = pos.to(tl.int64)

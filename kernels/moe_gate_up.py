@@ -24,6 +24,7 @@ import triton.language as tl
 from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
+from kernels.moe_decode import tile_k_order
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
@@ -53,7 +54,7 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
                   q_x, q_h, ready, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
                   SIGNAL: tl.constexpr):
     m = tl.arange(0, BM)
-    kv = tl.arange(0, 128)
+    kv = tile_k_order(tl.arange(0, 128), BM)  # the activation row of each decoded column
     pos = m0 + m
     valid = pos < end
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)

@@ -14,9 +14,16 @@ from kernels.moe_tuning import MAX_REGISTERS_PER_THREAD, MoeTuning
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
-# Smallest token tile: 8 (wgmma n8) ran much slower on the device's Triton
-# (benchmarks/results/moe_tile8_h200.json); the largest is four times this.
+# The base tensor-core token tile (choose_tiles' default from one token up
+# to 16 per expert); the largest tile is four times this.
 BASE_TOKEN_TILE = 16
+# The narrow tensor-core tile: 8 tokens, by mma.sync (Triton 3.6 takes wgmma
+# from 16 up; kernels/moe_decode.tile_k_order). Session 1 measured it much
+# slower (benchmarks/results/moe_tile8_h200.json): then Triton moved each
+# decoded tile through shared memory into mma.sync's operand layout. In the
+# Gluon probe of session 33 an 8-token step ran 76-83 % of the copy against
+# 63-69 % at 16 (benchmarks/results/gluon_ws_probe_h200_s33.json).
+NARROW_TOKEN_TILE = 8
 # The one-token tile: its products run on the CUDA cores
 # (kernels/moe_cuda_core.py), one weight row per thread, against int16
 # activations. For launches where no expert can get a second token (one
@@ -72,7 +79,7 @@ class MoeTiles:
     limit_carveout: after loading a launch over 48 KiB of shared memory, ask
     the driver for only the carveout that resident_programs programs need,
     so that L1 keeps the rest (kernels/smem_carveout.py); GPU only.
-    block_m: tokens per tile: a power of two >= BASE_TOKEN_TILE (tensor
+    block_m: tokens per tile: a power of two >= NARROW_TOKEN_TILE (tensor
     cores, fp16 activation planes) or CUDA_CORE_TOKEN_TILE (CUDA cores, int16
     activations: activation_dtype); any token count is correct with either,
     the tile only sets the speed.
@@ -113,8 +120,9 @@ class MoeTiles:
             value = getattr(self, name)
             if name == "block_m" and value == CUDA_CORE_TOKEN_TILE:
                 continue
-            if value < BASE_TOKEN_TILE or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two >= {BASE_TOKEN_TILE}, got {value}")
+            least = NARROW_TOKEN_TILE if name == "block_m" else BASE_TOKEN_TILE
+            if value < least or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= {least}, got {value}")
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
@@ -180,7 +188,7 @@ def default_stages(block_m: int, block_m_wide: int, tuning: MoeTuning) -> int:
     wide tile of block_m_wide (0: none) compiled in."""
     if block_m == CUDA_CORE_TOKEN_TILE:
         return tuning.one_token_stages
-    if block_m == BASE_TOKEN_TILE and not block_m_wide:
+    if block_m <= BASE_TOKEN_TILE and not block_m_wide:
         return tuning.tensor_core_stages
     return tuning.wide_launch_stages
 

@@ -35,12 +35,13 @@ def mixed_fields(layer, e, proj):
 
 
 @pytest.mark.parametrize("bn_up,split,balance,block_m", [(128, 2, True, 16), (64, 3, True, 16), (128, 2, False, 16),
-                                                        (64, 3, False, 16), (128, 2, True, 1), (64, 3, False, 1)])
+                                                        (64, 3, False, 16), (128, 2, True, 1), (64, 3, False, 1),
+                                                        (128, 2, True, 8), (64, 3, False, 8)])
 def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m):
     # balance: the down launch shares each row tile's work by view cost, so
     # programs start and end inside an expert's K range; else equal K splits.
     # block_m 1: the CUDA-core product, one token per tile (here up to 6 tiles
-    # per expert).
+    # per expert); 8: mma.sync, its activation rows in moe_decode.tile_k_order.
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     t = 6
@@ -52,6 +53,24 @@ def test_mixed_bits_in_one_launch(device, bn_up, split, balance, block_m):
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert out.shape == (t, H) and bool(torch.isfinite(out).all())
     assert rel_err(out, ref) < 3e-3
+
+
+@pytest.mark.parametrize("bits", wl.VIEW_BITS)
+def test_narrow_tile_each_view_over_two_token_tiles(device, bits):
+    # The 8-token tile (mma.sync; kernels/moe_decode.tile_k_order) on every
+    # view alone, with expert 1 over one tile (11 tokens: a full tile and a
+    # masked one), against the fp32 reference.
+    nf = wl.VIEW_BITS.index(bits) + 1
+    weights = random_moe(1, E, H, F, lambda l, e, p: nf, PAGE, device, seed=11)
+    torch.manual_seed(12)
+    t = 11
+    x = torch.randn(t, H)
+    ids = torch.stack([torch.tensor([1, int(i)]) for i in torch.randint(2, 4, (t,))])
+    tw = torch.rand(t, 2)
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=8, split_k=2)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
+    assert bool(torch.isfinite(out).all()) and rel_err(out, ref) < 3e-3
 
 
 @pytest.mark.parametrize("bits", wl.VIEW_BITS)
@@ -140,7 +159,7 @@ def test_stale_slots_past_num_active_are_ignored(device, monkeypatch, block_m, b
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("block_m", [16, 1])
+@pytest.mark.parametrize("block_m", [16, 8, 1])
 def test_gate_up_writes_every_routed_row(device, block_m):
     # block_m 1: the CUDA-core tile, h quantized to int16 per span of 64 rows.
     weights = random_moe(1, E, H, F, lambda l, e, p: 1 + (e + p) % 5, PAGE, device, seed=7)
