@@ -54,7 +54,7 @@ from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
 from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
-from kernels.moe_tiles import BASE_TOKEN_TILE  # noqa: E402
+from kernels.moe_tiles import BASE_TOKEN_TILE, NARROW_TOKEN_TILE  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 
 COPY_BYTES = 2 << 30
@@ -163,9 +163,12 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store
     moved = statistics.mean(float((sizes * (load > 0)).sum()) for load in loads)
     touched = statistics.mean(float((load > 0).sum()) for load in loads) / layers
     # Expert loads: the kernels stream an expert's weights once per token
-    # tile, so loads over the base tile are what the wide tile is for.
+    # tile, so loads over the launch's token tile (the narrow one up to
+    # MoeTuning.narrow_tile_max_mean, else the base one) cost another pass,
+    # or the wide tile.
     max_load = statistics.mean(float(load.max(dim=1).values.float().mean()) for load in loads)
     over_tile = statistics.mean(float((load > BASE_TOKEN_TILE).sum()) for load in loads) / layers
+    over_narrow = statistics.mean(float((load > NARROW_TOKEN_TILE).sum()) for load in loads) / layers
     kv = statistics.mean(log.context_tokens[i] for i in idx) * kv_token_bytes
     total = dense_bytes + moved + kv
     roof = total / bandwidth
@@ -181,6 +184,7 @@ def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store
         "experts_touched_per_layer": touched,
         "max_tokens_per_expert": max_load,  # mean over steps and layers of the busiest expert's tokens
         "experts_over_base_tile_per_layer": over_tile,
+        "experts_over_narrow_tile_per_layer": over_narrow,
         "bytes_per_step": total,
         "bytes_dense": dense_bytes,
         "bytes_experts": moved,
@@ -326,6 +330,11 @@ def main() -> int:
                         default=tuning.one_token_one_launch,
                         help="DataplaneConfig.moe_tuning.one_token_one_launch (the one-token gate/up and down "
                              "projections in one launch, kernels/moe_gate_up_down.py; A/B runs)")
+    parser.add_argument("--narrow-tile-max-mean", type=float, default=tuning.narrow_tile_max_mean,
+                        help="DataplaneConfig.moe_tuning.narrow_tile_max_mean (the 8-token tile up to this mean "
+                             "load per expert; 0: never; A/B runs)")
+    parser.add_argument("--narrow-tile-stages", type=int, default=tuning.narrow_tile_stages,
+                        help="DataplaneConfig.moe_tuning.narrow_tile_stages (the 8-token tile's depth; A/B runs)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -359,7 +368,9 @@ def main() -> int:
                              wide_launch_stages=args.wide_launch_stages, wide_tile_stages=args.wide_tile_stages,
                              one_token_maxnreg=args.one_token_maxnreg,
                              one_token_rows_per_thread=args.one_token_rows_per_thread,
-                             one_token_one_launch=args.one_token_one_launch),
+                             one_token_one_launch=args.one_token_one_launch,
+                             narrow_tile_max_mean=args.narrow_tile_max_mean,
+                             narrow_tile_stages=args.narrow_tile_stages),
     )
     built = build(config)
     build_s = time.perf_counter() - t0

@@ -14,8 +14,9 @@ from kernels.moe_tuning import MAX_REGISTERS_PER_THREAD, MoeTuning
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
-# The base tensor-core token tile (choose_tiles' default from one token up
-# to 16 per expert); the largest tile is four times this.
+# The base tensor-core token tile (choose_tiles' tile for a mean load from
+# MoeTuning.narrow_tile_max_mean up to 16 tokens per expert; the wide tile of
+# a narrow-tile launch); the largest tile is four times this.
 BASE_TOKEN_TILE = 16
 # The narrow tensor-core tile: 8 tokens, by mma.sync (Triton 3.6 takes wgmma
 # from 16 up; kernels/moe_decode.tile_k_order). Session 1 measured it much
@@ -188,6 +189,8 @@ def default_stages(block_m: int, block_m_wide: int, tuning: MoeTuning) -> int:
     wide tile of block_m_wide (0: none) compiled in."""
     if block_m == CUDA_CORE_TOKEN_TILE:
         return tuning.one_token_stages
+    if block_m == NARROW_TOKEN_TILE and not block_m_wide:
+        return tuning.narrow_tile_stages
     if block_m <= BASE_TOKEN_TILE and not block_m_wide:
         return tuning.tensor_core_stages
     return tuning.wide_launch_stages
@@ -199,7 +202,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  wide_stages: int | None = None, tuning: MoeTuning | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
                  limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
-    """A launch shape for decode sizes: 16-64 tokens per tile, enough programs;
+    """A launch shape for decode sizes: 8-64 tokens per tile, enough programs;
     one token: the CUDA-core tile, one row per thread (num_warps follows the
     rows, 64 where 128 would leave multiprocessors idle in gate/up).
 
@@ -210,10 +213,12 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     tuning.wide_tile_stages); maxnreg (None: tuning.one_token_maxnreg for the
     one-token tile, else none); tuning: the measured defaults (None:
     MoeTuning()).
-    block_m: tokens per tile (None: from the mean
-    tokens per expert). block_m_wide (None: WIDE_TOKEN_TILE when the mean
-    load is over half a tile, so that some expert likely gets more than
-    block_m tokens, else 0): see MoeTiles.
+    block_m: tokens per tile (None: from the mean tokens per expert:
+    NARROW_TOKEN_TILE up to tuning.narrow_tile_max_mean, else the least of
+    16, 32, 64 that holds the mean). block_m_wide (None: when the mean load
+    is over half a tile, so that some expert likely gets more than block_m
+    tokens, BASE_TOKEN_TILE over the narrow tile and WIDE_TOKEN_TILE over the
+    base tile, else 0): see MoeTiles.
     """
     tuning = tuning or MoeTuning()
     pairs = num_tokens * top_k
@@ -224,6 +229,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
         if maxnreg is None:
             maxnreg = tuning.one_token_maxnreg
+    if block_m is None and per_expert <= tuning.narrow_tile_max_mean:
+        block_m = NARROW_TOKEN_TILE
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:
@@ -234,7 +241,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # expert, random routing) ran 395 us with it and 355 us without; at
         # B=64 (mean 16) 431 us with it and 570 us without.
         likely_over = per_expert > block_m / 2
-        block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
+        wide_tile = BASE_TOKEN_TILE if block_m == NARROW_TOKEN_TILE else WIDE_TOKEN_TILE
+        block_m_wide = wide_tile if likely_over and wide_tile > block_m else 0
     if num_stages is None:
         num_stages = default_stages(block_m, block_m_wide, tuning)
     if wide_stages is None:

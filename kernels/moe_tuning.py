@@ -37,6 +37,17 @@ TENSOR_CORE_STAGES = 4
 # 387.8 / 498.1 / 394.6 us, moe_tune_wide_stages_b64_s24_h200.json).
 WIDE_LAUNCH_STAGES = 3
 WIDE_TILE_STAGES = 3
+# narrow_tile_max_mean: the 8-token tensor-core tile (mma.sync; session 33's
+# kernels/moe_decode.tile_k_order) serves launches whose mean load per active
+# expert is at most this many tokens, so that an expert rarely spills into a
+# second tile (Mixtral top-2 of 8 experts: B <= 16). In the Gluon probe
+# (gluon_ws_probe_h200_s33.json) an 8-token 4-bit step streamed 76-83 % of
+# the copy against 63-69 % at 16 tokens; for the engine's own launches see
+# NOTES session 34.
+NARROW_TILE_MAX_MEAN = 4.0
+# narrow_tile_stages: the 8-token tile's K loop (its activation stages are
+# half the 16-token tile's, so deeper pipelines fit in the same shared memory).
+NARROW_TILE_STAGES = 4
 # one_token_rows_per_thread: 1 (one row per thread since session 13). At 2
 # (local Triton 3.6 sm_90 SASS, 128 rows on 2 warps) the gate/up loop takes
 # 432 instructions a step for two rows against 248 for one at 4 bits (LDS
@@ -88,6 +99,9 @@ class MoeTuning:
     each activation word read from shared memory serves two rows.
     one_token_one_launch: the one-token tile's gate/up and down projections
     in one launch (MoeTiles.one_launch).
+    narrow_tile_max_mean: largest mean tokens per active expert for which
+    choose_tiles takes the 8-token tensor-core tile (0: never).
+    narrow_tile_stages: pipeline depth of the 8-token tile.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -97,14 +111,19 @@ class MoeTuning:
     one_token_maxnreg: int | None = None
     one_token_rows_per_thread: int = ONE_TOKEN_ROWS_PER_THREAD
     one_token_one_launch: bool = ONE_TOKEN_ONE_LAUNCH
+    narrow_tile_max_mean: float = NARROW_TILE_MAX_MEAN
+    narrow_tile_stages: int = NARROW_TILE_STAGES
 
     def __post_init__(self) -> None:
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")
-        for name in ("one_token_stages", "tensor_core_stages", "wide_launch_stages", "wide_tile_stages"):
+        for name in ("one_token_stages", "tensor_core_stages", "wide_launch_stages", "wide_tile_stages",
+                     "narrow_tile_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.narrow_tile_max_mean < 0:
+            raise ValueError(f"narrow_tile_max_mean must be >= 0, got {self.narrow_tile_max_mean}")
         if self.one_token_maxnreg is not None and not 0 < self.one_token_maxnreg <= MAX_REGISTERS_PER_THREAD:
             raise ValueError(f"one_token_maxnreg must be None or in 1..{MAX_REGISTERS_PER_THREAD}, "
                              f"got {self.one_token_maxnreg}")

@@ -112,11 +112,13 @@ def test_scale_words_across_page_breaks(device):
         assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("t,wide,balance", [(20, 0, False), (20, 32, False), (40, 32, False), (40, 32, True)])
-def test_few_experts_host_only_and_token_loop(device, t, wide, balance):
-    # t tokens on two experts (more than one 16-token tile each: several
-    # tiles, one wide tile, or several wide tiles), one slot routed to a
-    # host-only expert, one slot ignored (-1).
+@pytest.mark.parametrize("t,block_m,wide,balance", [(20, 16, 0, False), (20, 16, 32, False), (40, 16, 32, False),
+                                                   (40, 16, 32, True), (20, 8, 16, False), (40, 8, 16, True)])
+def test_few_experts_host_only_and_token_loop(device, t, block_m, wide, balance):
+    # t tokens on two experts (more than one token tile each: several tiles,
+    # one wide tile, or several wide tiles), one slot routed to a host-only
+    # expert, one slot ignored (-1). block_m 8 with a 16-token wide tile:
+    # mma.sync and wgmma products in one launch.
     weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
     torch.manual_seed(6)
     x = torch.randn(t, H).to(torch.float16)
@@ -126,7 +128,8 @@ def test_few_experts_host_only_and_token_loop(device, t, wide, balance):
     ids[0, 1] = 2
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=1, block_m_wide=wide, balance_down=balance)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1, block_m_wide=wide,
+                     balance_down=balance)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
@@ -269,9 +272,19 @@ def test_tiles_validate_and_widen_only_when_needed():
         MoeTiles(block_m=32, block_m_wide=32)
     with pytest.raises(ValueError, match="block_m "):
         MoeTiles(block_m=24)
-    assert choose_tiles(16, 2, 8, 4096, 14336).block_m_wide == 0  # at most 16 tokens per expert
-    assert choose_tiles(16, 2, 8, 4096, 14336).balance_down  # shared down work, but not with the wide tile
-    assert choose_tiles(32, 2, 8, 4096, 14336).block_m_wide == 0  # mean 8 per expert: rarely over 16
+    # Up to tuning.narrow_tile_max_mean tokens per expert (Mixtral B <= 16)
+    # the 8-token tile, without a wide tile; then 16 tokens.
+    narrow = choose_tiles(16, 2, 8, 4096, 14336)
+    assert (narrow.block_m, narrow.block_m_wide, narrow.activation_dtype) == (8, 0, torch.float16)
+    assert narrow.balance_down  # shared down work, but not with the wide tile
+    assert choose_tiles(4, 2, 8, 4096, 14336).block_m == 8
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m_wide == 0
+    assert choose_tiles(2, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
+    # Over half the narrow tile on the mean: the 16-token tile is the wide one.
+    assert (choose_tiles(24, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=6)).block_m_wide) == 16
+    b32 = choose_tiles(32, 2, 8, 4096, 14336)
+    assert (b32.block_m, b32.block_m_wide) == (16, 0)  # mean 8 per expert: rarely over 16
     wide = choose_tiles(64, 2, 8, 4096, 14336)
     assert (wide.block_m, wide.block_m_wide) == (16, 32) and not wide.balance_down
     assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
@@ -290,14 +303,18 @@ def test_tiles_validate_and_widen_only_when_needed():
     # Pipeline depth: per tile kind from the tuning unless given.
     shipped = MoeTuning()
     assert one.num_stages == shipped.one_token_stages and wide.num_stages == shipped.wide_launch_stages
-    assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == shipped.tensor_core_stages
+    assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == shipped.narrow_tile_stages
+    assert b32.num_stages == shipped.tensor_core_stages
     assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == shipped.wide_launch_stages  # 64-token tiles
     assert wide.wide_loop_stages == shipped.wide_tile_stages and one.wide_loop_stages == one.num_stages
     tuned = MoeTuning(one_token_stages=2, tensor_core_stages=5, wide_launch_stages=6, wide_tile_stages=7,
                       one_token_maxnreg=200)
     one_tuned = choose_tiles(1, 2, 8, 4096, 14336, tuning=tuned)
     assert (one_tuned.num_stages, one_tuned.maxnreg) == (2, 200)
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=tuned).num_stages == 5
+    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=tuned).num_stages == 5
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_stages=6)).num_stages == 6
+    with pytest.raises(ValueError, match="narrow_tile_max_mean"):
+        MoeTuning(narrow_tile_max_mean=-1)
     wide_tuned = choose_tiles(64, 2, 8, 4096, 14336, tuning=tuned)
     assert (wide_tuned.num_stages, wide_tuned.wide_loop_stages, wide_tuned.maxnreg) == (6, 7, None)
     with pytest.raises(ValueError, match="tensor_core_stages"):
@@ -389,6 +406,21 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
     ids, new_ids = (torch.randint(0, 8, (33, 2), generator=gen) for _ in range(2))
     tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=16, split_k=4, use_asm=use_asm, num_stages=stages)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=10, demote_first_block=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wide,stages", [(0, 4), (16, 4), (0, 6)])
+def test_gpu_narrow_tile_and_replay(wide, stages):
+    # The 8-token tile (mma.sync, kWidth-4 operand order) as choose_tiles
+    # builds it for B <= 16, alone and with the 16-token (wgmma) wide tile in
+    # one launch; 16 then 24 tokens on 8 experts, so that some expert has more
+    # than one narrow tile's tokens after the replay's new routing.
+    gen = torch.Generator().manual_seed(14)
+    ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(16)])
+    new_ids = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(16)])
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=8, split_k=4, use_asm=True, block_m_wide=wide,
+                     num_stages=stages, balance_down=not wide)
+    check_eager_and_replay("cuda", tiles, ids, new_ids, seed=14, demote_first_block=True)
 
 
 @pytest.mark.gpu
