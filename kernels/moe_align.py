@@ -10,8 +10,9 @@ another (Mixtral B=1: two programs, four dependent chunks each). Nothing here
 needs a host sync, so the step can run under CUDA graphs.
 
 Outputs (all device tensors):
-* xp        fp16  [T, H]   x in virtual in-group order (weight_layout), clamped to fp16
-                  and rounded to it
+* xp        fp16  [T, H]   x in the slot order (weight_layout.slot_virtual: the virtual
+                  in-group order, or the 8-token tile's with MoePrep.narrow_order),
+                  clamped to fp16 and rounded to it
 * xsum      fp32  [T, H / 128]  sums of xp per group
 * x_planes  fp16  [3, T, H] xp (plane 0) and xp times weight_layout.plane_scales(1)
             and (2) at each position: the activations each view's decode reads
@@ -40,6 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.moe_decode import tile_k_order
+from kernels.moe_tiles import BASE_TOKEN_TILE, NARROW_TOKEN_TILE
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.weight_layout import ACT_QMAX, ACT_SPAN, GROUP, NUM_PLANES, permute_groups, plane_scales, \
     quantize_activations
@@ -67,6 +70,9 @@ class MoePrep:
     offsets: torch.Tensor
     active: torch.Tensor
     num_active: torch.Tensor
+    # The fp16 planes hold each group in the 8-token tile's slot order
+    # (weight_layout.slot_virtual; MoeTiles.narrow_order), else in the virtual order.
+    narrow_order: bool = False
 
 
 @triton.jit
@@ -124,12 +130,14 @@ def quantize_spans(xf, NR: tl.constexpr, L: tl.constexpr):
 
 @triton.jit
 def stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H,
-                GB: tl.constexpr, QUANTIZE: tl.constexpr):
+                GB: tl.constexpr, QUANTIZE: tl.constexpr, ORDER_BM: tl.constexpr):
     """Stages groups gg (int [GB], valid where gm) of token row ``row``: xv
-    [GB, 128] holds x at in-group positions v in the planes' order (K order
-    to quantize, virtual order for the fp16 planes). Writes the planes (or the
-    int16 plane and its span scales), the group sums, and zeroes the same part
-    of the output row."""
+    [GB, 128] holds x at in-group positions v (0..127) of the planes' order
+    (K order to quantize; for the fp16 planes the slot order of a ORDER_BM-token
+    tile, slot v holding virtual position moe_decode.tile_k_order(v, ORDER_BM):
+    load_order gives what to load). Writes the planes (or the int16 plane and
+    its span scales), the group sums, and zeroes the same part of the output
+    row."""
     n_groups = H // 128
     xv = tl.minimum(tl.maximum(xv.to(tl.float32), -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
     dst = row * H + gg[:, None] * 128 + v[None, :]
@@ -144,10 +152,26 @@ def stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, 
     else:
         tl.store(xp_ptr + dst, xv, mask=gm[:, None])
         # powers of two: exact but for fp16 subnormals
-        x1 = (xv.to(tl.float32) * plane_scale(v, 1)[None, :]).to(tl.float16)
+        vpos = tile_k_order(v, ORDER_BM)
+        x1 = (xv.to(tl.float32) * plane_scale(vpos, 1)[None, :]).to(tl.float16)
         tl.store(xp_ptr + T * H + dst, x1, mask=gm[:, None])
-        x2 = (xv.to(tl.float32) * plane_scale(v, 2)[None, :]).to(tl.float16)
+        x2 = (xv.to(tl.float32) * plane_scale(vpos, 2)[None, :]).to(tl.float16)
         tl.store(xp_ptr + 2 * T * H + dst, x2, mask=gm[:, None])
+
+
+@triton.jit
+def load_order(v, QUANTIZE: tl.constexpr, ORDER_BM: tl.constexpr):
+    """The actual in-group index that stage_chunk's position v takes: v
+    itself to quantize (K order), else that of the slot's virtual position."""
+    if QUANTIZE:
+        return v
+    else:
+        return _virtual_to_actual(tile_k_order(v, ORDER_BM))
+
+
+def order_tile(narrow: bool) -> int:
+    """ORDER_BM of the staging launches for MoePrep.narrow_order."""
+    return NARROW_TOKEN_TILE if narrow else BASE_TOKEN_TILE
 
 
 @triton.jit
@@ -209,7 +233,7 @@ def _moe_prep_kernel(
     cost_ptr,  # [E] int32 cost class of each expert, element stride cost_stride (HAS_COST)
     T, H, stride_x, E, n_pairs, n_chunks, cost_stride,
     GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr, DO_SORT: tl.constexpr,
-    QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr, PDL: tl.constexpr,
+    QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr, PDL: tl.constexpr, ORDER_BM: tl.constexpr,
 ):
     # Program 0 sorts (it has the longest chain); program 1 + r * n_chunks + c
     # stages chunk c (GB groups) of token row r.
@@ -220,10 +244,9 @@ def _moe_prep_kernel(
         row = ((pid - 1) // n_chunks).to(tl.int64)
         gg = ((pid - 1) % n_chunks) * GB + tl.arange(0, GB)
         gm = gg < H // 128
-        # virtual in-group order for the fp16 planes, K order to quantize
-        act = v if QUANTIZE else _virtual_to_actual(v)
+        act = load_order(v, QUANTIZE, ORDER_BM)
         xv = tl.load(x_ptr + row * stride_x + gg[:, None] * 128 + act[None, :], mask=gm[:, None], other=0.0)
-        stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE)
+        stage_chunk(xv, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE, ORDER_BM)
     elif DO_SORT:
         t = tl.arange(0, PAIRS_PAD)
         cost = load_slot_cost(cost_ptr, cost_stride, E, E_PAD, HAS_COST)
@@ -271,9 +294,11 @@ def act_scale_columns(dtype: torch.dtype, k: int) -> int:
 
 
 def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
-               device: torch.device | str, plane_dtype: torch.dtype = torch.float16) -> MoePrep:
+               device: torch.device | str, plane_dtype: torch.dtype = torch.float16,
+               narrow_order: bool = False) -> MoePrep:
     """Uninitialised buffers for moe_prepare (reuse them across steps / graphs).
-    plane_dtype: of x_planes (MoeTiles.activation_dtype)."""
+    plane_dtype: of x_planes (MoeTiles.activation_dtype); narrow_order: the
+    fp16 planes' slot order (MoeTiles.narrow_order)."""
     planes = torch.empty(planes_of(plane_dtype), num_tokens, hidden, dtype=plane_dtype, device=device)
     return MoePrep(
         xp=planes[0], x_planes=planes,
@@ -285,6 +310,7 @@ def alloc_prep(num_tokens: int, top_k: int, hidden: int, num_experts: int,
         offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=device),
         active=torch.empty(num_experts, dtype=torch.int32, device=device),
         num_active=torch.empty(1, dtype=torch.int32, device=device),
+        narrow_order=narrow_order,
     )
 
 
@@ -346,8 +372,8 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         t, h, x.stride(0), num_experts, n_pairs, n_chunks, 0 if slot_cost is None else slot_cost.stride(0),
         GB=GROUPS_PER_STEP, PAIRS_PAD=triton.next_power_of_2(max(n_pairs, 16)),
         E_PAD=triton.next_power_of_2(max(num_experts, 16)), DO_SORT=do_sort,
-        QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, num_warps=4,
-        **pdl_options(x.device, t, pdl),
+        QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None,
+        ORDER_BM=order_tile(prep.narrow_order), num_warps=4, **pdl_options(x.device, t, pdl),
     )
     if not do_sort:
         _sort_with_torch(ids, num_experts, prep, slot_cost)
@@ -356,18 +382,19 @@ def moe_prepare(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
 
 def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                           plane_dtype: torch.dtype = torch.float16,
-                          slot_cost: torch.Tensor | None = None) -> MoePrep:
-    """Plain-torch version of moe_prepare (same outputs)."""
+                          slot_cost: torch.Tensor | None = None, narrow_order: bool = False) -> MoePrep:
+    """Plain-torch version of moe_prepare (same outputs) for prep buffers of
+    these plane_dtype and narrow_order."""
     t, h = x.shape
     x16 = x.float().clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
     ids = topk_ids.reshape(-1).to(torch.int32)
-    groups = permute_groups(x16).float().reshape(t, h // GROUP, GROUP)
+    groups = permute_groups(x16, narrow_order).float().reshape(t, h // GROUP, GROUP)
     xq_scale = torch.zeros(t, act_scale_columns(plane_dtype, h), dtype=torch.float32, device=x.device)
     if planes_of(plane_dtype) == 1:
         q, xq_scale = quantize_activations(x16)
         planes = q[None]
     else:
-        planes = torch.stack([(groups * plane_scales(p).to(x.device)).to(plane_dtype).reshape(t, h)
+        planes = torch.stack([(groups * plane_scales(p, narrow_order).to(x.device)).to(plane_dtype).reshape(t, h)
                               for p in range(NUM_PLANES)])
     prep = MoePrep(
         xp=planes[0],
@@ -379,6 +406,7 @@ def moe_prepare_reference(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: 
         offsets=torch.empty(num_experts + 1, dtype=torch.int32, device=x.device),
         active=torch.empty(num_experts, dtype=torch.int32, device=x.device),
         num_active=torch.empty(1, dtype=torch.int32, device=x.device),
+        narrow_order=narrow_order,
     )
     _sort_with_torch(ids, num_experts, prep, slot_cost)
     return prep

@@ -155,12 +155,24 @@ def tile_k_order(k, BM: tl.constexpr):
     """Virtual in-group position (0..127) of decode_tile's column k for a
     BM-token tile: the column itself from MIN_WGMMA_TOKENS up; below,
     column 64 w + 32 h + 16 s + 4 c + 2 ab + e holds position
-    64 w + 32 h + 16 s + 8 ab + 2 c + e. Callers read the activations' rows
-    in this order."""
+    64 w + 32 h + 16 s + 8 ab + 2 c + e (weight_layout.slot_virtual). The
+    activation planes are staged in this order, so that the launches read
+    their rows contiguously."""
     if BM < MIN_WGMMA_TOKENS:
         return (k & 0x71) | ((k & 0x2) << 2) | (((k >> 2) & 0x3) << 1)
     else:
         return k
+
+
+@triton.jit
+def virtual_slot(v, BM: tl.constexpr):
+    """Inverse of tile_k_order: the decoded column (the planes' slot,
+    weight_layout.slot_virtual) of virtual in-group position v for a BM-token
+    tile."""
+    if BM < MIN_WGMMA_TOKENS:
+        return (v & 0x71) | (((v >> 3) & 0x1) << 1) | (((v >> 1) & 0x3) << 2)
+    else:
+        return v
 
 
 @triton.jit

@@ -11,7 +11,6 @@ import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_decode import tile_k_order
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
@@ -39,7 +38,7 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
                BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr,
                STAGES: tl.constexpr, ACT_CG: tl.constexpr):
     m = tl.arange(0, BM)
-    kv = tile_k_order(tl.arange(0, 128), BM)  # the activation row of each decoded column
+    kv = tl.arange(0, 128)  # the planes hold each group in the decode's column order (slot order)
     pos = m0 + m
     valid = pos < end
     pos64 = pos.to(tl.int64)
@@ -97,7 +96,7 @@ def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "split", "groups_per_split"])
 def _moe_down_kernel(
-    h_ptr,  # [3, T * top_k, F] fp16, sorted order, virtual in-group order: the planes (int16 [1, ...]: BM 1)
+    h_ptr,  # [3, T * top_k, F] fp16, sorted, in the slot order of BM: the planes (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 scales of the int16 h (BM 1)
     hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert

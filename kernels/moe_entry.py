@@ -61,8 +61,8 @@ import triton
 import triton.language as tl
 
 from kernels.arrival_counters import ArrivalCounters
-from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, _virtual_to_actual, \
-    check_prep_inputs, load_slot_cost, moe_prepare_reference, sort_pairs, stage_chunk
+from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, check_prep_inputs, load_order, \
+    load_slot_cost, moe_prepare_reference, order_tile, sort_pairs, stage_chunk
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.router import RoutingTargets, _check_top_k, _statistics_args, gate_route_reference, \
@@ -100,7 +100,7 @@ def _moe_entry_kernel(
     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     NC_PAD: tl.constexpr, GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr,
     QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr, RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, ORDER_BM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = (pid // n_chunks).to(tl.int64)
@@ -109,14 +109,14 @@ def _moe_entry_kernel(
     offs = tl.arange(0, BLOCK_H)
     hm = offs < H
     # The chunk's columns twice: in K order (cn, contiguous loads for the
-    # router's share) and in the staging order (col: virtual in-group order
-    # for the fp16 planes, K order to quantize).
+    # router's share) and in the staging order (col: the slot order of the
+    # fp16 planes, K order to quantize: moe_align.load_order).
     cn = chunk * (GB * 128) + tl.arange(0, GB * 128)
     nm = cn < H
     v = tl.arange(0, 128)
     gg = chunk * GB + tl.arange(0, GB)
     gm = gg < H // 128
-    act = v if QUANTIZE else _virtual_to_actual(v)
+    act = load_order(v, QUANTIZE, ORDER_BM)
     col = gg[:, None] * 128 + act[None, :]  # [GB, 128]
     e = tl.arange(0, BLOCK_E)
     emask = e < E
@@ -145,7 +145,7 @@ def _moe_entry_kernel(
     inv = 1.0 / tl.sqrt(tl.sum(s32 * s32, axis=0) / H + eps)
     # 2. this chunk of y (add_rmsnorm's output at these columns), staged
     y_c = (nw_c * (s_c.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)  # [GB, 128]
-    stage_chunk(y_c, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE)
+    stage_chunk(y_c, row, gg, gm, v, xp_ptr, xq_scale_ptr, xsum_ptr, out_ptr, T, H, GB, QUANTIZE, ORDER_BM)
     # 3. this chunk's share of the logits
     y_k = (nw_k * (s_k.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     tl.store(partial_ptr + (row * n_chunks + chunk) * BLOCK_E + e, tl.sum(w * y_k[None, :], axis=1))
@@ -246,7 +246,8 @@ def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
         K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
         BLOCK_H=triton.next_power_of_2(hidden), NC_PAD=triton.next_power_of_2(n_chunks), GB=GROUPS_PER_STEP,
         PAIRS_PAD=triton.next_power_of_2(max(t * top_k, 16)), E_PAD=triton.next_power_of_2(max(num_experts, 16)),
-        QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, **flags, num_warps=4,
+        QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, **flags,
+        ORDER_BM=order_tile(prep.narrow_order), num_warps=4,
         **pdl_options(device, t, pdl),
     )
     return res_out, ids, weights
@@ -254,11 +255,12 @@ def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
 
 def moe_entry_reference(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         gate_weight: torch.Tensor, top_k: int, plane_dtype: torch.dtype = torch.float16,
-                        slot_cost: torch.Tensor | None = None):
+                        slot_cost: torch.Tensor | None = None, narrow_order: bool = False):
     """Plain torch, the unfused order: (residual + delta, probs [T, E],
-    topk_ids, topk_weights, MoePrep of the normalised rows)."""
+    topk_ids, topk_weights, MoePrep of the normalised rows; plane_dtype and
+    narrow_order: the prep buffers')."""
     s = (residual.float() + delta.to(residual.dtype).float()).to(residual.dtype)
     y = rmsnorm_reference(s, norm_weight, eps)
     probs, ids, weights = gate_route_reference(y, gate_weight, top_k)
-    prep = moe_prepare_reference(y, ids, gate_weight.shape[0], plane_dtype, slot_cost)
+    prep = moe_prepare_reference(y, ids, gate_weight.shape[0], plane_dtype, slot_cost, narrow_order)
     return s, probs, ids, weights, prep

@@ -24,7 +24,7 @@ import triton.language as tl
 from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_decode import tile_k_order
+from kernels.moe_decode import tile_k_order, virtual_slot
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
@@ -54,7 +54,7 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
                   q_x, q_h, ready, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
                   SIGNAL: tl.constexpr):
     m = tl.arange(0, BM)
-    kv = tile_k_order(tl.arange(0, 128), BM)  # the activation row of each decoded column
+    kv = tl.arange(0, 128)  # the planes hold each group in the decode's column order (slot order)
     pos = m0 + m
     valid = pos < end
     flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
@@ -92,7 +92,7 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
             tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
         else:
             tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
-            _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM)
+            _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM, USE_ASM)
         if SIGNAL:
             # Every thread's h, hq_scale and hsum stores before the release
             # (kernels/moe_gate_up_down.py waits on this count).
@@ -104,9 +104,10 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
 
 
 @triton.jit
-def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM: tl.constexpr):
+def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM: tl.constexpr, USE_ASM: tl.constexpr):
     # Planes 1 and 2 of h (q_h elements apart): h16 times 2^-p by virtual
-    # position (powers of two: exact but for subnormals). The compiler hoisted
+    # position (that of slot col: tile_k_order) (powers of two: exact but
+    # for subnormals). The compiler hoisted
     # the per-row factors above the K loop, where they took registers that
     # every loop of the launch then lacked (local sm_90 SASS: 4-bit loop
     # 449 -> 466 instructions); a side-effecting copy of col pins them here.
@@ -114,15 +115,16 @@ def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, USE_ASM: tl.const
         col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
                                         is_pure=False, pack=1)
     at = pos64[None, :] * F + col[:, None]
-    h1 = (h16.to(tl.float32) * plane_scale(col % 128, 1)[:, None]).to(tl.float16)
+    vpos = tile_k_order(col % 128, BM)
+    h1 = (h16.to(tl.float32) * plane_scale(vpos, 1)[:, None]).to(tl.float16)
     tl.store(h_ptr + q_h + at, h1, mask=keep)
-    h2 = (h16.to(tl.float32) * plane_scale(col % 128, 2)[:, None]).to(tl.float16)
+    h2 = (h16.to(tl.float32) * plane_scale(vpos, 2)[:, None]).to(tl.float16)
     tl.store(h_ptr + 2 * q_h + at, h2, mask=keep)
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
 def _moe_gate_up_kernel(
-    xp_ptr,  # [3, T, H] fp16, x in virtual in-group order: the activation planes (int16 [1, T, H]: BM 1)
+    xp_ptr,  # [3, T, H] fp16, x in the slot order of BM: the activation planes (int16 [1, T, H]: BM 1)
     xq_scale_ptr,  # [T, H / 64] fp32 scales of the int16 x (BM 1)
     xsum_ptr,  # [T, H / 128] fp32 group sums of xp
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
@@ -134,7 +136,7 @@ def _moe_gate_up_kernel(
     bf_ptr,  # [num_blocks] int32 resident field count per block
     gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
-    h_ptr,  # [3, T * top_k, F] fp16 out, sorted, virtual in-group order: the planes (int16 [1, ...]: BM 1)
+    h_ptr,  # [3, T * top_k, F] fp16 out, sorted, in the slot order of BM: the planes (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 out, scales of the int16 h (BM 1)
     hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
     block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
@@ -181,8 +183,10 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
             n = tile * BN + tl.arange(0, BN)
             rows = tl.minimum(n, F - 1)
             pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
-            # Where row n of h goes: its virtual position inside its group.
-            col = (n // 128) * 128 + actual_to_virtual(n % 128)
+            # Where row n of h goes: the slot of its virtual position inside
+            # its group (the launch's tiles read the slot order of BM;
+            # MoeTiles keeps the narrow tile apart from a wide one).
+            col = (n // 128) * 128 + virtual_slot(actual_to_virtual(n % 128), BM)
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,

@@ -15,15 +15,18 @@ from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
 # The base tensor-core token tile (choose_tiles' tile for a mean load from
-# MoeTuning.narrow_tile_max_mean up to 16 tokens per expert; the wide tile of
-# a narrow-tile launch); the largest tile is four times this.
+# MoeTuning.narrow_tile_max_mean up to 16 tokens per expert); the largest
+# tile is four times this.
 BASE_TOKEN_TILE = 16
 # The narrow tensor-core tile: 8 tokens, by mma.sync (Triton 3.6 takes wgmma
 # from 16 up; kernels/moe_decode.tile_k_order). Session 1 measured it much
 # slower (benchmarks/results/moe_tile8_h200.json): then Triton moved each
 # decoded tile through shared memory into mma.sync's operand layout. In the
 # Gluon probe of session 33 an 8-token step ran 76-83 % of the copy against
-# 63-69 % at 16 (benchmarks/results/gluon_ws_probe_h200_s33.json).
+# 63-69 % at 16 (benchmarks/results/gluon_ws_probe_h200_s33.json). Its
+# launches stage the activation planes in its own slot order
+# (weight_layout.slot_virtual), so no wider tile can share them: a launch
+# with this tile has no wide tile.
 NARROW_TOKEN_TILE = 8
 # The one-token tile: its products run on the CUDA cores
 # (kernels/moe_cuda_core.py), one weight row per thread, against int16
@@ -127,6 +130,9 @@ class MoeTiles:
         wide = self.block_m_wide
         if wide and (wide <= self.block_m or wide & (wide - 1)):
             raise ValueError(f"block_m_wide must be 0 or a power of two > block_m, got {wide}")
+        if wide and self.narrow_order:
+            raise ValueError(f"block_m {self.block_m} stages the activations in its own slot order: "
+                             f"no wide tile can read them (block_m_wide must be 0, got {wide})")
         if self.one_launch and not self.fits_one_launch:
             raise ValueError("one_launch needs block_m 1, no wide tile and block_n_up == block_n_down")
         if self.num_stages < 1 or self.wide_stages < 0:
@@ -139,6 +145,12 @@ class MoeTiles:
         one-token tile without a wide tile, one row tile height for both."""
         return (self.block_m == CUDA_CORE_TOKEN_TILE and not self.block_m_wide
                 and self.block_n_up == self.block_n_down)
+
+    @property
+    def narrow_order(self) -> bool:
+        """Whether the activation planes are staged in the narrow tile's slot
+        order (weight_layout.slot_virtual; MoePrep.narrow_order)."""
+        return CUDA_CORE_TOKEN_TILE < self.block_m < BASE_TOKEN_TILE
 
     @property
     def activation_dtype(self) -> torch.dtype:
@@ -217,8 +229,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     NARROW_TOKEN_TILE up to tuning.narrow_tile_max_mean, else the least of
     16, 32, 64 that holds the mean). block_m_wide (None: when the mean load
     is over half a tile, so that some expert likely gets more than block_m
-    tokens, BASE_TOKEN_TILE over the narrow tile and WIDE_TOKEN_TILE over the
-    base tile, else 0): see MoeTiles.
+    tokens, WIDE_TOKEN_TILE; never with the narrow tile, else 0): see
+    MoeTiles.
     """
     tuning = tuning or MoeTuning()
     pairs = num_tokens * top_k
@@ -240,9 +252,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # only where it likely pays: Mixtral at B=32 (mean 8 tokens per
         # expert, random routing) ran 395 us with it and 355 us without; at
         # B=64 (mean 16) 431 us with it and 570 us without.
-        likely_over = per_expert > block_m / 2
-        wide_tile = BASE_TOKEN_TILE if block_m == NARROW_TOKEN_TILE else WIDE_TOKEN_TILE
-        block_m_wide = wide_tile if likely_over and wide_tile > block_m else 0
+        likely_over = per_expert > block_m / 2 and block_m != NARROW_TOKEN_TILE
+        block_m_wide = WIDE_TOKEN_TILE if likely_over and WIDE_TOKEN_TILE > block_m else 0
     if num_stages is None:
         num_stages = default_stages(block_m, block_m_wide, tuning)
     if wide_stages is None:

@@ -23,7 +23,7 @@ class MoeWorkspace:
     prep: MoePrep
     gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
-    h: torch.Tensor  # [T * k, F] fp16, sorted, virtual in-group order: plane 0
+    h: torch.Tensor  # [T * k, F] fp16, sorted, slot order (as prep.narrow_order): plane 0
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
     h_planes: torch.Tensor  # [NUM_PLANES, T * k, F] as h: h and h times plane_scales(1), (2)
     # The CUDA-core tile (tiles.activation_dtype int16): h is h quantized
@@ -75,7 +75,8 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
     return MoeWorkspace(
-        prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype),
+        prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype,
+                        tiles.narrow_order),
         gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
         counts=zeroed[:n_counts].view(shape), ready=zeroed[n_counts:],
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
@@ -106,12 +107,17 @@ def check_h_planes(ws: MoeWorkspace, tiles: MoeTiles) -> None:
     """h must be plane 0 of h_planes (the kernels reach the others from h);
     the x planes are checked by moe_prepare. Both must be of the tiles'
     activation_dtype (the tensor cores take fp16 planes, the CUDA-core tile
-    int16 activations)."""
+    int16 activations), and the x planes in their slot order
+    (MoeTiles.narrow_order: gate/up writes h in the tiles' own)."""
     check_planes(ws.h_planes, ws.h, "h")
     for name, planes in (("x", ws.prep.x_planes), ("h", ws.h_planes)):
         if planes.dtype != tiles.activation_dtype:
             raise ValueError(f"{name} planes are {planes.dtype}; tiles with block_m {tiles.block_m} "
                              f"read {tiles.activation_dtype}: allocate the workspace for these tiles")
+    if ws.prep.narrow_order != tiles.narrow_order:
+        raise ValueError(f"x planes staged for narrow_order {ws.prep.narrow_order}; tiles with block_m "
+                         f"{tiles.block_m} read narrow_order {tiles.narrow_order}: allocate the workspace "
+                         f"for these tiles")
 
 
 def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:

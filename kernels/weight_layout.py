@@ -201,6 +201,23 @@ def virtual_to_actual() -> torch.Tensor:
     return 32 * c + 16 * w + 8 * h + 2 * s + ab + 4 * e
 
 
+# The activation planes hold each group in a "slot order" that the token
+# tile's decode produces: the virtual order itself for the tiles multiplied by
+# wgmma (16 tokens and up), and for the 8-token tile (mma.sync, whose A
+# operand Triton lays out with kWidth 4: kernels/moe_decode.tile_k_order)
+# slot 64w + 32h + 16s + 4c + 2ab + e holding virtual position
+# 64w + 32h + 16s + 8ab + 2c + e. Staged so, a launch reads its activation
+# rows contiguously (a permuted gather there kept Triton 3.6 from copying them
+# by cp.async: 8 more global loads a step in the loop).
+def slot_virtual(narrow: bool = False) -> torch.Tensor:
+    """int64 [128]: the virtual position at each slot of the planes' in-group
+    order (narrow: the 8-token tile's)."""
+    j = torch.arange(GROUP)
+    if not narrow:
+        return j
+    return (j & 0x71) | ((j & 0x2) << 2) | (((j >> 2) & 0x3) << 1)
+
+
 # Each view's decode reads a weight as the subnormal fp16 t 2^p 2^-24, its
 # code t at place p of its half (kernels/moe_decode.py); the activations of
 # that view are staged times 2^-p, in one of three planes: 6 and 8 bits read
@@ -215,22 +232,24 @@ def view_plane(num_fields: int) -> int:
     return 2 if num_fields == 1 else 1 if num_fields <= 3 else 0
 
 
-def plane_scales(plane: int) -> torch.Tensor:
-    """fp32 [128]: 2^-p of each virtual position in activation plane ``plane``."""
+def plane_scales(plane: int, narrow: bool = False) -> torch.Tensor:
+    """fp32 [128]: 2^-p of each slot in activation plane ``plane`` (in the
+    slot order: slot_virtual(narrow))."""
     if plane not in range(NUM_PLANES):
         raise ValueError(f"plane must be in 0..{NUM_PLANES - 1}, got {plane}")
-    v = torch.arange(GROUP)
+    v = slot_virtual(narrow)
     h, ab = (v // 32) % 2, (v // 8) % 2
     p = torch.zeros(GROUP, dtype=torch.int64) if plane == 0 else 4 * ab if plane == 1 else 4 * ab + 2 * (1 - h)
     return torch.pow(2.0, -p.float())
 
 
-def permute_groups(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] reordered inside each group of 128 into the kernels' order."""
+def permute_groups(x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
+    """x [..., K] reordered inside each group of 128 into the kernels' slot
+    order (slot_virtual(narrow))."""
     k = x.shape[-1]
     if k % GROUP:
         raise ValueError(f"last dim must be a multiple of {GROUP}, got {k}")
-    idx = virtual_to_actual().to(x.device)
+    idx = virtual_to_actual()[slot_virtual(narrow)].to(x.device)
     g = torch.arange(k // GROUP, device=x.device)[:, None] * GROUP
     return x[..., (g + idx[None, :]).reshape(-1)]
 

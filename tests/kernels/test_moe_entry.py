@@ -28,8 +28,8 @@ def _inputs(t, h, e, dtype, seed):
     return delta, residual, norm_w, w.to(dtype)
 
 
-def _fresh_prep(t, k, h, e, device, plane_dtype):
-    prep = alloc_prep(t, k, h, e, device, plane_dtype)
+def _fresh_prep(t, k, h, e, device, plane_dtype, narrow=False):
+    prep = alloc_prep(t, k, h, e, device, plane_dtype, narrow)
     for buf in (prep.xsum, prep.out, prep.xq_scale):
         buf.fill_(float("nan"))  # every element must be written
     prep.x_planes.fill_(float("nan") if plane_dtype == torch.float16 else -(2**15))
@@ -51,15 +51,17 @@ def _assert_same_prep(got, want, pairs):
 
 # H: 11 groups = a full chunk of 8 and a partial one; 20 groups = 8 + 8 + 4; 6 groups = one chunk
 # record: routing statistics, "weighted" with token weights (the last row padding, weight 0)
-@pytest.mark.parametrize("t,groups,e,k,plane_dtype,with_cost,record", [
-    (2, 6, 8, 2, torch.int16, False, True),
-    (5, 11, 6, 2, torch.float16, False, "weighted"),
-    (5, 11, 6, 2, torch.int16, True, False),
-    (1, 20, 8, 2, torch.int16, True, True),
-    (1, 6, 16, 4, torch.int16, True, "weighted"),
-    (3, 20, 16, 4, torch.float16, True, True),
+# narrow: the fp16 planes in the 8-token tile's slot order
+@pytest.mark.parametrize("t,groups,e,k,plane_dtype,with_cost,record,narrow", [
+    (2, 6, 8, 2, torch.int16, False, True, False),
+    (5, 11, 6, 2, torch.float16, False, "weighted", False),
+    (5, 11, 6, 2, torch.int16, True, False, False),
+    (1, 20, 8, 2, torch.int16, True, True, False),
+    (1, 6, 16, 4, torch.int16, True, "weighted", False),
+    (3, 20, 16, 4, torch.float16, True, True, False),
+    (5, 11, 6, 2, torch.float16, True, True, True),
 ])
-def test_entry_matches_the_three_launches(device, t, groups, e, k, plane_dtype, with_cost, record):
+def test_entry_matches_the_three_launches(device, t, groups, e, k, plane_dtype, with_cost, record, narrow):
     h = groups * wl.GROUP
     dtype = torch.float16
     delta, residual, norm_w, w = (a.to(device) for a in _inputs(t, h, e, dtype, seed=t * groups + e))
@@ -73,9 +75,9 @@ def test_entry_matches_the_three_launches(device, t, groups, e, k, plane_dtype, 
     # unfused: add_rmsnorm -> gate_route -> moe_prepare
     want_res, y = add_rmsnorm(delta, residual, norm_w, EPS)
     want_ids, want_w = gate_route(y, w, k, stats[0].targets(1) if record else None)
-    want_prep = moe_prepare(y, want_ids, e, _fresh_prep(t, k, h, e, device, plane_dtype), cost)
+    want_prep = moe_prepare(y, want_ids, e, _fresh_prep(t, k, h, e, device, plane_dtype, narrow), cost)
     counters = ArrivalCounters()
-    prep = _fresh_prep(t, k, h, e, device, plane_dtype)
+    prep = _fresh_prep(t, k, h, e, device, plane_dtype, narrow)
     res, ids, weights = moe_entry(delta, residual, norm_w, EPS, w, k, prep, counters,
                                   stats[1].targets(1) if record else None, cost)
     assert torch.equal(res.cpu(), want_res.cpu())
@@ -94,12 +96,15 @@ def test_entry_matches_the_three_launches(device, t, groups, e, k, plane_dtype, 
     assert torch.equal(ids2.cpu(), ids.cpu()) and torch.equal(res2.cpu(), res.cpu()) and counters.all_zero()
 
 
-def test_entry_matches_plain_torch_in_float32(device):
+@pytest.mark.parametrize("narrow", [False, True])
+def test_entry_matches_plain_torch_in_float32(device, narrow):
+    # narrow: the planes in the 8-token tile's slot order (MoePrep.narrow_order).
     t, h, e, k = 4, 9 * wl.GROUP, 5, 2
     delta, residual, norm_w, w = _inputs(t, h, e, torch.float32, seed=3)
     delta = delta.to(torch.float32)
-    ref_res, _, ref_ids, ref_w, ref_prep = moe_entry_reference(delta, residual, norm_w, EPS, w, k)
-    prep = _fresh_prep(t, k, h, e, device, torch.float16)
+    ref_res, _, ref_ids, ref_w, ref_prep = moe_entry_reference(delta, residual, norm_w, EPS, w, k,
+                                                               narrow_order=narrow)
+    prep = _fresh_prep(t, k, h, e, device, torch.float16, narrow)
     res, ids, weights = moe_entry(delta.to(device), residual.to(device), norm_w.to(device), EPS, w.to(device), k,
                                   prep, ArrivalCounters())
     torch.testing.assert_close(res.cpu(), ref_res)

@@ -113,12 +113,11 @@ def test_scale_words_across_page_breaks(device):
 
 
 @pytest.mark.parametrize("t,block_m,wide,balance", [(20, 16, 0, False), (20, 16, 32, False), (40, 16, 32, False),
-                                                   (40, 16, 32, True), (20, 8, 16, False), (40, 8, 16, True)])
+                                                   (40, 16, 32, True), (20, 8, 0, False), (40, 8, 0, True)])
 def test_few_experts_host_only_and_token_loop(device, t, block_m, wide, balance):
     # t tokens on two experts (more than one token tile each: several tiles,
     # one wide tile, or several wide tiles), one slot routed to a host-only
-    # expert, one slot ignored (-1). block_m 8 with a 16-token wide tile:
-    # mma.sync and wgmma products in one launch.
+    # expert, one slot ignored (-1). block_m 8: 2-5 narrow tiles an expert.
     weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
     torch.manual_seed(6)
     x = torch.randn(t, H).to(torch.float16)
@@ -183,7 +182,8 @@ def test_gate_up_writes_every_routed_row(device, block_m):
     run_gate_up(ws, weights, 0, E, k, F, tiles, PAGE.bit_length() - 1)
     order = prep.sorted_ids.cpu().long()
     assert bool(torch.isfinite(ws.hsum).all())
-    idx = wl.virtual_to_actual()
+    narrow = tiles.narrow_order  # h in the narrow tile's slot order
+    idx = wl.virtual_to_actual()[wl.slot_virtual(narrow)]
     cols = (torch.arange(F // 128)[:, None] * 128 + idx[None, :]).reshape(-1)
     for pos, flat in enumerate(order.tolist()):
         tok, e = flat // k, int(ids.view(-1)[flat])
@@ -207,9 +207,9 @@ def test_gate_up_writes_every_routed_row(device, block_m):
         assert torch.allclose(ws.hsum[pos].cpu(), sums, rtol=1e-3, atol=1e-3)
         if block_m > 1:
             # h rounded to fp16; the planes the 3/4-bit and 2-bit decodes
-            # read: h at each virtual position times 2^-p (exactly: powers of two).
+            # read: h at each slot times 2^-p (exactly: powers of two).
             for plane in (1, 2):
-                scaled = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.plane_scales(plane)).to(ws.h.dtype)
+                scaled = (ws.h[pos].float().cpu().reshape(-1, 128) * wl.plane_scales(plane, narrow)).to(ws.h.dtype)
                 assert torch.equal(ws.h_planes[plane, pos].cpu(), scaled.reshape(-1))
 
 
@@ -219,10 +219,11 @@ def ws_dtype_of(tiles):
     return ws.h_planes.dtype
 
 
-@pytest.mark.parametrize("in_kernel_sort,plane_dtype,with_cost", [
-    (True, torch.float16, False), (False, torch.float16, False), (True, torch.int16, False),
-    (True, torch.float16, True), (False, torch.float16, True)])
-def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dtype, with_cost):
+@pytest.mark.parametrize("in_kernel_sort,plane_dtype,with_cost,narrow", [
+    (True, torch.float16, False, False), (False, torch.float16, False, False), (True, torch.int16, False, False),
+    (True, torch.float16, True, False), (False, torch.float16, True, False), (True, torch.float16, False, True)])
+def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dtype, with_cost, narrow):
+    # narrow: the fp16 planes in the 8-token tile's slot order.
     if not in_kernel_sort:
         monkeypatch.setattr(moe_align, "MAX_PAIRS_IN_KERNEL", 4)
     torch.manual_seed(9)
@@ -235,7 +236,7 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dt
     ids[2, 1] = -1
     x[1, 5] = 1e-6  # times 2^-p: an fp16 subnormal
     x[3, 64:128] = 0  # a span of zeros: scale 0
-    prep = moe_align.alloc_prep(t, k, h, e, device, plane_dtype)
+    prep = moe_align.alloc_prep(t, k, h, e, device, plane_dtype, narrow)
     for buf in (prep.xsum, prep.out, prep.xq_scale):
         buf.fill_(float("nan"))  # every element must be written
     prep.x_planes.fill_(float("nan") if plane_dtype == torch.float16 else -(2**15))
@@ -244,7 +245,7 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dt
     fields = torch.tensor([[0, 0, 2], [0, 0, 5], [0, 0, 2], [0, 0, 1], [0, 0, 5], [0, 0, 3]], dtype=torch.int32)
     cost = fields.reshape(-1)[2::3] if with_cost else None
     got = moe_prepare(x.to(device), ids.to(device), e, prep, None if cost is None else cost.to(device))
-    ref = moe_prepare_reference(x, ids, e, plane_dtype, cost)
+    ref = moe_prepare_reference(x, ids, e, plane_dtype, cost, narrow)
     assert torch.equal(got.out.cpu(), ref.out)
     if plane_dtype == torch.float16:
         assert torch.equal(got.x_planes.cpu(), ref.x_planes)
@@ -281,10 +282,13 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
     assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m_wide == 0
     assert choose_tiles(2, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
-    # Over half the narrow tile on the mean: the 16-token tile is the wide one.
-    assert (choose_tiles(24, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=6)).block_m_wide) == 16
+    # The narrow tile stages the planes in its own order: never a wide tile.
+    assert (choose_tiles(24, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=6)).block_m_wide) == 0
+    with pytest.raises(ValueError, match="slot order"):
+        MoeTiles(block_m=8, block_m_wide=16)
     b32 = choose_tiles(32, 2, 8, 4096, 14336)
     assert (b32.block_m, b32.block_m_wide) == (16, 0)  # mean 8 per expert: rarely over 16
+    assert narrow.narrow_order and not b32.narrow_order and not choose_tiles(1, 2, 8, 4096, 14336).narrow_order
     wide = choose_tiles(64, 2, 8, 4096, 14336)
     assert (wide.block_m, wide.block_m_wide) == (16, 32) and not wide.balance_down
     assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
@@ -353,7 +357,9 @@ def test_workspace_must_match_the_tiles(device):
     tw = torch.ones(1, 1, device=device)
     tensor_core = MoeTiles(block_m=16, split_k=1)
     cuda_core = MoeTiles(block_m=1, split_k=1)
-    for alloc_for, run_with in ((tensor_core, cuda_core), (cuda_core, tensor_core)):
+    narrow = MoeTiles(block_m=8, split_k=1)  # fp16 planes as the 16-token tile's, in another slot order
+    for alloc_for, run_with in ((tensor_core, cuda_core), (cuda_core, tensor_core), (narrow, tensor_core),
+                                (tensor_core, narrow)):
         ws = alloc_workspace(1, 1, H, F, E, alloc_for, device)
         with pytest.raises(ValueError, match="allocate the workspace for these tiles"):
             fused_moe_mixed(x, ids, tw, weights, 0, E, F, run_with, ws)
@@ -409,17 +415,17 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wide,stages", [(0, 4), (16, 4), (0, 6)])
-def test_gpu_narrow_tile_and_replay(wide, stages):
-    # The 8-token tile (mma.sync, kWidth-4 operand order) as choose_tiles
-    # builds it for B <= 16, alone and with the 16-token (wgmma) wide tile in
-    # one launch; 16 then 24 tokens on 8 experts, so that some expert has more
-    # than one narrow tile's tokens after the replay's new routing.
+@pytest.mark.parametrize("stages,balance", [(4, True), (6, True), (4, False)])
+def test_gpu_narrow_tile_and_replay(stages, balance):
+    # The 8-token tile (mma.sync, its planes in the narrow slot order) as
+    # choose_tiles builds it for B <= 16; 16 tokens on 8 experts, then on 4,
+    # so that experts have more than one narrow tile's tokens after the
+    # replay's new routing.
     gen = torch.Generator().manual_seed(14)
     ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(16)])
     new_ids = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(16)])
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=8, split_k=4, use_asm=True, block_m_wide=wide,
-                     num_stages=stages, balance_down=not wide)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=8, split_k=4, use_asm=True,
+                     num_stages=stages, balance_down=balance)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=14, demote_first_block=True)
 
 
