@@ -37,16 +37,26 @@ TENSOR_CORE_STAGES = 4
 # 387.8 / 498.1 / 394.6 us, moe_tune_wide_stages_b64_s24_h200.json).
 WIDE_LAUNCH_STAGES = 3
 WIDE_TILE_STAGES = 3
-# narrow_tile_max_mean: the 8-token tensor-core tile (mma.sync; session 33's
-# kernels/moe_decode.tile_k_order) serves launches whose mean load per active
-# expert is at most this many tokens, so that an expert rarely spills into a
-# second tile (Mixtral top-2 of 8 experts: B <= 16). In the Gluon probe
-# (gluon_ws_probe_h200_s33.json) an 8-token 4-bit step streamed 76-83 % of
-# the copy against 63-69 % at 16 tokens; for the engine's own launches see
-# NOTES session 34.
+# narrow_tile_max_mean: the 8-token tensor-core tile (mma.sync; its planes in
+# its own slot order, weight_layout.slot_virtual) serves launches whose mean
+# load per active expert is at most this many tokens, so that an expert
+# rarely spills into a second tile (Mixtral top-2 of 8 experts: B <= 16; an
+# expert over 8 tokens takes another pass: the narrow tile has no wide one).
+# Mixtral-8x7B end to end, tok/s, medians of three interleaved rounds, 16-token
+# tile -> this one (399eb5e, e2e_h200_s34_call2.json): 4-bit B=4 478.4 ->
+# 535.9, B=16 1432.5 -> 1601.2 (69.7 % of the anchor roofline); 8-bit B=4
+# 373.9 -> 383.6, B=16 1108.2 -> 1135.6; mixed 2/6 B=4 472.2 -> 522.1, B=16
+# 1415.9 -> 1555.1. The layer, random routing (moe_h200_s34_tiles.json), us:
+# 4-bit B=4 162.6 -> 146.9, B=16 305.0 -> 263.8; 8-bit B=16 411.4 -> 394.7;
+# 2-bit B=16 249.5 -> 215.0; mixed 2/6 B=16 316.2 -> 275.5. Before its
+# planes had their own order (7fae83a: the launches gathered the rows in the
+# tile's order, 8 more global loads a step, no cp.async) it was 11-15 %
+# slower than the 16-token tile (e2e_h200_s34_call1.json).
 NARROW_TILE_MAX_MEAN = 4.0
-# narrow_tile_stages: the 8-token tile's K loop (its activation stages are
-# half the 16-token tile's, so deeper pipelines fit in the same shared memory).
+# narrow_tile_stages: the 8-token tile's K loop. 6 stages against 4, end to
+# end (one round beside the three above): 4-bit B=16 1594.5 against 1601.2,
+# 8-bit 1115.0 against 1135.6, mixed 2/6 1533.3 against 1555.1; the layer at
+# 4-bit B=16 264.8 against 263.8 us.
 NARROW_TILE_STAGES = 4
 # one_token_rows_per_thread: 1 (one row per thread since session 13). At 2
 # (local Triton 3.6 sm_90 SASS, 128 rows on 2 warps) the gate/up loop takes
