@@ -105,12 +105,12 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
 
 @triton.jit
 def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM: tl.constexpr, USE_ASM: tl.constexpr):
-    # Planes 1 and 2 of h (q_h elements apart): h16 times 2^-p by virtual
-    # position (that of slot col: tile_k_order) (powers of two: exact but
-    # for subnormals). The compiler hoisted
-    # the per-row factors above the K loop, where they took registers that
-    # every loop of the launch then lacked (local sm_90 SASS: 4-bit loop
-    # 449 -> 466 instructions); a side-effecting copy of col pins them here.
+    # Planes 1 and 2 of h (q_h elements apart): h16 times 2^-p by the virtual
+    # position that slot col holds (tile_k_order; powers of two: exact but
+    # for subnormals). The compiler hoisted the per-row factors above the K
+    # loop, where they took registers that every loop of the launch then
+    # lacked (local sm_90 SASS: 4-bit loop 449 -> 466 instructions); a
+    # side-effecting copy of col pins them here.
     if USE_ASM:
         col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
                                         is_pure=False, pack=1)
