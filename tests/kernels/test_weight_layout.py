@@ -67,6 +67,23 @@ def test_virtual_order_is_a_permutation_of_each_group():
     assert torch.equal(xp[0, 128:], x[0, 128 + idx])
 
 
+def test_narrow_slot_order_swaps_ab_and_the_quarter():
+    # The 8-token tile's slot 64w + 32h + 16s + 4c + 2ab + e holds virtual
+    # position 64w + 32h + 16s + 8ab + 2c + e; the wider tiles' slots are the
+    # virtual positions themselves.
+    assert torch.equal(wl.slot_virtual(False), torch.arange(wl.GROUP))
+    narrow = wl.slot_virtual(True)
+    assert sorted(narrow.tolist()) == list(range(wl.GROUP))
+    for w, h, s, c, ab, e in [(0, 0, 0, 0, 1, 0), (0, 0, 0, 1, 0, 0), (0, 0, 0, 3, 1, 1), (1, 1, 1, 2, 0, 1)]:
+        slot = 64 * w + 32 * h + 16 * s + 4 * c + 2 * ab + e
+        assert int(narrow[slot]) == 64 * w + 32 * h + 16 * s + 8 * ab + 2 * c + e
+    x = torch.arange(256.0)[None]
+    assert torch.equal(wl.permute_groups(x, narrow=True)[0, 128:], x[0, 128 + wl.virtual_to_actual()[narrow]])
+    # Each slot keeps its virtual position's 2^-p.
+    for plane in range(wl.NUM_PLANES):
+        assert torch.equal(wl.plane_scales(plane, narrow=True), wl.plane_scales(plane)[narrow])
+
+
 def test_plane_scales_and_the_plane_of_each_view():
     # Plane 1 (3/4 bits): nibble places 0 / 4 by ab; plane 2 (2 bits): field
     # 0 read in place at 4 ab + 2 (1 - h); plane 0 (6/8 bits): bytes at 0.
