@@ -201,7 +201,7 @@ def default_stages(block_m: int, block_m_wide: int, tuning: MoeTuning) -> int:
     wide tile of block_m_wide (0: none) compiled in."""
     if block_m == CUDA_CORE_TOKEN_TILE:
         return tuning.one_token_stages
-    if block_m == NARROW_TOKEN_TILE and not block_m_wide:
+    if block_m == NARROW_TOKEN_TILE:  # never with a wide tile (MoeTiles)
         return tuning.narrow_tile_stages
     if block_m <= BASE_TOKEN_TILE and not block_m_wide:
         return tuning.tensor_core_stages
