@@ -335,6 +335,9 @@ def main() -> int:
                              "load per expert; 0: never; A/B runs)")
     parser.add_argument("--narrow-tile-stages", type=int, default=tuning.narrow_tile_stages,
                         help="DataplaneConfig.moe_tuning.narrow_tile_stages (the 8-token tile's depth; A/B runs)")
+    parser.add_argument("--narrow-tile-maxnreg", type=int, default=tuning.narrow_tile_maxnreg,
+                        help="DataplaneConfig.moe_tuning.narrow_tile_maxnreg (register cap of the 8-token tile's "
+                             "launches; A/B runs)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -370,7 +373,8 @@ def main() -> int:
                              one_token_rows_per_thread=args.one_token_rows_per_thread,
                              one_token_one_launch=args.one_token_one_launch,
                              narrow_tile_max_mean=args.narrow_tile_max_mean,
-                             narrow_tile_stages=args.narrow_tile_stages),
+                             narrow_tile_stages=args.narrow_tile_stages,
+                             narrow_tile_maxnreg=args.narrow_tile_maxnreg),
     )
     built = build(config)
     build_s = time.perf_counter() - t0

@@ -223,7 +223,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     leave multiprocessors idle. num_stages: pipeline depth (None:
     default_stages); wide_stages: that of the wide tile's loops (None:
     tuning.wide_tile_stages); maxnreg (None: tuning.one_token_maxnreg for the
-    one-token tile, else none); tuning: the measured defaults (None:
+    one-token tile, tuning.narrow_tile_maxnreg for the 8-token one, else
+    none); tuning: the measured defaults (None:
     MoeTuning()).
     block_m: tokens per tile (None: from the mean tokens per expert:
     NARROW_TOKEN_TILE up to tuning.narrow_tile_max_mean, else the least of
@@ -243,6 +244,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
             maxnreg = tuning.one_token_maxnreg
     if block_m is None and per_expert <= tuning.narrow_tile_max_mean:
         block_m = NARROW_TOKEN_TILE
+    if block_m == NARROW_TOKEN_TILE and maxnreg is None:
+        maxnreg = tuning.narrow_tile_maxnreg
     if block_m is None:
         block_m = BASE_TOKEN_TILE
         while block_m < per_expert and block_m < 4 * BASE_TOKEN_TILE:

@@ -58,6 +58,14 @@ NARROW_TILE_MAX_MEAN = 4.0
 # 8-bit 1115.0 against 1135.6, mixed 2/6 1533.3 against 1555.1; the layer at
 # 4-bit B=16 264.8 against 263.8 us.
 NARROW_TILE_STAGES = 4
+# narrow_tile_maxnreg: register cap of the 8-token tile's launches. Without
+# one Triton 3.6 gives both 255 registers (gate/up with 48 bytes of stack): 2
+# programs of 4 warps per multiprocessor. Under a cap the loops stay free of
+# local memory (local sm_90 SASS, benchmarks/sass_loops.py --block-m 8): at
+# 168 (3 programs) the 4-bit gate/up step takes 270 instructions against 261,
+# down 282 against 273; at 128 with 3 stages (4 programs: 37.9 KB of shared
+# memory each) 271 and 282. Session 35 measures which pays (None until then).
+NARROW_TILE_MAXNREG = None
 # one_token_rows_per_thread: 1 (one row per thread since session 13). At 2
 # (local Triton 3.6 sm_90 SASS, 128 rows on 2 warps) the gate/up loop takes
 # 432 instructions a step for two rows against 248 for one at 4 bits (LDS
@@ -112,6 +120,8 @@ class MoeTuning:
     narrow_tile_max_mean: largest mean tokens per active expert for which
     choose_tiles takes the 8-token tensor-core tile (0: never).
     narrow_tile_stages: pipeline depth of the 8-token tile.
+    narrow_tile_maxnreg: register cap of the 8-token tile's launches (None:
+    the compiler's choice); MoeTiles.resident_programs follows it.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -123,6 +133,7 @@ class MoeTuning:
     one_token_one_launch: bool = ONE_TOKEN_ONE_LAUNCH
     narrow_tile_max_mean: float = NARROW_TILE_MAX_MEAN
     narrow_tile_stages: int = NARROW_TILE_STAGES
+    narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
 
     def __post_init__(self) -> None:
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
@@ -134,6 +145,7 @@ class MoeTuning:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.narrow_tile_max_mean < 0:
             raise ValueError(f"narrow_tile_max_mean must be >= 0, got {self.narrow_tile_max_mean}")
-        if self.one_token_maxnreg is not None and not 0 < self.one_token_maxnreg <= MAX_REGISTERS_PER_THREAD:
-            raise ValueError(f"one_token_maxnreg must be None or in 1..{MAX_REGISTERS_PER_THREAD}, "
-                             f"got {self.one_token_maxnreg}")
+        for name in ("one_token_maxnreg", "narrow_tile_maxnreg"):
+            cap = getattr(self, name)
+            if cap is not None and not 0 < cap <= MAX_REGISTERS_PER_THREAD:
+                raise ValueError(f"{name} must be None or in 1..{MAX_REGISTERS_PER_THREAD}, got {cap}")

@@ -317,6 +317,15 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert (one_tuned.num_stages, one_tuned.maxnreg) == (2, 200)
     assert choose_tiles(32, 2, 8, 4096, 14336, tuning=tuned).num_stages == 5
     assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_stages=6)).num_stages == 6
+    # The narrow tile's register cap reaches its launches and sizes the down
+    # split by the programs it lets reside; other tiles keep theirs.
+    capped = choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_maxnreg=128))
+    uncapped = choose_tiles(16, 2, 8, 4096, 14336)
+    assert (capped.maxnreg, capped.resident_programs, uncapped.maxnreg) == (128, 4, shipped.narrow_tile_maxnreg)
+    assert capped.launch_options()["maxnreg"] == 128 and capped.split_k > uncapped.split_k
+    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_maxnreg=128)).maxnreg is None
+    with pytest.raises(ValueError, match="narrow_tile_maxnreg"):
+        MoeTuning(narrow_tile_maxnreg=256)
     with pytest.raises(ValueError, match="narrow_tile_max_mean"):
         MoeTuning(narrow_tile_max_mean=-1)
     wide_tuned = choose_tiles(64, 2, 8, 4096, 14336, tuning=tuned)
@@ -415,17 +424,19 @@ def test_gpu_larger_shapes_and_graph_replay(use_asm, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stages,balance", [(4, True), (6, True), (4, False)])
-def test_gpu_narrow_tile_and_replay(stages, balance):
+@pytest.mark.parametrize("stages,balance,maxnreg", [(4, True, None), (6, True, None), (4, False, None),
+                                                   (4, True, 168), (3, True, 128)])
+def test_gpu_narrow_tile_and_replay(stages, balance, maxnreg):
     # The 8-token tile (mma.sync, its planes in the narrow slot order) as
     # choose_tiles builds it for B <= 16; 16 tokens on 8 experts, then on 4,
     # so that experts have more than one narrow tile's tokens after the
-    # replay's new routing.
+    # replay's new routing. Also under the register caps MoeTuning's
+    # narrow_tile_maxnreg is measured at (their spills sit outside the loops).
     gen = torch.Generator().manual_seed(14)
     ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(16)])
     new_ids = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(16)])
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=8, split_k=4, use_asm=True,
-                     num_stages=stages, balance_down=balance)
+                     num_stages=stages, balance_down=balance, maxnreg=maxnreg)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=14, demote_first_block=True)
 
 
