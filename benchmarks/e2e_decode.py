@@ -53,7 +53,7 @@ from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
-from dataplane.weights.layout import NUM_PROJ, block_index, field_size, fields_for_bits  # noqa: E402
+from dataplane.weights.layout import NUM_PROJ, VIEW_BITS, block_index, field_size, fields_for_bits  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE, NARROW_TOKEN_TILE  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 
@@ -61,7 +61,10 @@ COPY_BYTES = 2 << 30
 # Device-to-device copy of the H200 in ../shared/ANCHORS.md (bytes read +
 # written per second, 2026-11-29): a fixed denominator for pct_roofline_anchor.
 ANCHOR_COPY_BYTES_PER_S = 4.28e12
-MIXED = "mixed26"
+# A mixed state: "mixed" + two view bitwidths, the first for an expert's
+# blocks at even experts, the second at odd ones ("mixed26": 6/2 bits, the
+# bytes of uniform 4).
+MIXED_PREFIX = "mixed"
 
 
 def copy_bandwidth(device: str) -> float:
@@ -226,12 +229,28 @@ class EngineThreadCalls:
             raise TimeoutError("the engine thread did not run the call")
 
 
+def state_bits(state: str) -> tuple[int, int]:
+    """(bits of even experts, of odd experts) of a precision state: a view
+    bitwidth ("4") or MIXED_PREFIX and two of them ("mixed26": 6 bits for even
+    experts, 2 for odd, whatever the digits' order)."""
+    if state.startswith(MIXED_PREFIX):
+        digits = state[len(MIXED_PREFIX):]
+        pair = tuple(int(d) for d in digits) if digits.isdigit() else ()
+        if len(pair) != 2 or any(b not in VIEW_BITS for b in pair):
+            raise ValueError(f"a mixed state names two of the views {VIEW_BITS}, got {state!r}")
+        return max(pair), min(pair)
+    if not state.isdigit() or int(state) not in VIEW_BITS:
+        raise ValueError(f"a precision state is one of the views {VIEW_BITS} or {MIXED_PREFIX}AB, got {state!r}")
+    return int(state), int(state)
+
+
 def set_precision(store, state: str) -> None:
-    """Puts every block at ``state``: a bitwidth ("4") or "mixed26" (an expert's
-    blocks at 6 bits for even experts, 2 for odd: 4 bits on average, the bytes of
-    uniform 4). Demotes in place, promotes from the host masters and waits."""
+    """Puts every block at ``state`` (state_bits: "mixed26" puts an expert's
+    blocks at 6 bits for even experts, 2 for odd: 4 bits on average, the bytes
+    of uniform 4). Demotes in place, promotes from the host masters and waits."""
+    even, odd = state_bits(state)
     for blk in range(store.num_blocks):
-        want = (6 if (blk // NUM_PROJ) % 2 == 0 else 2) if state == MIXED else int(state)
+        want = even if (blk // NUM_PROJ) % 2 == 0 else odd
         have = store.bits(blk)
         if want < have:
             store.demote(blk, want)
@@ -288,7 +307,8 @@ def main() -> int:
     parser.add_argument("--preset", default="mixtral-8x7b")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--bits", default="8,4",
-                        help=f"precision states in order: bitwidths or {MIXED} (6/2 bits by expert)")
+                        help=f"precision states in order: bitwidths or {MIXED_PREFIX}AB (A/B bits by expert, "
+                             f"e.g. {MIXED_PREFIX}26)")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=32, help="decode steps per timed run")
     parser.add_argument("--no-graphs", action="store_true", help="eager decode steps (no CUDA graphs)")
@@ -354,9 +374,11 @@ def main() -> int:
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     states = args.bits.split(",")
+    for state in states:
+        state_bits(state)  # a misspelt state fails here, not after the build
     sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)
                 if args.temperature > 0 else None)
-    first_bits = 8 if states[0] == MIXED else int(states[0])
+    first_bits = state_bits(states[0])[0]
     bandwidth = copy_bandwidth(args.device)
     t0 = time.perf_counter()
     config = DataplaneConfig(
