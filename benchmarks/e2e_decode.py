@@ -49,11 +49,12 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.decode_batch import run_batch  # noqa: E402
 from benchmarks.decode_profile import profile_decode  # noqa: E402
+from benchmarks.precision_states import (MIXED_PREFIX, expert_bytes, precision_label, set_precision,  # noqa: E402
+                                        state_bits)
 from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
-from dataplane.weights.layout import NUM_PROJ, VIEW_BITS, block_index, field_size, fields_for_bits  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE, NARROW_TOKEN_TILE  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 
@@ -61,10 +62,6 @@ COPY_BYTES = 2 << 30
 # Device-to-device copy of the H200 in ../shared/ANCHORS.md (bytes read +
 # written per second, 2026-11-29): a fixed denominator for pct_roofline_anchor.
 ANCHOR_COPY_BYTES_PER_S = 4.28e12
-# A mixed state: "mixed" + two view bitwidths, the first for an expert's
-# blocks at even experts, the second at odd ones ("mixed26": 6/2 bits, the
-# bytes of uniform 4).
-MIXED_PREFIX = "mixed"
 
 
 def copy_bandwidth(device: str) -> float:
@@ -130,24 +127,6 @@ def instrument(runner, log: StepLog) -> None:
         return result
 
     runner.launch, runner.launch_ahead, runner.collect = timed_launch, timed_launch_ahead, timed_collect
-
-
-def expert_bytes(store, num_layers: int, num_experts: int) -> torch.Tensor:
-    """float64 [layers, experts]: bytes of each expert's three blocks at their current bits
-    (codes + scales of the resident fields, no page padding)."""
-    out = torch.zeros(num_layers, num_experts, dtype=torch.float64)
-    for layer in range(num_layers):
-        for e in range(num_experts):
-            for p in range(NUM_PROJ):
-                blk = block_index(layer, e, p, num_experts)
-                n, k = store.shape(blk)
-                out[layer, e] += sum(field_size(n, k, f).total for f in range(fields_for_bits(store.bits(blk))))
-    return out
-
-
-def precision_label(store) -> str:
-    bits = sorted(set(store.block_bits()))
-    return str(bits[0]) if len(bits) == 1 else "mixed " + "/".join(map(str, bits))
 
 
 def measure(engine, log: StepLog, batch: int, prompt_len: int, steps: int, store, dense_bytes: int,
@@ -227,36 +206,6 @@ class EngineThreadCalls:
         self._calls.put((fn, done))
         if not done.wait(timeout):
             raise TimeoutError("the engine thread did not run the call")
-
-
-def state_bits(state: str) -> tuple[int, int]:
-    """(bits of even experts, of odd experts) of a precision state: a view
-    bitwidth ("4") or MIXED_PREFIX and two of them ("mixed26": 6 bits for even
-    experts, 2 for odd, whatever the digits' order)."""
-    if state.startswith(MIXED_PREFIX):
-        digits = state[len(MIXED_PREFIX):]
-        pair = tuple(int(d) for d in digits) if digits.isdigit() else ()
-        if len(pair) != 2 or any(b not in VIEW_BITS for b in pair):
-            raise ValueError(f"a mixed state names two of the views {VIEW_BITS}, got {state!r}")
-        return max(pair), min(pair)
-    if not state.isdigit() or int(state) not in VIEW_BITS:
-        raise ValueError(f"a precision state is one of the views {VIEW_BITS} or {MIXED_PREFIX}AB, got {state!r}")
-    return int(state), int(state)
-
-
-def set_precision(store, state: str) -> None:
-    """Puts every block at ``state`` (state_bits: "mixed26" puts an expert's
-    blocks at 6 bits for even experts, 2 for odd: 4 bits on average, the bytes
-    of uniform 4). Demotes in place, promotes from the host masters and waits."""
-    even, odd = state_bits(state)
-    for blk in range(store.num_blocks):
-        want = even if (blk // NUM_PROJ) % 2 == 0 else odd
-        have = store.bits(blk)
-        if want < have:
-            store.demote(blk, want)
-        elif want > have:
-            store.promote(blk, want)
-    store.sync()
 
 
 def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_s: float, rows: list,
