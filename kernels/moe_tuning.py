@@ -64,7 +64,8 @@ NARROW_TILE_STAGES = 4
 # local memory (local sm_90 SASS, benchmarks/sass_loops.py --block-m 8): at
 # 168 (3 programs) the 4-bit gate/up step takes 270 instructions against 261,
 # down 282 against 273; at 128 with 3 stages (4 programs: 37.9 KB of shared
-# memory each) 271 and 282. Session 35 measures which pays (None until then).
+# memory each) 271 and 282. Not yet timed on the GPU (session 35 had no
+# device; the call to make is in benchmarks/NOTES.md): None until one pays.
 NARROW_TILE_MAXNREG = None
 # one_token_rows_per_thread: 1 (one row per thread since session 13). At 2
 # (local Triton 3.6 sm_90 SASS, 128 rows on 2 warps) the gate/up loop takes
