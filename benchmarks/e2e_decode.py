@@ -38,7 +38,7 @@ import statistics
 import threading
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -208,6 +208,26 @@ class EngineThreadCalls:
             raise TimeoutError("the engine thread did not run the call")
 
 
+def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per MoeTuning field (--one-token-stages, --narrow-tile-maxnreg,
+    ...), defaulting to the shipped value, for A/B runs; kernels/moe_tuning.py
+    says what each is and what was measured. The flag's type follows the
+    default's: a bool takes --name / --no-name, a None default an int."""
+    for f in fields(MoeTuning):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"DataplaneConfig.moe_tuning.{f.name} (kernels/moe_tuning.py; A/B runs)"
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        else:
+            kind = int if f.default is None else type(f.default)
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
+
+
+def tuning_from_args(args: argparse.Namespace) -> MoeTuning:
+    """The MoeTuning that add_tuning_arguments' flags describe."""
+    return MoeTuning(**{f.name: getattr(args, f.name) for f in fields(MoeTuning)})
+
+
 def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_s: float, rows: list,
                  profiles: list, complete: bool) -> dict:
     """Writes the JSON of the run so far to args.out (after every row, so that
@@ -277,36 +297,7 @@ def main() -> int:
                         default=DataplaneConfig.model_fields["pdl_max_rows"].default,
                         help="DataplaneConfig.pdl_max_rows (launches over up to N rows take part in PDL; "
                              "0 for kernel-time profiles whose durations are not inflated by PDL waits)")
-    tuning = MoeTuning()
-    parser.add_argument("--one-token-stages", type=int, default=tuning.one_token_stages,
-                        help="DataplaneConfig.moe_tuning.one_token_stages (pipeline depth of the one-token MoE "
-                             "loop; A/B runs)")
-    parser.add_argument("--tensor-core-stages", type=int, default=tuning.tensor_core_stages,
-                        help="DataplaneConfig.moe_tuning.tensor_core_stages (pipeline depth of the 16-token "
-                             "tensor-core MoE tile without a wide tile; A/B runs)")
-    parser.add_argument("--wide-launch-stages", type=int, default=tuning.wide_launch_stages,
-                        help="DataplaneConfig.moe_tuning.wide_launch_stages (the 16-token loop's depth in a "
-                             "launch with the wide tile, B=64; A/B runs)")
-    parser.add_argument("--wide-tile-stages", type=int, default=tuning.wide_tile_stages,
-                        help="DataplaneConfig.moe_tuning.wide_tile_stages (the wide tile's loops; A/B runs)")
-    parser.add_argument("--one-token-maxnreg", type=int, default=tuning.one_token_maxnreg,
-                        help="DataplaneConfig.moe_tuning.one_token_maxnreg (register cap of the one-token MoE "
-                             "launches, e.g. 168 for 3 programs per multiprocessor; A/B runs)")
-    parser.add_argument("--one-token-rows-per-thread", type=int, default=tuning.one_token_rows_per_thread,
-                        help="DataplaneConfig.moe_tuning.one_token_rows_per_thread (weight rows per thread of "
-                             "the one-token MoE tile; A/B runs)")
-    parser.add_argument("--one-token-one-launch", action=argparse.BooleanOptionalAction,
-                        default=tuning.one_token_one_launch,
-                        help="DataplaneConfig.moe_tuning.one_token_one_launch (the one-token gate/up and down "
-                             "projections in one launch, kernels/moe_gate_up_down.py; A/B runs)")
-    parser.add_argument("--narrow-tile-max-mean", type=float, default=tuning.narrow_tile_max_mean,
-                        help="DataplaneConfig.moe_tuning.narrow_tile_max_mean (the 8-token tile up to this mean "
-                             "load per expert; 0: never; A/B runs)")
-    parser.add_argument("--narrow-tile-stages", type=int, default=tuning.narrow_tile_stages,
-                        help="DataplaneConfig.moe_tuning.narrow_tile_stages (the 8-token tile's depth; A/B runs)")
-    parser.add_argument("--narrow-tile-maxnreg", type=int, default=tuning.narrow_tile_maxnreg,
-                        help="DataplaneConfig.moe_tuning.narrow_tile_maxnreg (register cap of the 8-token tile's "
-                             "launches; A/B runs)")
+    add_tuning_arguments(parser)
     parser.add_argument("--no-overlap", action="store_true",
                         help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -338,14 +329,7 @@ def main() -> int:
         dense_gemv_max_tokens=args.dense_gemv_max_tokens, fuse_qkv_rotary=args.fuse_qkv_rotary,
         max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows,
-        moe_tuning=MoeTuning(one_token_stages=args.one_token_stages, tensor_core_stages=args.tensor_core_stages,
-                             wide_launch_stages=args.wide_launch_stages, wide_tile_stages=args.wide_tile_stages,
-                             one_token_maxnreg=args.one_token_maxnreg,
-                             one_token_rows_per_thread=args.one_token_rows_per_thread,
-                             one_token_one_launch=args.one_token_one_launch,
-                             narrow_tile_max_mean=args.narrow_tile_max_mean,
-                             narrow_tile_stages=args.narrow_tile_stages,
-                             narrow_tile_maxnreg=args.narrow_tile_maxnreg),
+        moe_tuning=tuning_from_args(args),
     )
     built = build(config)
     build_s = time.perf_counter() - t0
