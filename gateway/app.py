@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from http import HTTPStatus
@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -29,8 +30,10 @@ from gateway.dataplane_client import DataplaneClient, DataplaneError
 from gateway.errors import APIError, dataplane_api_error, internal, invalid_request, too_many_requests
 from gateway.fanout import ClientDisconnected, wait_for_disconnect
 from gateway.metrics import GatewayMetrics, HttpStatusCounter
-from gateway.protocol import ChatCompletionRequest, ModelCard, ModelList
+from gateway.generation import GenerationService, PreparedGeneration
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from gateway.serving_chat import ChatService
+from gateway.serving_completion import CompletionService
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +79,9 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
     admission = AdmissionController(settings.max_concurrent_requests, settings.max_queued_requests)
     metrics = GatewayMetrics(admission)
     auth = ApiKeyAuth(settings.api_keys)
-    chat = ChatService(client, metrics, settings.request_timeout_s, settings.model_name)
+    generation = GenerationService(client, metrics, settings.request_timeout_s, settings.model_name)
+    chat = ChatService(generation)
+    completions = CompletionService(generation)
     created = int(time.time())
 
     @asynccontextmanager
@@ -120,29 +125,57 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
                 "Too many requests: no slot became free before the request timeout", settings.retry_after_s
             ) from exc
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        prepared = await chat.prepare(body)
+    async def respond(
+        request: Request,
+        prepared: PreparedGeneration,
+        stream: bool,
+        events: Callable[[Callable[[], Awaitable[None]]], AsyncIterator[str]],
+        answer: Callable[[Callable[[], Awaitable[None]]], Awaitable[BaseModel]],
+    ) -> Response:
+        """Admits a prepared request and answers it as SSE or one JSON body;
+        `events` / `answer` take the wait-for-disconnect callable."""
         await admit(prepared.deadline_s)
         disconnected = partial(wait_for_disconnect, request.receive)
-        if body.stream:
+        if stream:
             return SlotStreamingResponse(
-                chat.stream(prepared, disconnected),
+                events(disconnected),
                 release=admission.release,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
         try:
-            completion = await chat.complete(prepared, disconnected)
+            body = await answer(disconnected)
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         finally:
             admission.release()
-        return JSONResponse(completion.model_dump())
+        return JSONResponse(body.model_dump())
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        prepared = await chat.prepare(body)
+        return await respond(
+            request,
+            prepared,
+            body.stream,
+            lambda disconnected: chat.stream(prepared, disconnected),
+            lambda disconnected: chat.complete(prepared, disconnected),
+        )
+
+    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    async def text_completions(body: CompletionRequest, request: Request) -> Response:
+        prepared = await completions.prepare(body)
+        return await respond(
+            request,
+            prepared.generation,
+            body.stream,
+            lambda disconnected: completions.stream(prepared, disconnected),
+            lambda disconnected: completions.complete(prepared, disconnected),
+        )
 
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def list_models() -> JSONResponse:
-        model = await chat.served_model()
+        model = await generation.served_model()
         card = ModelCard(id=model.name, created=created, max_model_len=model.context_length)
         return JSONResponse(ModelList(data=[card]).model_dump())
 

@@ -25,18 +25,22 @@ REPLACEMENT_CHAR = "\ufffd"
 
 class IncrementalDetokenizer:
     """Contract: the concatenation of everything `push` and `flush` return
-    equals `tokenizer.decode(all_ids)` for tokenizers whose decoding is
-    prefix-stable (byte-level BPE, SentencePiece), and every returned piece
+    equals `tokenizer.decode(context + pushed)` less its first
+    `len(tokenizer.decode(context))` characters, for tokenizers whose decoding
+    is prefix-stable (byte-level BPE, SentencePiece), and every returned piece
     ends on a character boundary (except `flush`, which may end in U+FFFD for
     a sequence cut inside a character)."""
 
-    def __init__(self, tokenizer: TextTokenizer) -> None:
+    def __init__(self, tokenizer: TextTokenizer, context: Sequence[int] = ()) -> None:
+        """`context`: tokens that precede the first pushed one in the text
+        (e.g. the end of a prompt being continued); they shape how the first
+        new tokens decode (a leading space) but are never returned."""
         self._tokenizer = tokenizer
-        self._ids: list[int] = []
+        self._ids: list[int] = list(context)
         # Window start: decoding from here gives the context for new text.
         self._prefix_offset = 0
-        # Tokens before this index have been emitted as text.
-        self._read_offset = 0
+        # Tokens before this index have been emitted as text (or were context).
+        self._read_offset = len(self._ids)
 
     def push(self, token_ids: Iterable[int]) -> str:
         """Adds tokens; returns the text that became final (may be "")."""

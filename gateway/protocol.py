@@ -1,8 +1,10 @@
 """All HTTP messages of the gateway, in one place: the OpenAI chat completions
-request/response/stream chunk, the models list and the error body.
+and text completions requests, responses and stream chunks, the models list
+and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
-known but unsupported features (logprobs, penalties, tools) are rejected with
+known but unsupported features (logprobs, penalties, tools, suffix,
+logit_bias) are rejected with
 400 so a client never silently gets a different behaviour than it asked for.
 """
 
@@ -67,16 +69,14 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions body. `top_k`, `ignore_eos` and
+class SamplingRequest(BaseModel):
+    """What chat and text completion requests share: the model, sampling,
+    choices, stop conditions and streaming. `top_k`, `ignore_eos` and
     `stop_token_ids` are extensions (as in vLLM)."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="0 or -1 disables top-k.")
@@ -88,10 +88,8 @@ class ChatCompletionRequest(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[NonNegativeInt] | None = Field(None, max_length=MAX_STOP_STRINGS)
     user: str | None = None
-    logprobs: bool | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    tools: list[Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -106,25 +104,90 @@ class ChatCompletionRequest(BaseModel):
         return stops
 
     @model_validator(mode="after")
-    def _reject_unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
+    def _reject_penalties(self) -> SamplingRequest:
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty and frequency_penalty are not supported")
-        if self.tools:
-            raise ValueError("tools are not supported")
         return self
 
     def stop_strings(self) -> list[str]:
         assert self.stop is None or isinstance(self.stop, list)  # normalised by _check_stop
         return self.stop or []
 
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions body."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _reject_unsupported(self) -> ChatCompletionRequest:
+        if self.logprobs:
+            raise ValueError("logprobs are not supported")
+        if self.tools:
+            raise ValueError("tools are not supported")
+        return self
+
     def requested_max_tokens(self) -> int | None:
         """max_completion_tokens (current name) wins over max_tokens (legacy)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+
+# One prompt of a text completion: text, or token ids.
+Prompt = str | list[int]
+
+
+class CompletionRequest(SamplingRequest):
+    """POST /v1/completions body (OpenAI's legacy text completions): the prompt
+    is continued as it is, without a chat template. `prompt` is a string, a
+    list of strings, a list of token ids, or a list of such lists; choice
+    `i * n + j` is the j-th choice of prompt i, as in OpenAI's API."""
+
+    prompt: str | list[str] | list[NonNegativeInt] | list[list[NonNegativeInt]]
+    max_tokens: int | None = Field(None, ge=1)
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = Field(None, ge=1)
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, value: str | list) -> str | list:
+        if isinstance(value, list) and not value:
+            raise ValueError("the prompt list must not be empty")
+        if isinstance(value, list) and any(isinstance(p, list) and not p for p in value):
+            raise ValueError("a prompt of token ids must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _reject_unsupported(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.logprobs is not None:
+            raise ValueError("logprobs are not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of other than n is not supported")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        choices = len(self.prompts()) * self.n
+        if choices > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} choices per request (prompts x n), got {choices}")
+        return self
+
+    def prompts(self) -> list[Prompt]:
+        """The prompts as a list (one string, or one list of ids, is one prompt)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
 
 
 class Usage(BaseModel):
@@ -181,6 +244,28 @@ class ChatCompletionChunk(BaseModel):
     created: int
     model: str
     choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    """A text completion's choice; in a streamed chunk `finish_reason` is None
+    until the choice's last chunk."""
+
+    index: int
+    text: str
+    finish_reason: FinishReasonText | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """A text completion, and also each SSE event of a streamed one (OpenAI
+    uses the same object for both; `usage` is None in content chunks)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
     usage: Usage | None = None
 
 

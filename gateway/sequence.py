@@ -50,6 +50,9 @@ class SequenceSpec:
     # Token ids that end generation (eos unless ignored, plus requested ones):
     # a final stop token is not part of the text.
     stop_token_ids: frozenset[int]
+    # Tokens already in the text before the first generated one (a text
+    # completion's prompt tail): they prime the detokenizer and are not emitted.
+    context_token_ids: tuple[int, ...] = ()
 
 
 async def generate_sequence(
@@ -88,7 +91,7 @@ async def _generate(
     arrival_s: float,
     timeout_s: float,
 ) -> AsyncIterator[SequenceDelta]:
-    detokenizer = IncrementalDetokenizer(tokenizer)
+    detokenizer = IncrementalDetokenizer(tokenizer, spec.context_token_ids)
     matcher = StopStringMatcher(spec.stop_strings)
     completion_tokens = 0
     last_token_s: float | None = None

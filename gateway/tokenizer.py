@@ -34,6 +34,17 @@ class TextTokenizer:
         template already contains the BOS/turn tokens it wants."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a plain prompt that the model continues, with the
+        special tokens the tokenizer adds itself (e.g. BOS), as Hugging Face
+        tokenizers and OpenAI-compatible servers do for text completions."""
+        return self._tokenizer.encode(text, add_special_tokens=True).ids
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer knows, added tokens included."""
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; incomplete UTF-8 sequences come out as U+FFFD."""
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -15,7 +15,9 @@ import openai
 import pytest
 
 from pagedweight.v1 import admin_pb2, admin_pb2_grpc
-from e2e_stack import ADMIN_TOKEN
+from tokenizers import Tokenizer
+
+from e2e_stack import ADMIN_TOKEN, DEFAULT_MODEL
 
 TIMEOUT_S = 120.0
 CONCURRENT_REQUESTS = 16
@@ -73,6 +75,21 @@ def test_streaming_matches_non_streaming_and_reports_usage(stack):
             pieces.append(choice.delta.content or "")
     assert "".join(pieces) == whole.choices[0].message.content
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_text_completion_continues_the_prompt_of_the_base_model(stack):
+    # The default model is a base model: /v1/completions continues raw text,
+    # with the tokenizer's BOS in front and no chat template.
+    name, prompt = model_name(stack), "def parse(text):\n    "
+    whole = client(stack).completions.create(model=name, prompt=prompt, max_tokens=16, temperature=0)
+    bos_and_prompt = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json")).encode(prompt).ids
+    assert bos_and_prompt[0] == 1 and whole.usage.prompt_tokens == len(bos_and_prompt)
+    assert whole.object == "text_completion" and whole.choices[0].text
+    assert 0 < whole.usage.completion_tokens <= 16
+    stream = client(stack).completions.create(
+        model=name, prompt=prompt, max_tokens=16, temperature=0, echo=True, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream) == prompt + whole.choices[0].text
 
 
 def test_greedy_output_is_deterministic(stack):

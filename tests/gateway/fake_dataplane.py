@@ -67,6 +67,19 @@ def build_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+def build_metaspace_tokenizer() -> Tokenizer:
+    """A word-level tokenizer with SentencePiece's "▁" space marker, whose
+    decoder drops the marker of the first token ("▁world" alone decodes to
+    "world"), like Llama's and Mixtral's; plus the chat special tokens."""
+    words = ["Hello", "world", "again", "one", "two"]
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, "<unk>", *(f"▁{w}" for w in words)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return tokenizer
+
+
 @dataclass
 class FakeState:
     """What the fake saw; guarded by `lock` (the server runs in another thread)."""

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gateway.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from gateway.tokenizer import TextTokenizer
-from tests.gateway.fake_dataplane import EOS
+from tests.gateway.fake_dataplane import EOS, build_metaspace_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +138,22 @@ def test_matcher_cuts_at_first_completed_stop_whatever_the_split(text, stops, cu
         emitted += matcher.flush()
     assert emitted == expected
     assert matched == bool(found)
+
+
+def test_context_tokens_give_the_first_new_token_its_leading_space():
+    tok = TextTokenizer(build_metaspace_tokenizer())
+    hello, world, again = tok.encode("Hello world again")
+    assert IncrementalDetokenizer(tok).push([world]) == "world"  # a reply starts fresh
+    continued = IncrementalDetokenizer(tok, context=[hello])
+    pieces = [continued.push([world]), continued.push([again]), continued.flush()]
+    assert pieces == [" world", " again", ""]  # the context itself is never returned
+
+
+def test_context_contract_on_byte_level_text(text_tokenizer):
+    ids = text_tokenizer.encode("Hello 日本語 world")
+    for cut in range(1, len(ids)):
+        detok = IncrementalDetokenizer(text_tokenizer, context=ids[:cut])
+        pieces = [detok.push([token]) for token in ids[cut:]] + [detok.flush()]
+        whole, context = text_tokenizer.decode(ids), text_tokenizer.decode(ids[:cut])
+        if "\ufffd" not in context:  # a context cut inside a character has no text of its own
+            assert "".join(pieces) == whole[len(context) :]

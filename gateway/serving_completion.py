@@ -1,0 +1,130 @@
+"""POST /v1/completions: OpenAI's text completions. The prompt (text or token
+ids, one or several) is continued as it is, with the tokenizer's own special
+tokens (e.g. BOS) and no chat template, which is what a base model expects.
+`echo` puts the prompt's text before each choice's completion. Responses are
+one JSON body or SSE chunks ending with `data: [DONE]`; the context-length
+policy and the running of choices are shared with chat (gateway/generation.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from gateway.errors import invalid_request
+from gateway.generation import (
+    DEFAULT_COMPLETION_TOKENS,
+    GenerationService,
+    PreparedGeneration,
+    PromptPlan,
+    build_sequences,
+    plan_prompt,
+)
+from gateway.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Prompt,
+    Usage,
+)
+from gateway.sequence import SequenceDelta
+from gateway.served_model import ServedModel
+
+
+@dataclass(frozen=True)
+class PreparedCompletion:
+    generation: PreparedGeneration
+    # Text put before choice i's completion: its prompt with `echo`, else "".
+    echoed: list[str]
+
+
+class CompletionService:
+    """Prompt tokenization and response assembly of text completions; one per app."""
+
+    def __init__(self, generation: GenerationService) -> None:
+        self._generation = generation
+
+    async def prepare(self, body: CompletionRequest) -> PreparedCompletion:
+        """Validates `body` against the model and tokenizes the prompts."""
+        arrival_s = time.monotonic()
+        model = await self._generation.model_for(body.model)
+        prompts = body.prompts()
+        plans = []
+        for prompt in prompts:
+            ids = self._prompt_ids(prompt, model)
+            plans.append(
+                plan_prompt(
+                    ids, body.max_tokens, DEFAULT_COMPLETION_TOKENS, model.context_length, "prompt", "max_tokens"
+                )
+            )
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        generation = PreparedGeneration(
+            id=request_id,
+            created=int(time.time()),
+            model=model.name,
+            prompt_tokens=sum(len(plan.token_ids) for plan in plans),
+            sequences=build_sequences(request_id, body, plans, model, detokenizer_context=True),
+            include_usage=body.include_usage(),
+            arrival_s=arrival_s,
+            deadline_s=arrival_s + self._generation.request_timeout_s,
+        )
+        echoed = [self._echo_text(prompt, plan, model) if body.echo else "" for prompt, plan in zip(prompts, plans)]
+        return PreparedCompletion(generation, [text for text in echoed for _ in range(body.n)])
+
+    async def complete(
+        self, completion: PreparedCompletion, disconnected: Callable[[], Awaitable[None]]
+    ) -> Completion:
+        """Non-streaming answer. Raises APIError, or ClientDisconnected."""
+        prepared = completion.generation
+        collected = await self._generation.collect(prepared, disconnected)
+        choices = [
+            CompletionChoice(index=i, text=completion.echoed[i] + text, finish_reason=reason)
+            for i, (text, reason) in enumerate(zip(collected.texts, collected.finish_reasons, strict=True))
+        ]
+        usage = self._generation.usage(prepared, collected.completion_tokens)
+        return Completion(id=prepared.id, created=prepared.created, model=prepared.model, choices=choices, usage=usage)
+
+    def stream(
+        self, completion: PreparedCompletion, disconnected: Callable[[], Awaitable[None]]
+    ) -> AsyncIterator[str]:
+        """SSE events: with `echo` a chunk of each choice's prompt text first."""
+        prepared = completion.generation
+
+        def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
+            return Completion(
+                id=prepared.id, created=prepared.created, model=prepared.model, choices=choices, usage=usage
+            )
+
+        def chunk_of(delta: SequenceDelta) -> Completion:
+            return chunk([CompletionChoice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason)])
+
+        opening = [
+            chunk([CompletionChoice(index=index, text=text)])
+            for index, text in enumerate(completion.echoed)
+            if text
+        ]
+        return self._generation.sse_events(prepared, disconnected, opening, chunk_of, lambda usage: chunk([], usage))
+
+    @staticmethod
+    def _prompt_ids(prompt: Prompt, model: ServedModel) -> list[int]:
+        """Token ids of one prompt; raises APIError 400 for ids the tokenizer
+        does not know or a prompt that tokenizes to nothing."""
+        if isinstance(prompt, str):
+            ids = model.tokenizer.encode_prompt(prompt)
+            if not ids:
+                raise invalid_request("the prompt is empty and the tokenizer adds no tokens to it", param="prompt")
+            return ids
+        vocab = model.tokenizer.vocab_size
+        unknown = sorted({token for token in prompt if token >= vocab})
+        if unknown:
+            raise invalid_request(
+                f"token ids outside the tokenizer's vocabulary (size {vocab}): {unknown[:5]}", param="prompt"
+            )
+        return list(prompt)
+
+    @staticmethod
+    def _echo_text(prompt: Prompt, plan: PromptPlan, model: ServedModel) -> str:
+        """The prompt as text: a text prompt verbatim, token ids decoded
+        (special tokens the tokenizer added are not part of the text)."""
+        return prompt if isinstance(prompt, str) else model.tokenizer.decode(plan.token_ids)
