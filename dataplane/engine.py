@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dataplane.engine_io import EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput
+from dataplane.logprobs import TokenLogprobs
 from dataplane.kv_cache import KVCacheManager, blocks_for_tokens
 from dataplane.memory.arena import Arena
 from dataplane.model_info import ModelInfo
@@ -280,10 +281,12 @@ class Engine:
         for item in scheduled:
             seq = item.seq
             token = result.sampled.get(seq.seq_id)
+            entry = result.logprobs.get(seq.seq_id)
+            logprobs = [entry] if token is not None and entry is not None else []
             if seq.seq_id in finished:
-                self._end(seq, [token] if token is not None else [], outbox)
+                self._end(seq, [token] if token is not None else [], outbox, logprobs)
             elif token is not None and seq.seq_id in self._sinks:
-                outbox.append((self._sinks[seq.seq_id], self._output(seq, [token], None)))
+                outbox.append((self._sinks[seq.seq_id], self._output(seq, [token], None, logprobs)))
         if not self.scheduler.has_work():
             self._flush_bookkeeping()  # no next step to hide it behind
 
@@ -326,15 +329,26 @@ class Engine:
         )
 
     @staticmethod
-    def _output(seq: Sequence, tokens: list[int], reason: FinishReason | None) -> RequestOutput:
-        return RequestOutput(seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids))
+    def _output(
+        seq: Sequence, tokens: list[int], reason: FinishReason | None, logprobs: list[TokenLogprobs] | None = None
+    ) -> RequestOutput:
+        return RequestOutput(
+            seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids), logprobs or []
+        )
 
-    def _end(self, seq: Sequence, new_tokens: list[int], outbox: list[tuple[OutputSink, RequestOutput]]) -> None:
-        """Forgets a finished sequence and queues its last output (with its newest tokens)."""
+    def _end(
+        self,
+        seq: Sequence,
+        new_tokens: list[int],
+        outbox: list[tuple[OutputSink, RequestOutput]],
+        logprobs: list[TokenLogprobs] | None = None,
+    ) -> None:
+        """Forgets a finished sequence and queues its last output (with its
+        newest tokens and, when asked for, their log-probabilities)."""
         reason = seq.finish_reason or FinishReason.ABORT
         sink = self._sinks.pop(seq.seq_id, None)
         if sink is not None:
-            outbox.append((sink, self._output(seq, new_tokens, reason)))
+            outbox.append((sink, self._output(seq, new_tokens, reason, logprobs)))
         self.demand.remove(seq.seq_id)
         self._counters.finished += 1
         if reason == FinishReason.ABORT:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dataplane.logprobs import TokenLogprobs
 from dataplane.memory.arena import ArenaSnapshot
 from dataplane.sequence import FinishReason
 
@@ -29,6 +30,8 @@ class RequestOutput:
     finish_reason: FinishReason | None  # set on the request's last output
     prompt_tokens: int
     completion_tokens: int  # generated so far, including new_token_ids
+    # Parallel to new_token_ids when the request asked for logprobs, else empty.
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 OutputSink = Callable[[RequestOutput], None]

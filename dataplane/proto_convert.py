@@ -27,6 +27,7 @@ def sampling_from_proto(pb: inference_pb2.SamplingParams) -> SamplingParams:
         max_tokens=pb.max_tokens,
         stop_token_ids=tuple(pb.stop_token_ids),
         ignore_eos=pb.ignore_eos,
+        logprobs=pb.logprobs if pb.HasField("logprobs") else None,
     )
 
 
@@ -37,6 +38,12 @@ def output_to_proto(out: RequestOutput) -> inference_pb2.GenerateResponse:
         finish_reason=_FINISH[out.finish_reason],
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
+        logprobs=[
+            inference_pb2.TokenLogprobs(
+                logprob=entry.logprob, top_token_ids=entry.top_token_ids, top_logprobs=entry.top_logprobs
+            )
+            for entry in out.new_logprobs
+        ],
     )
 
 

@@ -14,7 +14,7 @@ token ids copied on the device, before the host has seen them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from dataplane.cuda_graphs import DecodeGraphs, DecodeRows
 from dataplane.forward_context import ForwardContext
 from dataplane.kv_cache import KVCacheManager
 from dataplane.layers.attention import AttentionMetadata
+from dataplane.logprobs import StepLogprobs, TokenLogprobs, step_logprobs
 from dataplane.routing_stats import RoutingStats
 from dataplane.sampler import Sampler
 from dataplane.weights.layout import NUM_PROJ
@@ -40,6 +41,8 @@ class StepResult:
     prob_mass: torch.Tensor  # [layers, experts] float32
     seq_prob_sum: torch.Tensor  # [B, layers, experts] float32, scheduled order
     num_tokens: int
+    # seq_id -> its new token's log-probabilities, for sequences that sampled and asked
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class _DevicePicks:
     ids: torch.Tensor  # [B] int64 on the device, scheduled order (input of a step launched ahead)
     host: torch.Tensor  # [B] int64 host copy (pinned on CUDA), valid after ``done``
     done: torch.cuda.Event | None  # recorded after the step's host copies; None off CUDA
+    logprobs: StepLogprobs | None = None  # host copies (rows: scheduled order), valid after ``done``
 
 
 @dataclass(frozen=True)
@@ -250,14 +254,18 @@ class ModelRunner:
         in stream order, before its replay); the copies are queued before the
         picks' event.
         """
-        ids = self.sampler.pick(logits, [item.seq for item in scheduled], greedy)  # [B] int64
+        seqs = [item.seq for item in scheduled]
+        ids = self.sampler.pick(logits, seqs, greedy)  # [B] int64
+        logprobs = step_logprobs(logits, ids, [seq.sampling.logprobs for seq in seqs])
+        if logprobs is not None:
+            logprobs = logprobs.map_tensors(_start_host_copy)
         stats = _HostStats.start(routing, len(scheduled))
         host = _start_host_copy(ids)
         done = None
         if ids.is_cuda:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(ids.device))
-        return LaunchedStep(scheduled, None, stats, len(scheduled), _DevicePicks(ids, host, done))
+        return LaunchedStep(scheduled, None, stats, len(scheduled), _DevicePicks(ids, host, done, logprobs))
 
     @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> StepResult:
@@ -267,16 +275,27 @@ class ModelRunner:
         copies were queued before them.
         """
         sampled: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
         if step.picks is not None:
             if step.picks.done is not None:
                 step.picks.done.synchronize()  # this step only: a step launched ahead may still run
             for item, token in zip(step.scheduled, step.picks.host.tolist()):
                 sampled[item.seq.seq_id] = token
+            if step.picks.logprobs is not None:
+                picked = step.picks.logprobs
+                for row, entry in zip(picked.rows, picked.entries()):
+                    logprobs[step.scheduled[row].seq.seq_id] = entry
         else:
             if step.logits is not None:
                 seqs = [item.seq for item in step.scheduled if item.samples]
-                for seq, token in zip(seqs, self.sampler.sample(step.logits, seqs)):
+                ids = self.sampler.pick(step.logits, seqs)  # [S] int64
+                for seq, token in zip(seqs, ids.tolist()):
                     sampled[seq.seq_id] = token
+                computed = step_logprobs(step.logits, ids, [seq.sampling.logprobs for seq in seqs])
+                if computed is not None:
+                    computed = computed.map_tensors(torch.Tensor.cpu)
+                    for row, entry in zip(computed.rows, computed.entries()):
+                        logprobs[seqs[row].seq_id] = entry
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # the statistics' copies have landed
         stats = step.stats
@@ -286,6 +305,7 @@ class ModelRunner:
             prob_mass=stats.prob_mass,
             seq_prob_sum=stats.seq_prob_sum,
             num_tokens=step.num_tokens,
+            logprobs=logprobs,
         )
 
     def touch_routed(self, routed_tokens: torch.Tensor) -> None:

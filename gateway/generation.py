@@ -26,8 +26,9 @@ from gateway.errors import context_length_exceeded, dataplane_api_error, interna
 from gateway.fanout import ClientDisconnected, merge_streams
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import SamplingRequest, Usage
-from gateway.sequence import SequenceDelta, SequenceSpec, generate_sequence
+from gateway.sequence import SequenceDelta, SequenceSpec, TokenLogprob, generate_sequence
 from gateway.served_model import ServedModel
+from gateway.tokenizer import TextTokenizer
 from pagedweight.v1 import inference_pb2
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -59,15 +60,19 @@ class PreparedGeneration:
     include_usage: bool
     arrival_s: float  # time.monotonic()
     deadline_s: float  # time.monotonic() by which generation must end
+    logprobs: bool  # the choices report their tokens' log-probabilities
+    tokenizer: TextTokenizer  # the served model's, for the logprobs' token texts
 
 
 @dataclass(frozen=True)
 class CollectedChoices:
-    """The whole text of every choice, by index."""
+    """The whole text of every choice, by index, and its tokens' logprobs
+    (empty lists unless the request asked for them)."""
 
     texts: list[str]
     finish_reasons: list[str]
     completion_tokens: list[int]
+    logprobs: list[list[TokenLogprob]]
 
 
 def plan_prompt(
@@ -108,11 +113,13 @@ def build_sequences(
     prompts: Sequence[PromptPlan],
     model: ServedModel,
     detokenizer_context: bool,
+    top_logprobs: int | None,
 ) -> list[SequenceSpec]:
     """One dataplane request per choice: choice `i * n + j` is the j-th choice
     of prompt i and uses seed + j when a seed is given. With
     `detokenizer_context` the prompt's last tokens prime the detokenizer (a
-    text completion continues the prompt's text)."""
+    text completion continues the prompt's text). `top_logprobs` not None:
+    every token comes with its log-probability and that many alternatives."""
     stop_ids = frozenset(body.stop_token_ids or ()) | (frozenset() if body.ignore_eos else model.eos_token_ids)
     sequences = []
     for prompt_index, prompt in enumerate(prompts):
@@ -127,6 +134,8 @@ def build_sequences(
                 stop_token_ids=list(body.stop_token_ids or ()),
                 ignore_eos=body.ignore_eos,
             )
+            if top_logprobs is not None:
+                sampling.logprobs = top_logprobs
             if body.seed is not None:
                 sampling.seed = body.seed + choice
             request = inference_pb2.GenerateRequest(
@@ -188,17 +197,19 @@ class GenerationService:
         texts: list[list[str]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         tokens = [0] * n
+        logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         try:
             async with aclosing(await self._deltas(prepared, disconnected)) as deltas:
                 async for delta in deltas:
                     texts[delta.index].append(delta.text)
                     tokens[delta.index] = delta.completion_tokens
                     reasons[delta.index] = delta.finish_reason or reasons[delta.index]
+                    logprobs[delta.index] += delta.logprobs
         except DataplaneError as error:
             raise dataplane_api_error(error) from error
         finally:
             self._metrics.request_latency.observe(time.monotonic() - prepared.arrival_s)
-        return CollectedChoices(["".join(t) for t in texts], [r or "stop" for r in reasons], tokens)
+        return CollectedChoices(["".join(t) for t in texts], [r or "stop" for r in reasons], tokens, logprobs)
 
     async def sse_events(
         self,

@@ -3,8 +3,8 @@ and text completions requests, responses and stream chunks, the models list
 and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
-known but unsupported features (logprobs, penalties, tools, suffix,
-logit_bias) are rejected with
+known but unsupported features (penalties, tools, suffix, logit_bias, the
+prompt's logprobs) are rejected with
 400 so a client never silently gets a different behaviour than it asked for.
 """
 
@@ -29,6 +29,9 @@ MAX_CHOICES = 16
 MAX_STOP_STRINGS = 16
 # Seeds are uint64 on the wire and choice i uses seed + i: keep room for that.
 MAX_SEED = 2**63 - 1
+# Most alternatives per position in logprobs (OpenAI's top_logprobs limit;
+# the dataplane's too).
+MAX_TOP_LOGPROBS = 20
 
 
 class ErrorBody(BaseModel):
@@ -124,15 +127,20 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
 
     @model_validator(mode="after")
     def _reject_unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs to be true")
         if self.tools:
             raise ValueError("tools are not supported")
         return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        """Alternatives per generated token when logprobs were asked for, else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         """max_completion_tokens (current name) wins over max_tokens (legacy)."""
@@ -153,7 +161,7 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(None, ge=1)
     echo: bool = False
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1)
     logit_bias: dict[str, float] | None = None
 
@@ -170,8 +178,8 @@ class CompletionRequest(SamplingRequest):
     def _reject_unsupported(self) -> CompletionRequest:
         if self.suffix:
             raise ValueError("suffix is not supported")
-        if self.logprobs is not None:
-            raise ValueError("logprobs are not supported")
+        if self.logprobs is not None and self.echo:
+            raise ValueError("logprobs with echo are not supported (the prompt's log-probabilities are not computed)")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of other than n is not supported")
         if self.logit_bias:
@@ -180,6 +188,10 @@ class CompletionRequest(SamplingRequest):
         if choices > MAX_CHOICES:
             raise ValueError(f"at most {MAX_CHOICES} choices per request (prompts x n), got {choices}")
         return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        """Alternatives per generated token when logprobs were asked for, else None."""
+        return self.logprobs
 
     def prompts(self) -> list[Prompt]:
         """The prompts as a list (one string, or one list of ids, is one prompt)."""
@@ -204,11 +216,29 @@ class AssistantMessage(BaseModel):
 FinishReasonText = Literal["stop", "length"]
 
 
+class TopLogprob(BaseModel):
+    """A token at a position: its text, natural-log probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """A chat choice's (or chunk's) log-probabilities, one entry per token."""
+
+    content: list[ChatTokenLogprob]
+
+
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: FinishReasonText
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -235,7 +265,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: Delta
     finish_reason: FinishReasonText | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -247,6 +277,17 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """A text completion choice's log-probabilities (the legacy shape):
+    parallel lists, one entry per token; `text_offset` is where each token's
+    text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     """A text completion's choice; in a streamed chunk `finish_reason` is None
     until the choice's last chunk."""
@@ -254,7 +295,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReasonText | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

@@ -31,15 +31,30 @@ _FINISH_TEXT = {
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the most likely alternatives
+    at its position ((token id, log-probability), most likely first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
 class SequenceDelta:
     """New text of choice `index`; the last delta of a choice has
     `finish_reason` set ("stop" or "length"). `completion_tokens` counts every
-    token the dataplane generated so far (stop tokens included)."""
+    token the dataplane generated so far (stop tokens included). `logprobs`:
+    when the request asked for them, one entry per token received since the
+    previous delta (a final stop token, which is not text, has none); text
+    held back (an incomplete character, a possible stop string) comes in a
+    later delta than its tokens' entries."""
 
     index: int
     text: str
     finish_reason: str | None
     completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,9 +110,19 @@ async def _generate(
     matcher = StopStringMatcher(spec.stop_strings)
     completion_tokens = 0
     last_token_s: float | None = None
+    logprobs: list[TokenLogprob] = []  # entries not yet sent with a delta
     async with aclosing(client.generate(spec.request, timeout_s)) as stream:
         async for response in stream:
             token_ids = list(response.token_ids)
+            if response.logprobs:
+                if len(response.logprobs) != len(token_ids):
+                    raise DataplaneError(
+                        DataplaneErrorKind.INTERNAL, "the dataplane sent logprobs that do not match its tokens"
+                    )
+                logprobs += [
+                    TokenLogprob(token, entry.logprob, tuple(zip(entry.top_token_ids, entry.top_logprobs)))
+                    for token, entry in zip(token_ids, response.logprobs)
+                ]
             if token_ids:
                 now = time.monotonic()
                 if last_token_s is None:
@@ -116,18 +141,21 @@ async def _generate(
             if finished and reason == inference_pb2.FINISH_REASON_STOP and token_ids:
                 if token_ids[-1] in spec.stop_token_ids:
                     token_ids.pop()
+                    if response.logprobs:
+                        logprobs.pop()
             text = detokenizer.push(token_ids)
             if finished:
                 text += detokenizer.flush()
             emitted, matched = matcher.push(text)
             if matched:
                 # Leaving the `async with` closes the stream: the call is cancelled.
-                yield SequenceDelta(spec.index, emitted, FINISH_STOP, completion_tokens)
+                yield SequenceDelta(spec.index, emitted, FINISH_STOP, completion_tokens, tuple(logprobs))
                 return
             if finished:
                 emitted += matcher.flush()
-                yield SequenceDelta(spec.index, emitted, _FINISH_TEXT[reason], completion_tokens)
+                yield SequenceDelta(spec.index, emitted, _FINISH_TEXT[reason], completion_tokens, tuple(logprobs))
                 return
             if emitted:
-                yield SequenceDelta(spec.index, emitted, None, completion_tokens)
+                yield SequenceDelta(spec.index, emitted, None, completion_tokens, tuple(logprobs))
+                logprobs = []
     raise DataplaneError(DataplaneErrorKind.INTERNAL, "the dataplane ended the stream without a finish reason")

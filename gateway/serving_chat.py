@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from gateway.chat_template import ChatTemplateError
 from gateway.errors import invalid_request
 from gateway.generation import GenerationService, PreparedGeneration, build_sequences, plan_prompt
+from gateway.logprobs import chat_logprobs
 from gateway.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -54,10 +55,14 @@ class ChatService:
             created=int(time.time()),
             model=model.name,
             prompt_tokens=len(prompt_ids),
-            sequences=build_sequences(request_id, body, [plan], model, detokenizer_context=False),
+            sequences=build_sequences(
+                request_id, body, [plan], model, detokenizer_context=False, top_logprobs=body.top_logprobs_wanted()
+            ),
             include_usage=body.include_usage(),
             arrival_s=arrival_s,
             deadline_s=arrival_s + self._generation.request_timeout_s,
+            logprobs=body.logprobs is True,
+            tokenizer=model.tokenizer,
         )
 
     async def complete(
@@ -66,21 +71,29 @@ class ChatService:
         """Non-streaming answer. Raises APIError, or ClientDisconnected."""
         collected = await self._generation.collect(chat, disconnected)
         choices = [
-            Choice(index=i, message=AssistantMessage(content=text), finish_reason=reason)
+            Choice(
+                index=i,
+                message=AssistantMessage(content=text),
+                finish_reason=reason,
+                logprobs=chat_logprobs(collected.logprobs[i], chat.tokenizer) if chat.logprobs else None,
+            )
             for i, (text, reason) in enumerate(zip(collected.texts, collected.finish_reasons, strict=True))
         ]
         usage = self._generation.usage(chat, collected.completion_tokens)
         return ChatCompletion(id=chat.id, created=chat.created, model=chat.model, choices=choices, usage=usage)
 
     def stream(self, chat: PreparedGeneration, disconnected: Callable[[], Awaitable[None]]) -> AsyncIterator[str]:
-        """SSE events: a role chunk per choice, then content chunks."""
+        """SSE events: a role chunk per choice, then content chunks (with
+        their tokens' logprobs when asked for)."""
 
         def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model, choices=choices, usage=usage)
 
         def chunk_of(delta: SequenceDelta) -> ChatCompletionChunk:
             content = Delta(content=delta.text) if delta.text else Delta()
-            return chunk([ChunkChoice(index=delta.index, delta=content, finish_reason=delta.finish_reason)])
+            logprobs = chat_logprobs(delta.logprobs, chat.tokenizer) if chat.logprobs else None
+            return chunk([ChunkChoice(index=delta.index, delta=content, finish_reason=delta.finish_reason,
+                                      logprobs=logprobs)])
 
         opening = [
             chunk([ChunkChoice(index=spec.index, delta=Delta(role="assistant", content=""))]) for spec in chat.sequences

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.errors import invalid_request
+from gateway.logprobs import completion_logprobs
 from gateway.generation import (
     DEFAULT_COMPLETION_TOKENS,
     GenerationService,
@@ -64,10 +65,14 @@ class CompletionService:
             created=int(time.time()),
             model=model.name,
             prompt_tokens=sum(len(plan.token_ids) for plan in plans),
-            sequences=build_sequences(request_id, body, plans, model, detokenizer_context=True),
+            sequences=build_sequences(
+                request_id, body, plans, model, detokenizer_context=True, top_logprobs=body.top_logprobs_wanted()
+            ),
             include_usage=body.include_usage(),
             arrival_s=arrival_s,
             deadline_s=arrival_s + self._generation.request_timeout_s,
+            logprobs=body.logprobs is not None,
+            tokenizer=model.tokenizer,
         )
         echoed = [self._echo_text(prompt, plan, model) if body.echo else "" for prompt, plan in zip(prompts, plans)]
         return PreparedCompletion(generation, [text for text in echoed for _ in range(body.n)])
@@ -78,10 +83,14 @@ class CompletionService:
         """Non-streaming answer. Raises APIError, or ClientDisconnected."""
         prepared = completion.generation
         collected = await self._generation.collect(prepared, disconnected)
-        choices = [
-            CompletionChoice(index=i, text=completion.echoed[i] + text, finish_reason=reason)
-            for i, (text, reason) in enumerate(zip(collected.texts, collected.finish_reasons, strict=True))
-        ]
+        choices = []
+        for i, (text, reason) in enumerate(zip(collected.texts, collected.finish_reasons, strict=True)):
+            logprobs = None
+            if prepared.logprobs:
+                logprobs, _ = completion_logprobs(collected.logprobs[i], prepared.tokenizer, len(completion.echoed[i]))
+            choices.append(
+                CompletionChoice(index=i, text=completion.echoed[i] + text, finish_reason=reason, logprobs=logprobs)
+            )
         usage = self._generation.usage(prepared, collected.completion_tokens)
         return Completion(id=prepared.id, created=prepared.created, model=prepared.model, choices=choices, usage=usage)
 
@@ -96,8 +105,19 @@ class CompletionService:
                 id=prepared.id, created=prepared.created, model=prepared.model, choices=choices, usage=usage
             )
 
+        # Where each choice's next token text starts (logprobs' text_offset).
+        offsets = [len(text) for text in completion.echoed]
+
         def chunk_of(delta: SequenceDelta) -> Completion:
-            return chunk([CompletionChoice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason)])
+            logprobs = None
+            if prepared.logprobs:
+                logprobs, offsets[delta.index] = completion_logprobs(
+                    delta.logprobs, prepared.tokenizer, offsets[delta.index]
+                )
+            choice = CompletionChoice(
+                index=delta.index, text=delta.text, finish_reason=delta.finish_reason, logprobs=logprobs
+            )
+            return chunk([choice])
 
         opening = [
             chunk([CompletionChoice(index=index, text=text)])

@@ -69,12 +69,30 @@ def _config(**kw) -> DataplaneConfig:
 
 
 def _generate(engine, tag: str) -> list[list[int]]:
+    return [tokens for tokens, _ in _generate_with_logprobs(engine, tag, None)]
+
+
+def _generate_with_logprobs(engine, tag: str, logprobs: int | None) -> list[tuple[list[int], list]]:
+    """(tokens, their TokenLogprobs) per prompt, greedy."""
     sinks = []
     for i, prompt in enumerate(PROMPTS):
         sink = QueueSink()
-        engine.add_request(f"{tag}-{i}", prompt, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), sink)
+        params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=logprobs)
+        engine.add_request(f"{tag}-{i}", prompt, params, sink)
         sinks.append(sink)
-    return [[t for out in sink.outputs(timeout=300) for t in out.new_token_ids] for sink in sinks]
+    results = []
+    for sink in sinks:
+        outs = list(sink.outputs(timeout=300))
+        results.append(([t for out in outs for t in out.new_token_ids], [e for out in outs for e in out.new_logprobs]))
+    return results
+
+
+def _assert_same_logprobs(got: list, want: list, atol: float) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.logprob == pytest.approx(b.logprob, abs=atol)
+        assert len(a.top_token_ids) == len(b.top_token_ids)
+        assert list(a.top_logprobs) == pytest.approx(list(b.top_logprobs), abs=atol)
 
 
 def _with_static_decode(built) -> DecodeGraphs:
@@ -155,12 +173,15 @@ def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
     """Same greedy tokens with and without graphs, at 8 bits and after demoting
     in place to mixed bits (the captured graphs must read the new tables)."""
     outs = []
+    with_logprobs = []
     for graphs_on in (False, True):
         built = build(_config(device="cuda", dtype="float32", cuda_graphs=graphs_on, max_arena_pages=512,
                               dynamic_precision=False))
         built.engine.start()
         try:
             at_8 = _generate(built.engine, f"g{graphs_on}")
+            # Log-probabilities from the graph's device picks (every row asks) and the eager path.
+            with_logprobs.append(_generate_with_logprobs(built.engine, f"l{graphs_on}", 3))
             _demote_mixed(built)
             mixed = _generate(built.engine, f"m{graphs_on}")
         finally:
@@ -168,14 +189,19 @@ def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
         outs.append((at_8, mixed))
         if graphs_on:
             graphs = built.engine.runner.graphs
-            assert graphs is not None and graphs.captures >= 1 and graphs.replays >= 2 * (NEW_TOKENS - 1)
+            assert graphs is not None and graphs.captures >= 1 and graphs.replays >= 3 * (NEW_TOKENS - 1)
     assert outs[0][0] == outs[1][0]
     assert outs[0][1] == outs[1][1]
     assert outs[0][0] != outs[0][1]  # the demotion changed the model
+    for (tokens_eager, eager), (tokens_graph, graph) in zip(*with_logprobs):
+        assert tokens_graph == tokens_eager
+        assert len(graph) == NEW_TOKENS
+        _assert_same_logprobs(graph, eager, atol=1e-3)
 
 
-def _run(engine, requests: list[tuple[list[int], SamplingParams]], tag: str):
-    """(tokens, finish reason) per request."""
+def _run(engine, requests: list[tuple[list[int], SamplingParams]], tag: str, logprobs: list | None = None):
+    """(tokens, finish reason) per request; each request's TokenLogprobs are
+    appended to `logprobs` when given."""
     sinks = []
     for i, (prompt, params) in enumerate(requests):
         sinks.append(QueueSink())
@@ -184,6 +210,8 @@ def _run(engine, requests: list[tuple[list[int], SamplingParams]], tag: str):
     for sink in sinks:
         outs = list(sink.outputs(timeout=300))
         results.append(([t for out in outs for t in out.new_token_ids], outs[-1].finish_reason))
+        if logprobs is not None:
+            logprobs.append([e for out in outs for e in out.new_logprobs])
     return results
 
 
@@ -202,15 +230,16 @@ def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
         plain.engine.stop()
     stop = free_run[1][0][2]  # request 1 stops on its third token
     requests = [
-        (PROMPTS[0], SamplingParams(max_tokens=5, ignore_eos=True)),
+        (PROMPTS[0], SamplingParams(max_tokens=5, ignore_eos=True, logprobs=2)),
         (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[stop])),
         # Drawn tokens: one draw from the request's generator per step, queued or not.
-        (PROMPTS[2], SamplingParams(max_tokens=7, ignore_eos=True, temperature=0.9, top_p=0.9, seed=5)),
+        (PROMPTS[2], SamplingParams(max_tokens=7, ignore_eos=True, temperature=0.9, top_p=0.9, seed=5, logprobs=0)),
     ]
     eager = build(_config(device="cpu", dtype="float32", overlap_steps=False))
     eager.engine.start()
+    want_logprobs: list = []
     try:
-        want = _run(eager.engine, requests, "e")
+        want = _run(eager.engine, requests, "e", want_logprobs)
     finally:
         eager.engine.stop()
     results = []
@@ -218,10 +247,15 @@ def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
         built = build(_config(device="cpu", dtype="float32", overlap_steps=overlap))
         _with_static_decode(built)
         built.engine.start()
+        got_logprobs: list = []
         try:
-            results.append(_run(built.engine, requests, f"o{overlap}"))
+            results.append(_run(built.engine, requests, f"o{overlap}", got_logprobs))
         finally:
             built.engine.stop()
+        # The device picks' log-probabilities (rows that asked, in a batch with one that did not).
+        assert [len(entries) for entries in got_logprobs] == [5, 0, 7]
+        for got, want_entries in zip(got_logprobs, want_logprobs):
+            _assert_same_logprobs(got, want_entries, atol=1e-4)
         if overlap:
             assert built.engine.runner.steps_launched_ahead >= 3
             assert built.engine.stats().generated_tokens_total == sum(len(t) for t, _ in results[-1])

@@ -92,6 +92,24 @@ def test_text_completion_continues_the_prompt_of_the_base_model(stack):
     assert "".join(c.choices[0].text for c in stream) == prompt + whole.choices[0].text
 
 
+def test_logprobs_of_greedy_tokens_are_the_most_likely(stack):
+    name = model_name(stack)
+    chat = client(stack).chat.completions.create(
+        model=name, messages=USER_MESSAGE, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = chat.choices[0].logprobs.content
+    assert 0 < len(content) <= chat.usage.completion_tokens
+    for entry in content:
+        values = [alt.logprob for alt in entry.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True) and values[0] <= 0
+        assert entry.logprob == pytest.approx(values[0], abs=1e-5)  # greedy takes the most likely token
+    text = client(stack).completions.create(model=name, prompt="import os\n", max_tokens=8, temperature=0, logprobs=2)
+    logprobs = text.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) > 0
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert value == pytest.approx(max(top.values()), abs=1e-5) and top[token] == pytest.approx(value, abs=1e-5)
+
+
 def test_greedy_output_is_deterministic(stack):
     name = model_name(stack)
     replies = [

@@ -10,7 +10,8 @@ The model answers with the tokens of the last user message (found between the
 * temperature > 0: as many tokens drawn from them with random.Random(seed)
   (fresh entropy without a seed), then `</s>`;
 * it honours max_tokens and the context length (finish LENGTH) and
-  stop_token_ids (finish STOP after the stop token).
+  stop_token_ids (finish STOP after the stop token);
+* with `logprobs` it sends `fake_logprobs` for every token.
 
 It streams `tokens_per_message` tokens per response, sleeping `delay_s`
 before each, and records every request, the ones running, and the ones the
@@ -78,6 +79,18 @@ def build_metaspace_tokenizer() -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     return tokenizer
+
+
+def fake_logprobs(token: int, position: int, top_n: int) -> inference_pb2.TokenLogprobs:
+    """The fake's log-probabilities: the token at generated position p
+    (1-based) has -p/10, and alternative k (0-based) is token + k with
+    -p/10 - k/2, so the token itself is the most likely."""
+    logprob = -position / 10
+    return inference_pb2.TokenLogprobs(
+        logprob=logprob,
+        top_token_ids=[(token + k) % VOCAB_SIZE for k in range(top_n)],
+        top_logprobs=[logprob - k / 2 for k in range(top_n)],
+    )
 
 
 @dataclass
@@ -155,12 +168,17 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
                         reason = inference_pb2.FINISH_REASON_LENGTH
                     if reason != inference_pb2.FINISH_REASON_UNSPECIFIED:
                         break
+                logprobs = []
+                if sampling.HasField("logprobs"):
+                    first = generated - len(chunk) + 1  # 1-based position of chunk[0]
+                    logprobs = [fake_logprobs(token, first + i, sampling.logprobs) for i, token in enumerate(chunk)]
                 yield inference_pb2.GenerateResponse(
                     request_id=rid,
                     token_ids=chunk,
                     finish_reason=reason,
                     prompt_tokens=len(prompt),
                     completion_tokens=generated,
+                    logprobs=logprobs,
                 )
                 if reason != inference_pb2.FINISH_REASON_UNSPECIFIED:
                     with owner.state.lock:

@@ -1,0 +1,76 @@
+"""Log-probabilities of generated tokens: the step function against
+torch.log_softmax, and the engine's reported values against transformers'
+MixtralForCausalLM on the same checkpoint and tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import MixtralForCausalLM
+
+from dataplane.engine_io import InvalidRequest, QueueSink, RequestOutput
+from dataplane.logprobs import MAX_TOP_LOGPROBS, step_logprobs
+from dataplane.sampling_params import SamplingParams
+
+TIMEOUT_S = 60
+ATOL = 1e-4
+
+
+def test_step_logprobs_picks_rows_and_matches_log_softmax():
+    torch.manual_seed(3)
+    logits = torch.randn(5, 37) * 4  # [S, V]
+    picked = torch.tensor([3, 0, 36, 7, 11])  # [S]
+    result = step_logprobs(logits.to(torch.bfloat16), picked, [2, None, 0, None, 5])
+    assert result is not None and result.rows == [0, 2, 4] and result.top_n == [2, 0, 5]
+    reference = torch.log_softmax(logits.to(torch.bfloat16).float(), dim=-1)
+    for row, entry in zip(result.rows, result.entries()):
+        assert entry.logprob == pytest.approx(reference[row, picked[row]].item(), abs=ATOL)
+        top = torch.topk(reference[row], len(entry.top_token_ids))
+        assert list(entry.top_token_ids) == top.indices.tolist()
+        assert list(entry.top_logprobs) == pytest.approx(top.values.tolist(), abs=ATOL)
+    assert step_logprobs(logits, picked, [None] * 5) is None
+
+
+def run(engine, prompts: dict[str, list[int]], params: dict[str, SamplingParams]) -> dict[str, list[RequestOutput]]:
+    sinks = {rid: QueueSink() for rid in prompts}
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, params[rid], sinks[rid])
+    return {rid: list(sink.outputs(timeout=TIMEOUT_S)) for rid, sink in sinks.items()}
+
+
+def test_engine_logprobs_are_the_models_distribution(make_engine, random_ckpt):
+    engine = make_engine()
+    prompts = {"greedy": list(range(30, 47)), "sampled": list(range(60, 69)), "plain": list(range(80, 91))}
+    params = {
+        "greedy": SamplingParams(max_tokens=6, ignore_eos=True, logprobs=4),
+        # Temperature, top-k and top-p shape the draw, not the reported values.
+        "sampled": SamplingParams(temperature=1.7, top_k=9, top_p=0.8, seed=7, max_tokens=5, ignore_eos=True,
+                                  logprobs=0),
+        "plain": SamplingParams(max_tokens=4, ignore_eos=True),
+    }
+    outs = run(engine, prompts, params)
+    assert all(not out.new_logprobs for out in outs["plain"])
+    peer = MixtralForCausalLM.from_pretrained(random_ckpt, dtype=torch.float32).eval()
+    for rid in ("greedy", "sampled"):
+        tokens = [t for out in outs[rid] for t in out.new_token_ids]
+        entries = [e for out in outs[rid] for e in out.new_logprobs]
+        assert len(entries) == len(tokens) == params[rid].max_tokens
+        prompt = prompts[rid]
+        with torch.no_grad():
+            logits = peer(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]  # [generated, V]
+        reference = torch.log_softmax(logits.float(), dim=-1)
+        for position, (token, entry) in enumerate(zip(tokens, entries)):
+            assert entry.logprob == pytest.approx(reference[position, token].item(), abs=ATOL)
+            assert len(entry.top_token_ids) == params[rid].logprobs
+            top = torch.topk(reference[position], len(entry.top_token_ids)).values.tolist()
+            assert list(entry.top_logprobs) == pytest.approx(top, abs=ATOL)
+            for alternative, value in zip(entry.top_token_ids, entry.top_logprobs):
+                assert value == pytest.approx(reference[position, alternative].item(), abs=ATOL)
+            if rid == "greedy":  # the greedy token is the most likely one
+                assert entry.logprob == pytest.approx(entry.top_logprobs[0], abs=ATOL)
+
+
+def test_out_of_range_logprobs_are_rejected(make_engine):
+    engine = make_engine()
+    with pytest.raises(InvalidRequest, match="logprobs must be in"):
+        engine.add_request("x", [5, 6], SamplingParams(logprobs=MAX_TOP_LOGPROBS + 1), QueueSink())
