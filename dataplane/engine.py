@@ -275,6 +275,9 @@ class Engine:
             for item in scheduled
             if item.seq.seq_id in result.sampled and item.seq.status == SequenceStatus.RUNNING
         }
+        for item in scheduled:
+            for first, entries in result.prompt_logprobs.get(item.seq.seq_id, ()):
+                item.seq.add_prompt_logprobs(first, entries)
         self._count(scheduled, result)
         self._bookkeeping = _Bookkeeping(scheduled, result)
         finished = {s.seq_id for s in self.scheduler.update(scheduled, result.sampled, self._eos)}
@@ -332,8 +335,10 @@ class Engine:
     def _output(
         seq: Sequence, tokens: list[int], reason: FinishReason | None, logprobs: list[TokenLogprobs] | None = None
     ) -> RequestOutput:
+        prompt_logprobs = seq.take_prompt_logprobs() if tokens else []
         return RequestOutput(
-            seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids), logprobs or []
+            seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids), logprobs or [],
+            prompt_logprobs,
         )
 
     def _end(

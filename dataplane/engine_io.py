@@ -32,6 +32,9 @@ class RequestOutput:
     completion_tokens: int  # generated so far, including new_token_ids
     # Parallel to new_token_ids when the request asked for logprobs, else empty.
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # Prompt tokens 1.. when the request asked for prompt_logprobs: on the
+    # request's first output with tokens only, else empty.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 OutputSink = Callable[[RequestOutput], None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pagedweight.v1 import inference_pb2
 
 from dataplane.engine_io import EngineStats, RequestOutput
+from dataplane.logprobs import TokenLogprobs
 from dataplane.model_info import ModelInfo
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import FinishReason
@@ -28,6 +29,7 @@ def sampling_from_proto(pb: inference_pb2.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(pb.stop_token_ids),
         ignore_eos=pb.ignore_eos,
         logprobs=pb.logprobs if pb.HasField("logprobs") else None,
+        prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
     )
 
 
@@ -38,12 +40,14 @@ def output_to_proto(out: RequestOutput) -> inference_pb2.GenerateResponse:
         finish_reason=_FINISH[out.finish_reason],
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
-        logprobs=[
-            inference_pb2.TokenLogprobs(
-                logprob=entry.logprob, top_token_ids=entry.top_token_ids, top_logprobs=entry.top_logprobs
-            )
-            for entry in out.new_logprobs
-        ],
+        logprobs=[_logprobs_to_proto(entry) for entry in out.new_logprobs],
+        prompt_logprobs=[_logprobs_to_proto(entry) for entry in out.prompt_logprobs],
+    )
+
+
+def _logprobs_to_proto(entry: TokenLogprobs) -> inference_pb2.TokenLogprobs:
+    return inference_pb2.TokenLogprobs(
+        logprob=entry.logprob, top_token_ids=entry.top_token_ids, top_logprobs=entry.top_logprobs
     )
 
 

@@ -31,6 +31,10 @@ from dataplane.weights.paged_experts import PagedExperts
 from dataplane.weights.store import WeightStore
 from dataplane.scheduler import ScheduledSeq
 
+# Prompt rows whose logits are made at once for prompt logprobs: [rows, vocab]
+# float32 is 128 MiB at a 32k vocabulary.
+PROMPT_LOGPROBS_ROWS = 1024
+
 
 @dataclass
 class StepResult:
@@ -43,6 +47,9 @@ class StepResult:
     num_tokens: int
     # seq_id -> its new token's log-probabilities, for sequences that sampled and asked
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # seq_id -> (first, entries of prompt tokens first + 1, ...), for sequences
+    # that asked for prompt logprobs and prefilled prompt positions this step
+    prompt_logprobs: dict[str, list[tuple[int, list[TokenLogprobs]]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,15 @@ class _DevicePicks:
 
 
 @dataclass(frozen=True)
+class _PromptLogprobs:
+    """Device log-probabilities of prompt tokens first + 1, first + 2, ... of one sequence."""
+
+    seq_id: str
+    first: int
+    values: StepLogprobs
+
+
+@dataclass(frozen=True)
 class LaunchedStep:
     """A step whose device work is queued (``ModelRunner.launch``); ``collect`` finishes it."""
 
@@ -86,6 +102,7 @@ class LaunchedStep:
     stats: _HostStats
     num_tokens: int
     picks: _DevicePicks | None = None  # set when every row was sampled at launch (graph steps)
+    prompt_logprobs: list[_PromptLogprobs] = field(default_factory=list)  # eager steps only
 
 
 class ModelRunner:
@@ -219,7 +236,36 @@ class ModelRunner:
             rows_t = torch.tensor(last_rows, device=self.device)
             logits = self.model.compute_logits(hidden[rows_t])  # [S, vocab] float32
         assert ctx.routing is not None
-        return LaunchedStep(scheduled, logits, _HostStats.start(ctx.routing, len(scheduled)), int(input_ids.shape[0]))
+        stats = _HostStats.start(ctx.routing, len(scheduled))
+        prompt_logprobs = self._prompt_logprobs(scheduled, hidden)
+        return LaunchedStep(scheduled, logits, stats, int(input_ids.shape[0]), prompt_logprobs=prompt_logprobs)
+
+    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor) -> list[_PromptLogprobs]:
+        """Log-probabilities of the prompt tokens this step's rows predict, for
+        sequences that asked (queued on the device). Position p's row predicts
+        token p + 1; positions whose entries the sequence holds already (a
+        recompute after preemption) are skipped. Logits are made
+        PROMPT_LOGPROBS_ROWS rows at a time, to bound their memory.
+
+        hidden: [T, H], the step's rows in scheduled order."""
+        found: list[_PromptLogprobs] = []
+        row = 0
+        for item in scheduled:
+            seq, top_n = item.seq, item.seq.sampling.prompt_logprobs
+            first = max(item.start, len(seq.prompt_logprobs))
+            end = min(item.start + item.num_new_tokens, seq.num_prompt_tokens - 1)  # positions [first, end)
+            if top_n is None:
+                end = first  # nothing asked
+            for start in range(first, end, PROMPT_LOGPROBS_ROWS):
+                stop = min(start + PROMPT_LOGPROBS_ROWS, end)
+                rows = hidden[row + start - item.start : row + stop - item.start]  # [P, H]
+                logits = self.model.compute_logits(rows)  # [P, vocab] float32
+                targets = torch.tensor(seq.prompt_token_ids[start + 1 : stop + 1], dtype=torch.int64)
+                values = step_logprobs(logits, targets.to(self.device, non_blocking=True), [top_n] * (stop - start))
+                assert values is not None
+                found.append(_PromptLogprobs(seq.seq_id, start, values))
+            row += item.num_new_tokens
+        return found
 
     @torch.inference_mode()
     def launch_ahead(self, scheduled: list[ScheduledSeq], previous: LaunchedStep) -> LaunchedStep | None:
@@ -298,6 +344,10 @@ class ModelRunner:
                         logprobs[seqs[row].seq_id] = entry
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # the statistics' copies have landed
+        prompt_logprobs: dict[str, list[tuple[int, list[TokenLogprobs]]]] = {}
+        for part in step.prompt_logprobs:
+            entries = part.values.map_tensors(torch.Tensor.cpu).entries()
+            prompt_logprobs.setdefault(part.seq_id, []).append((part.first, entries))
         stats = step.stats
         return StepResult(
             sampled=sampled,
@@ -306,6 +356,7 @@ class ModelRunner:
             seq_prob_sum=stats.seq_prob_sum,
             num_tokens=step.num_tokens,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def touch_routed(self, routed_tokens: torch.Tensor) -> None:

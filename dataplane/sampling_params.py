@@ -22,6 +22,8 @@ class SamplingParams:
     # Log-probabilities with each generated token and this many alternatives
     # (0..MAX_TOP_LOGPROBS); None: none (dataplane/logprobs.py).
     logprobs: int | None = None
+    # The same for the prompt's tokens (each given the ones before it).
+    prompt_logprobs: int | None = None
 
     def validate(self, vocab_size: int) -> None:
         """Raises ValueError naming the first bad field."""
@@ -33,8 +35,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids outside the vocabulary (size {vocab_size}): {bad[:5]}")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dataplane.logprobs import TokenLogprobs
 from dataplane.sampling_params import SamplingParams
 
 
@@ -42,6 +43,11 @@ class Sequence:
     # The request's own random stream (seeded sampling is reproducible even
     # across preemption); created by the sampler on first use.
     generator: torch.Generator | None = None
+    # With sampling.prompt_logprobs: entry j is prompt token j + 1's, filled
+    # as prefill chunks compute them (a recompute after preemption adds
+    # nothing twice); handed out once, with the first output.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -63,6 +69,23 @@ class Sequence:
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt : end - n_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    def add_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
+        """Records the entries of prompt tokens first + 1, first + 2, ...;
+        those already recorded are skipped. Raises ValueError on a gap."""
+        have = len(self.prompt_logprobs)
+        if first > have:
+            raise ValueError(f"prompt logprobs from position {first} but only {have} recorded")
+        self.prompt_logprobs.extend(entries[have - first :])
+
+    def take_prompt_logprobs(self) -> list[TokenLogprobs]:
+        """The prompt's entries the first time they are complete, else []."""
+        if self.prompt_logprobs_sent or self.sampling.prompt_logprobs is None:
+            return []
+        if len(self.prompt_logprobs) < self.num_prompt_tokens - 1:
+            return []
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     @property
     def is_finished(self) -> bool:

@@ -73,6 +73,7 @@ class CollectedChoices:
     finish_reasons: list[str]
     completion_tokens: list[int]
     logprobs: list[list[TokenLogprob]]
+    prompt_logprobs: list[list[TokenLogprob]]  # from the prompt's second token; empty unless asked
 
 
 def plan_prompt(
@@ -114,12 +115,14 @@ def build_sequences(
     model: ServedModel,
     detokenizer_context: bool,
     top_logprobs: int | None,
+    prompt_logprobs: bool = False,
 ) -> list[SequenceSpec]:
     """One dataplane request per choice: choice `i * n + j` is the j-th choice
     of prompt i and uses seed + j when a seed is given. With
     `detokenizer_context` the prompt's last tokens prime the detokenizer (a
     text completion continues the prompt's text). `top_logprobs` not None:
-    every token comes with its log-probability and that many alternatives."""
+    every token comes with its log-probability and that many alternatives;
+    with `prompt_logprobs` the prompt's tokens too."""
     stop_ids = frozenset(body.stop_token_ids or ()) | (frozenset() if body.ignore_eos else model.eos_token_ids)
     sequences = []
     for prompt_index, prompt in enumerate(prompts):
@@ -136,6 +139,8 @@ def build_sequences(
             )
             if top_logprobs is not None:
                 sampling.logprobs = top_logprobs
+                if prompt_logprobs:
+                    sampling.prompt_logprobs = top_logprobs
             if body.seed is not None:
                 sampling.seed = body.seed + choice
             request = inference_pb2.GenerateRequest(
@@ -198,6 +203,7 @@ class GenerationService:
         reasons: list[str | None] = [None] * n
         tokens = [0] * n
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        prompt_logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         try:
             async with aclosing(await self._deltas(prepared, disconnected)) as deltas:
                 async for delta in deltas:
@@ -205,11 +211,13 @@ class GenerationService:
                     tokens[delta.index] = delta.completion_tokens
                     reasons[delta.index] = delta.finish_reason or reasons[delta.index]
                     logprobs[delta.index] += delta.logprobs
+                    prompt_logprobs[delta.index] += delta.prompt_logprobs
         except DataplaneError as error:
             raise dataplane_api_error(error) from error
         finally:
             self._metrics.request_latency.observe(time.monotonic() - prepared.arrival_s)
-        return CollectedChoices(["".join(t) for t in texts], [r or "stop" for r in reasons], tokens, logprobs)
+        texts_joined = ["".join(t) for t in texts]
+        return CollectedChoices(texts_joined, [r or "stop" for r in reasons], tokens, logprobs, prompt_logprobs)
 
     async def sse_events(
         self,

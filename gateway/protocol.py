@@ -3,8 +3,8 @@ and text completions requests, responses and stream chunks, the models list
 and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
-known but unsupported features (penalties, tools, suffix, logit_bias, the
-prompt's logprobs) are rejected with
+known but unsupported features (penalties, tools, suffix, logit_bias) are
+rejected with
 400 so a client never silently gets a different behaviour than it asked for.
 """
 
@@ -178,8 +178,6 @@ class CompletionRequest(SamplingRequest):
     def _reject_unsupported(self) -> CompletionRequest:
         if self.suffix:
             raise ValueError("suffix is not supported")
-        if self.logprobs is not None and self.echo:
-            raise ValueError("logprobs with echo are not supported (the prompt's log-probabilities are not computed)")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of other than n is not supported")
         if self.logit_bias:
@@ -279,12 +277,14 @@ class ChatCompletionChunk(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     """A text completion choice's log-probabilities (the legacy shape):
-    parallel lists, one entry per token; `text_offset` is where each token's
-    text starts in the choice's text."""
+    parallel lists, one entry per token (with echo, the prompt's tokens
+    first); `text_offset` is where each token's text starts in the choice's
+    text."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    # None for a prompt's first token (with echo): nothing comes before it.
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

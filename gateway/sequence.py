@@ -55,6 +55,9 @@ class SequenceDelta:
     finish_reason: str | None
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()
+    # The prompt's tokens from the second on, when the request asked for
+    # prompt logprobs: on the choice's first delta only.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ async def _generate(
     completion_tokens = 0
     last_token_s: float | None = None
     logprobs: list[TokenLogprob] = []  # entries not yet sent with a delta
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # not yet sent with a delta
+    prompt = spec.request.prompt_token_ids
     async with aclosing(client.generate(spec.request, timeout_s)) as stream:
         async for response in stream:
             token_ids = list(response.token_ids)
@@ -119,10 +124,15 @@ async def _generate(
                     raise DataplaneError(
                         DataplaneErrorKind.INTERNAL, "the dataplane sent logprobs that do not match its tokens"
                     )
-                logprobs += [
-                    TokenLogprob(token, entry.logprob, tuple(zip(entry.top_token_ids, entry.top_logprobs)))
-                    for token, entry in zip(token_ids, response.logprobs)
-                ]
+                logprobs += [_token_logprob(token, entry) for token, entry in zip(token_ids, response.logprobs)]
+            if response.prompt_logprobs:
+                if len(response.prompt_logprobs) != len(prompt) - 1:
+                    raise DataplaneError(
+                        DataplaneErrorKind.INTERNAL, "the dataplane sent prompt logprobs that do not match the prompt"
+                    )
+                prompt_logprobs = tuple(
+                    _token_logprob(token, entry) for token, entry in zip(prompt[1:], response.prompt_logprobs)
+                )
             if token_ids:
                 now = time.monotonic()
                 if last_token_s is None:
@@ -149,13 +159,21 @@ async def _generate(
             emitted, matched = matcher.push(text)
             if matched:
                 # Leaving the `async with` closes the stream: the call is cancelled.
-                yield SequenceDelta(spec.index, emitted, FINISH_STOP, completion_tokens, tuple(logprobs))
+                yield SequenceDelta(
+                    spec.index, emitted, FINISH_STOP, completion_tokens, tuple(logprobs), prompt_logprobs
+                )
                 return
             if finished:
                 emitted += matcher.flush()
-                yield SequenceDelta(spec.index, emitted, _FINISH_TEXT[reason], completion_tokens, tuple(logprobs))
+                yield SequenceDelta(
+                    spec.index, emitted, _FINISH_TEXT[reason], completion_tokens, tuple(logprobs), prompt_logprobs
+                )
                 return
             if emitted:
-                yield SequenceDelta(spec.index, emitted, None, completion_tokens, tuple(logprobs))
-                logprobs = []
+                yield SequenceDelta(spec.index, emitted, None, completion_tokens, tuple(logprobs), prompt_logprobs)
+                logprobs, prompt_logprobs = [], ()
     raise DataplaneError(DataplaneErrorKind.INTERNAL, "the dataplane ended the stream without a finish reason")
+
+
+def _token_logprob(token_id: int, entry: inference_pb2.TokenLogprobs) -> TokenLogprob:
+    return TokenLogprob(token_id, entry.logprob, tuple(zip(entry.top_token_ids, entry.top_logprobs)))

@@ -36,6 +36,7 @@ from gateway.served_model import ServedModel
 @dataclass(frozen=True)
 class PreparedCompletion:
     generation: PreparedGeneration
+    echo: bool
     # Text put before choice i's completion: its prompt with `echo`, else "".
     echoed: list[str]
 
@@ -66,7 +67,13 @@ class CompletionService:
             model=model.name,
             prompt_tokens=sum(len(plan.token_ids) for plan in plans),
             sequences=build_sequences(
-                request_id, body, plans, model, detokenizer_context=True, top_logprobs=body.top_logprobs_wanted()
+                request_id,
+                body,
+                plans,
+                model,
+                detokenizer_context=True,
+                top_logprobs=body.top_logprobs_wanted(),
+                prompt_logprobs=body.echo,
             ),
             include_usage=body.include_usage(),
             arrival_s=arrival_s,
@@ -75,7 +82,7 @@ class CompletionService:
             tokenizer=model.tokenizer,
         )
         echoed = [self._echo_text(prompt, plan, model) if body.echo else "" for prompt, plan in zip(prompts, plans)]
-        return PreparedCompletion(generation, [text for text in echoed for _ in range(body.n)])
+        return PreparedCompletion(generation, body.echo, [text for text in echoed for _ in range(body.n)])
 
     async def complete(
         self, completion: PreparedCompletion, disconnected: Callable[[], Awaitable[None]]
@@ -87,7 +94,10 @@ class CompletionService:
         for i, (text, reason) in enumerate(zip(collected.texts, collected.finish_reasons, strict=True)):
             logprobs = None
             if prepared.logprobs:
-                logprobs, _ = completion_logprobs(collected.logprobs[i], prepared.tokenizer, len(completion.echoed[i]))
+                # With echo the prompt's tokens come first, from offset 0.
+                entries = collected.prompt_logprobs[i] + collected.logprobs[i]
+                first = self._prompt_first_token(completion, i) if completion.echo else None
+                logprobs, _ = completion_logprobs(entries, prepared.tokenizer, 0, first)
             choices.append(
                 CompletionChoice(index=i, text=completion.echoed[i] + text, finish_reason=reason, logprobs=logprobs)
             )
@@ -106,20 +116,29 @@ class CompletionService:
             )
 
         # Where each choice's next token text starts (logprobs' text_offset).
-        offsets = [len(text) for text in completion.echoed]
+        offsets = [0] * len(completion.echoed)
+        # With logprobs the echo rides on each choice's first chunk, beside the
+        # prompt's logprobs (they come with the first generated token).
+        echo_on_first_chunk = completion.echo and prepared.logprobs
+        first_chunk = [True] * len(completion.echoed)
 
         def chunk_of(delta: SequenceDelta) -> Completion:
+            index = delta.index
+            echo_here = echo_on_first_chunk and first_chunk[index]
+            first_chunk[index] = False
             logprobs = None
             if prepared.logprobs:
-                logprobs, offsets[delta.index] = completion_logprobs(
-                    delta.logprobs, prepared.tokenizer, offsets[delta.index]
+                logprobs, offsets[index] = completion_logprobs(
+                    delta.prompt_logprobs + delta.logprobs,
+                    prepared.tokenizer,
+                    offsets[index],
+                    self._prompt_first_token(completion, index) if echo_here else None,
                 )
-            choice = CompletionChoice(
-                index=delta.index, text=delta.text, finish_reason=delta.finish_reason, logprobs=logprobs
-            )
+            text = (completion.echoed[index] if echo_here else "") + delta.text
+            choice = CompletionChoice(index=index, text=text, finish_reason=delta.finish_reason, logprobs=logprobs)
             return chunk([choice])
 
-        opening = [
+        opening = [] if prepared.logprobs else [
             chunk([CompletionChoice(index=index, text=text)])
             for index, text in enumerate(completion.echoed)
             if text
@@ -142,6 +161,11 @@ class CompletionService:
                 f"token ids outside the tokenizer's vocabulary (size {vocab}): {unknown[:5]}", param="prompt"
             )
         return list(prompt)
+
+    @staticmethod
+    def _prompt_first_token(completion: PreparedCompletion, index: int) -> int:
+        """The first token of choice `index`'s prompt."""
+        return completion.generation.sequences[index].request.prompt_token_ids[0]
 
     @staticmethod
     def _echo_text(prompt: Prompt, plan: PromptPlan, model: ServedModel) -> str:

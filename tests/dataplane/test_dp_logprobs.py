@@ -9,8 +9,9 @@ import torch
 from transformers import MixtralForCausalLM
 
 from dataplane.engine_io import InvalidRequest, QueueSink, RequestOutput
-from dataplane.logprobs import MAX_TOP_LOGPROBS, step_logprobs
+from dataplane.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, step_logprobs
 from dataplane.sampling_params import SamplingParams
+from dataplane.sequence import Sequence
 
 TIMEOUT_S = 60
 ATOL = 1e-4
@@ -74,3 +75,44 @@ def test_out_of_range_logprobs_are_rejected(make_engine):
     engine = make_engine()
     with pytest.raises(InvalidRequest, match="logprobs must be in"):
         engine.add_request("x", [5, 6], SamplingParams(logprobs=MAX_TOP_LOGPROBS + 1), QueueSink())
+
+
+def test_prompt_logprobs_through_chunked_prefill_and_preemption(make_engine, random_ckpt):
+    """Every prompt token after the first gets the peer's log-probability,
+    whether the prompt is prefilled at once, in chunks, or recomputed after a
+    preemption; they come once, with the first token."""
+    prompt = [(11 * i) % 300 + 5 for i in range(70)]
+    peer = MixtralForCausalLM.from_pretrained(random_ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = torch.log_softmax(peer(torch.tensor([prompt])).logits[0].float(), dim=-1)  # [P, V]
+    params = SamplingParams(max_tokens=20, ignore_eos=True, prompt_logprobs=2)
+    others = {f"o{i}": [(7 * i + j) % 300 + 9 for j in range(40)] for i in range(3)}
+    plain = SamplingParams(max_tokens=30, ignore_eos=True)
+    for overrides in ({}, {"max_batched_tokens": 32, "max_running_seqs": 4}, {"max_arena_pages": 9}):
+        engine = make_engine(**overrides)
+        # "p" arrives last: under memory pressure it is the first preempted.
+        outs = run(engine, {**others, "p": prompt}, {"p": params, **{rid: plain for rid in others}})
+        if "max_arena_pages" in overrides:
+            assert engine.stats().preemptions_total > 0
+        first, *rest = outs["p"]
+        assert first.new_token_ids and all(not out.prompt_logprobs for out in rest)
+        assert all(not out.prompt_logprobs for rid in others for out in outs[rid])
+        entries = first.prompt_logprobs
+        assert len(entries) == len(prompt) - 1, overrides
+        for position, entry in enumerate(entries):
+            want = reference[position]
+            assert entry.logprob == pytest.approx(want[prompt[position + 1]].item(), abs=ATOL)
+            assert list(entry.top_logprobs) == pytest.approx(torch.topk(want, 2).values.tolist(), abs=ATOL)
+
+
+def test_recorded_prompt_logprobs_are_not_added_twice():
+    seq = Sequence("s", [1, 2, 3, 4, 5], SamplingParams(prompt_logprobs=0), arrival=0)
+    entry = [TokenLogprobs(-float(i), (), ()) for i in range(4)]  # prompt tokens 1..4
+    seq.add_prompt_logprobs(0, entry[:2])
+    assert seq.take_prompt_logprobs() == []  # not complete yet
+    seq.add_prompt_logprobs(0, entry[:3])  # a recompute from position 0 after preemption
+    seq.add_prompt_logprobs(3, entry[3:])
+    assert seq.take_prompt_logprobs() == entry
+    assert seq.take_prompt_logprobs() == []  # handed out once
+    with pytest.raises(ValueError, match="only 4 recorded"):
+        seq.add_prompt_logprobs(6, entry[:1])

@@ -110,6 +110,25 @@ def test_logprobs_of_greedy_tokens_are_the_most_likely(stack):
         assert value == pytest.approx(max(top.values()), abs=1e-5) and top[token] == pytest.approx(value, abs=1e-5)
 
 
+def test_echoed_prompt_logprobs_score_what_was_generated(stack):
+    # Scoring a text (echo + logprobs, as evaluation harnesses do) gives the
+    # generated tokens the log-probabilities they had when generated.
+    name = model_name(stack)
+    generated = client(stack).completions.create(
+        model=name, prompt="import os\n", max_tokens=4, temperature=0, logprobs=0
+    ).choices[0].logprobs
+    prompt_ids = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json")).encode("import os\n").ids
+    scored = client(stack).completions.create(
+        model=name, prompt="import os\n" + "".join(generated.tokens), max_tokens=1, temperature=0, echo=True,
+        logprobs=0,
+    ).choices[0].logprobs
+    assert scored.token_logprobs[0] is None and scored.tokens[0] == ""  # the BOS the tokenizer adds: no text
+    assert "".join(scored.tokens[: len(prompt_ids)]) == "import os\n"
+    tail = scored.token_logprobs[len(prompt_ids) : len(prompt_ids) + len(generated.tokens)]
+    assert scored.tokens[len(prompt_ids) : len(prompt_ids) + len(generated.tokens)] == generated.tokens
+    assert tail == pytest.approx(generated.token_logprobs, abs=2e-3)
+
+
 def test_greedy_output_is_deterministic(stack):
     name = model_name(stack)
     replies = [

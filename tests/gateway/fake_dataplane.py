@@ -11,7 +11,9 @@ The model answers with the tokens of the last user message (found between the
   (fresh entropy without a seed), then `</s>`;
 * it honours max_tokens and the context length (finish LENGTH) and
   stop_token_ids (finish STOP after the stop token);
-* with `logprobs` it sends `fake_logprobs` for every token.
+* with `logprobs` it sends `fake_logprobs` for every token (the one at
+  generated position p, 1-based, at -p/10), and with `prompt_logprobs` for
+  prompt token j >= 1 (at -j/100), on the first response.
 
 It streams `tokens_per_message` tokens per response, sleeping `delay_s`
 before each, and records every request, the ones running, and the ones the
@@ -81,11 +83,9 @@ def build_metaspace_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def fake_logprobs(token: int, position: int, top_n: int) -> inference_pb2.TokenLogprobs:
-    """The fake's log-probabilities: the token at generated position p
-    (1-based) has -p/10, and alternative k (0-based) is token + k with
-    -p/10 - k/2, so the token itself is the most likely."""
-    logprob = -position / 10
+def fake_logprobs(token: int, logprob: float, top_n: int) -> inference_pb2.TokenLogprobs:
+    """`token` at `logprob`, and alternative k (0-based) token + k at
+    logprob - k/2, so the token itself is the most likely."""
     return inference_pb2.TokenLogprobs(
         logprob=logprob,
         top_token_ids=[(token + k) % VOCAB_SIZE for k in range(top_n)],
@@ -171,7 +171,15 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
                 logprobs = []
                 if sampling.HasField("logprobs"):
                     first = generated - len(chunk) + 1  # 1-based position of chunk[0]
-                    logprobs = [fake_logprobs(token, first + i, sampling.logprobs) for i, token in enumerate(chunk)]
+                    logprobs = [
+                        fake_logprobs(token, -(first + i) / 10, sampling.logprobs) for i, token in enumerate(chunk)
+                    ]
+                prompt_logprobs = []
+                if sampling.HasField("prompt_logprobs") and generated == len(chunk):  # the first response
+                    prompt_logprobs = [
+                        fake_logprobs(token, -j / 100, sampling.prompt_logprobs)
+                        for j, token in enumerate(prompt[1:], start=1)
+                    ]
                 yield inference_pb2.GenerateResponse(
                     request_id=rid,
                     token_ids=chunk,
@@ -179,6 +187,7 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
                     prompt_tokens=len(prompt),
                     completion_tokens=generated,
                     logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
                 )
                 if reason != inference_pb2.FINISH_REASON_UNSPECIFIED:
                     with owner.state.lock:

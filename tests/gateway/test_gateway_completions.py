@@ -119,7 +119,6 @@ def expect_400(call) -> dict:
         ({"prompt": [[1, 2], []]}, "must not be empty"),
         ({"prompt": [VOCAB_SIZE + 7]}, f"outside the tokenizer's vocabulary (size {VOCAB_SIZE})"),
         ({"prompt": "hi", "suffix": "end"}, "suffix is not supported"),
-        ({"prompt": "hi", "logprobs": 1, "echo": True}, "logprobs with echo are not supported"),
         ({"prompt": "hi", "logprobs": 21}, "less than or equal to 20"),
         ({"prompt": "hi", "best_of": 3}, "best_of other than n"),
         ({"prompt": "hi", "logit_bias": {"5": 1.0}}, "logit_bias is not supported"),

@@ -1,7 +1,7 @@
 """Token log-probabilities in chat and text completions, through the official
 openai client over real HTTP, against the fake dataplane (whose token at
 generated position p has log-probability -p/10 and alternatives token + k at
--p/10 - k/2)."""
+-p/10 - k/2; prompt token j, -j/100)."""
 
 from __future__ import annotations
 
@@ -100,3 +100,34 @@ def test_streamed_completion_logprobs_keep_each_choices_offsets(gateway, datapla
     for index in (0, 1):
         assert tokens[index] == whole[index].tokens and offsets[index] == whole[index].text_offset
         assert whole[index].top_logprobs == [{}] * len(whole[index].tokens)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_logprobs_scores_the_prompt(gateway, dataplane, tokenizer, stream):
+    dataplane.tokens_per_message = 2
+    kwargs = dict(model=MODEL, prompt=["Hello world", "one two three"], temperature=0, echo=True, logprobs=1,
+                  max_tokens=2)
+    client = gateway.openai()
+    if stream:
+        texts: dict[int, str] = {0: "", 1: ""}
+        merged = {i: {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for i in (0, 1)}
+        for chunk in client.completions.create(stream=True, **kwargs):
+            for choice in chunk.choices:
+                texts[choice.index] += choice.text
+                for key, values in merged[choice.index].items():
+                    values += getattr(choice.logprobs, key)
+        results = [(texts[i], merged[i]) for i in (0, 1)]
+    else:
+        reply = client.completions.create(**kwargs)
+        results = [(c.text, c.logprobs.model_dump()) for c in sorted(reply.choices, key=lambda c: c.index)]
+    for (text, logprobs), prompt_text in zip(results, ["Hello world", "one two three"]):
+        ids = ids_of(tokenizer, prompt_text)
+        assert text == prompt_text + tokenizer.decode(ids[:2])
+        assert "".join(logprobs["tokens"]) == text
+        assert logprobs["text_offset"] == [len("".join(logprobs["tokens"][:i])) for i in range(len(ids) + 2)]
+        # The prompt's first token has nothing before it; then the prompt's, then the generated ones.
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        want = [-j / 100 for j in range(1, len(ids))] + [-0.1, -0.2]
+        assert logprobs["token_logprobs"][1:] == pytest.approx(want)
+    requests = dataplane.snapshot()[0]
+    assert all(r.sampling.prompt_logprobs == 1 and r.sampling.logprobs == 1 for r in requests)
