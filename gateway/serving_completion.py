@@ -1,7 +1,8 @@
 """POST /v1/completions: OpenAI's text completions. The prompt (text or token
 ids, one or several) is continued as it is, with the tokenizer's own special
 tokens (e.g. BOS) and no chat template, which is what a base model expects.
-`echo` puts the prompt's text before each choice's completion. Responses are
+`echo` puts the prompt's text before each choice's completion (with
+`logprobs`, the prompt's tokens are scored too). Responses are
 one JSON body or SSE chunks ending with `data: [DONE]`; the context-length
 policy and the running of choices are shared with chat (gateway/generation.py)."""
 
@@ -13,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.errors import invalid_request
-from gateway.logprobs import completion_logprobs
 from gateway.generation import (
     DEFAULT_COMPLETION_TOKENS,
     GenerationService,
@@ -22,6 +22,7 @@ from gateway.generation import (
     build_sequences,
     plan_prompt,
 )
+from gateway.logprobs import completion_logprobs
 from gateway.protocol import (
     Completion,
     CompletionChoice,
@@ -107,7 +108,8 @@ class CompletionService:
     def stream(
         self, completion: PreparedCompletion, disconnected: Callable[[], Awaitable[None]]
     ) -> AsyncIterator[str]:
-        """SSE events: with `echo` a chunk of each choice's prompt text first."""
+        """SSE events: with `echo` each choice's prompt text comes first, in a
+        chunk of its own, or with logprobs on the choice's first chunk."""
         prepared = completion.generation
 
         def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
