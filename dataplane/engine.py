@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dataplane.engine_io import EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput
+from dataplane.engine_io import EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput, validate_request
+from dataplane.kv_cache import KVCacheManager
 from dataplane.logprobs import TokenLogprobs
-from dataplane.kv_cache import KVCacheManager, blocks_for_tokens
 from dataplane.memory.arena import Arena
 from dataplane.model_info import ModelInfo
 from dataplane.routing_stats import DemandTracker, RoutingWindow
@@ -149,7 +149,8 @@ class Engine:
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, sink: OutputSink
     ) -> None:
         """Queues a request. Raises InvalidRequest or QueueFull (nothing queued then)."""
-        self._validate(request_id, prompt_token_ids, sampling)
+        validate_request(request_id, prompt_token_ids, sampling, self.model_info, self.kv.block_size,
+                         self.arena.num_pages)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"engine is stopped (error: {self._error!r})")
@@ -175,27 +176,6 @@ class Engine:
         """The snapshot published after the latest loop iteration."""
         with self._lock:
             return self._stats
-
-    def _validate(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> None:
-        info = self.model_info
-        if not request_id:
-            raise InvalidRequest("request_id must not be empty")
-        if not prompt:
-            raise InvalidRequest("prompt_token_ids must not be empty")
-        if len(prompt) >= info.context_length:
-            raise InvalidRequest(
-                f"prompt has {len(prompt)} tokens; the context length is {info.context_length}"
-            )
-        bad = [t for t in prompt if not 0 <= t < info.vocab_size]
-        if bad:
-            raise InvalidRequest(f"prompt token ids outside the vocabulary (size {info.vocab_size}): {bad[:5]}")
-        needed = blocks_for_tokens(len(prompt) + 1, self.kv.block_size)
-        if needed > self.arena.num_pages:
-            raise InvalidRequest(f"prompt needs {needed} KV blocks; the memory pool has {self.arena.num_pages}")
-        try:
-            sampling.validate(info.vocab_size)
-        except ValueError as err:
-            raise InvalidRequest(str(err)) from err
 
     # -- the loop (engine thread) -------------------------------------------
     # Outputs are collected while the state changes and delivered after the

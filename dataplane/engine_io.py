@@ -1,6 +1,6 @@
 """What the engine's callers send and receive (the in-process side of
-inference.proto): request errors, per-step outputs, output sinks and the
-engine's published stats snapshot."""
+inference.proto): request validation and errors, per-step outputs, output
+sinks and the engine's published stats snapshot."""
 
 from __future__ import annotations
 
@@ -8,13 +8,44 @@ import queue
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from dataplane.kv_cache import blocks_for_tokens
 from dataplane.logprobs import TokenLogprobs
 from dataplane.memory.arena import ArenaSnapshot
+from dataplane.model_info import ModelInfo
+from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import FinishReason
 
 
 class InvalidRequest(ValueError):
     """The request breaks the contract (empty prompt, bad ids or sampling...)."""
+
+
+def validate_request(
+    request_id: str,
+    prompt: list[int],
+    sampling: SamplingParams,
+    info: ModelInfo,
+    kv_block_size: int,
+    arena_pages: int,
+) -> None:
+    """Raises InvalidRequest when a request breaks the contract for this
+    model and memory pool (its prompt's KV blocks must fit the pool alone)."""
+    if not request_id:
+        raise InvalidRequest("request_id must not be empty")
+    if not prompt:
+        raise InvalidRequest("prompt_token_ids must not be empty")
+    if len(prompt) >= info.context_length:
+        raise InvalidRequest(f"prompt has {len(prompt)} tokens; the context length is {info.context_length}")
+    bad = [t for t in prompt if not 0 <= t < info.vocab_size]
+    if bad:
+        raise InvalidRequest(f"prompt token ids outside the vocabulary (size {info.vocab_size}): {bad[:5]}")
+    needed = blocks_for_tokens(len(prompt) + 1, kv_block_size)
+    if needed > arena_pages:
+        raise InvalidRequest(f"prompt needs {needed} KV blocks; the memory pool has {arena_pages}")
+    try:
+        sampling.validate(info.vocab_size)
+    except ValueError as err:
+        raise InvalidRequest(str(err)) from err
 
 
 class QueueFull(RuntimeError):
