@@ -3,9 +3,9 @@ and text completions requests, responses and stream chunks, the models list
 and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
-known but unsupported features (penalties, tools, suffix, logit_bias) are
-rejected with
-400 so a client never silently gets a different behaviour than it asked for.
+known but unsupported features (penalties, logit_bias, tools and functions,
+structured output, audio, suffix) are rejected with 400 so a client never
+silently gets a different behaviour than it asked for.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class SamplingRequest(BaseModel):
     user: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -107,9 +108,11 @@ class SamplingRequest(BaseModel):
         return stops
 
     @model_validator(mode="after")
-    def _reject_penalties(self) -> SamplingRequest:
+    def _reject_logit_changes(self) -> SamplingRequest:
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty and frequency_penalty are not supported")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
         return self
 
     def stop_strings(self) -> list[str]:
@@ -129,13 +132,21 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
+    functions: list[Any] | None = None  # the legacy form of tools
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _reject_unsupported(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs to be true")
-        if self.tools:
+        if self.tools or self.functions:
             raise ValueError("tools are not supported")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ValueError(f"response_format {self.response_format.get('type')!r} is not supported (only 'text')")
+        if any(modality != "text" for modality in self.modalities or ()) or self.audio:
+            raise ValueError("only text output is supported")
         return self
 
     def top_logprobs_wanted(self) -> int | None:
@@ -163,7 +174,6 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1)
-    logit_bias: dict[str, float] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -180,8 +190,6 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of other than n is not supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
         choices = len(self.prompts()) * self.n
         if choices > MAX_CHOICES:
             raise ValueError(f"at most {MAX_CHOICES} choices per request (prompts x n), got {choices}")

@@ -164,7 +164,22 @@ def test_invalid_requests_are_openai_shaped_400(gateway, dataplane):
         model=MODEL, messages=[{"role": "tool-x", "content": "hi"}]
     ))
     assert "unknown role: tool-x" in error["message"]  # the template's raise_exception text
-    assert dataplane.snapshot()[0] == []  # nothing reached the dataplane
+    unsupported = [
+        ({"logit_bias": {"5": 2.0}}, "logit_bias is not supported"),
+        ({"presence_penalty": 0.5}, "presence_penalty and frequency_penalty are not supported"),
+        ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
+        ({"extra_body": {"functions": [{"name": "f"}]}}, "tools are not supported"),
+        ({"modalities": ["text", "audio"]}, "only text output is supported"),
+    ]
+    for kwargs, message in unsupported:
+        error = expect_400(lambda: client.chat.completions.create(model=MODEL, messages=ask("hi"), **kwargs))
+        assert message in error["message"], kwargs
+    plain_text = client.chat.completions.create(
+        model=MODEL, messages=ask("hi"), temperature=0, response_format={"type": "text"}, modalities=["text"]
+    )
+    assert plain_text.choices[0].message.content == "hi"
+    assert len(dataplane.snapshot()[0]) == 1  # only the last one reached the dataplane
 
 
 def test_context_length_errors(gateway, dataplane):
