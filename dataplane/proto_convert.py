@@ -30,6 +30,8 @@ def sampling_from_proto(pb: inference_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=pb.ignore_eos,
         logprobs=pb.logprobs if pb.HasField("logprobs") else None,
         prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
+        presence_penalty=pb.presence_penalty,
+        frequency_penalty=pb.frequency_penalty,
     )
 
 

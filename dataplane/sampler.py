@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+"""Token sampling: greedy, temperature, top-k, top-p, repetition penalties,
+per-request seeds.
 
 Greedy rows are taken with one argmax (``greedy_tokens``: on CUDA one Triton
 launch over the logits in their own dtype, kernels/row_argmax.py; a decode
@@ -41,6 +42,18 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return scaled
 
 
+def penalize(logits: torch.Tensor, generated: list[int], presence: float, frequency: float) -> torch.Tensor:
+    """OpenAI's repetition penalties: logits [V] float32 less ``presence`` for
+    every token among ``generated`` and ``frequency`` times its count there.
+    Returns [V] float32 (``logits`` itself when nothing was generated)."""
+    if not generated:
+        return logits
+    # non_blocking: no wait for the device's queued work (the ids come from a host list).
+    ids = torch.tensor(generated, dtype=torch.int64).to(logits.device, non_blocking=True)
+    counts = torch.bincount(ids, minlength=logits.shape[-1])[: logits.shape[-1]].float()  # [V]
+    return logits - frequency * counts - presence * (counts > 0).float()
+
+
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] logits (any float dtype) -> [B] int64: each row's first index of
     its maximum, NaN never picked (kernels/row_argmax.py's contract). On CUDA
@@ -70,18 +83,24 @@ class Sampler:
         from each non-greedy sequence's generator per call, as ``sample``.
         """
         best = greedy_tokens(logits) if greedy is None else greedy  # [B]
-        if all(seq.sampling.greedy for seq in seqs):
+        plain = [seq.sampling.greedy and not seq.sampling.penalized for seq in seqs]
+        if all(plain):
             return best
-        return torch.stack([best[i] if seq.sampling.greedy else self._draw(logits[i], seq)
-                            for i, seq in enumerate(seqs)])
+        return torch.stack([best[i] if plain[i] else self._draw(logits[i], seq) for i, seq in enumerate(seqs)])
 
     def _draw(self, row: torch.Tensor, seq: Sequence) -> torch.Tensor:
-        """A 0-d int64 token drawn from ``row`` with the sequence's generator."""
+        """A 0-d int64 token drawn from ``row`` with the sequence's generator
+        (or its argmax when greedy), after the repetition penalties."""
         params = seq.sampling
+        row = row.float()
+        if params.penalized:
+            row = penalize(row, seq.output_token_ids, params.presence_penalty, params.frequency_penalty)
+        if params.greedy:
+            return torch.argmax(row)
         if seq.generator is None:
             seed = params.seed
             if seed is None:
                 seed = int(torch.randint(0, MAX_SEED, (), generator=self._seeder))
             seq.generator = torch.Generator(device=row.device).manual_seed(seed)
-        probs = filter_logits(row.float(), params.temperature, params.top_k, params.top_p).softmax(dim=-1)
+        probs = filter_logits(row, params.temperature, params.top_k, params.top_p).softmax(dim=-1)
         return torch.multinomial(probs, 1, generator=seq.generator)[0]

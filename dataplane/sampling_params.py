@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from dataplane.logprobs import MAX_TOP_LOGPROBS
 
+# OpenAI's bound on presence_penalty and frequency_penalty.
+MAX_PENALTY = 2.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -24,6 +27,9 @@ class SamplingParams:
     logprobs: int | None = None
     # The same for the prompt's tokens (each given the ones before it).
     prompt_logprobs: int | None = None
+    # Repetition penalties over the generated tokens (dataplane/sampler.py).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def validate(self, vocab_size: int) -> None:
         """Raises ValueError naming the first bad field."""
@@ -35,6 +41,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name, value in (("presence_penalty", self.presence_penalty),
+                            ("frequency_penalty", self.frequency_penalty)):
+            if not math.isfinite(value) or abs(value) > MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
         for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
                 raise ValueError(f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
@@ -45,3 +55,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """The pick depends on the tokens generated so far."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

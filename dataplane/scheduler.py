@@ -189,7 +189,8 @@ class Scheduler:
         Called while ``step`` still runs (before ``update`` sees its tokens),
         so that the next step can be queued behind it. Only a plain decode
         batch qualifies: nobody waiting for admission, every sequence running
-        and sampling one token this step, and none that this step's token
+        and sampling one token this step without repetition penalties, and
+        none that this step's token
         finishes by length (a stop token is only known later: its row of the
         next step is then computed and dropped). Each sequence gets the KV
         slot of position ``num_tokens`` (the token ``step`` samples) from free
@@ -204,6 +205,8 @@ class Scheduler:
             and item.samples
             and len(item.seq.output_token_ids) + 1 < item.seq.sampling.max_tokens
             and item.seq.num_tokens + 1 < self.config.max_model_len
+            # A penalized pick needs the token this step samples (unknown to the host yet).
+            and not item.seq.sampling.penalized
             for item in step
         )
         if not params_ok:

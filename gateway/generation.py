@@ -136,6 +136,8 @@ def build_sequences(
                 max_tokens=prompt.max_tokens,
                 stop_token_ids=list(body.stop_token_ids or ()),
                 ignore_eos=body.ignore_eos,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
             )
             if top_logprobs is not None:
                 sampling.logprobs = top_logprobs

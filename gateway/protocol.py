@@ -3,7 +3,7 @@ and text completions requests, responses and stream chunks, the models list
 and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
-known but unsupported features (penalties, logit_bias, tools and functions,
+known but unsupported features (logit_bias, tools and functions,
 structured output, audio, suffix) are rejected with 400 so a client never
 silently gets a different behaviour than it asked for.
 """
@@ -29,6 +29,8 @@ MAX_CHOICES = 16
 MAX_STOP_STRINGS = 16
 # Seeds are uint64 on the wire and choice i uses seed + i: keep room for that.
 MAX_SEED = 2**63 - 1
+# OpenAI's bound on presence_penalty and frequency_penalty.
+MAX_PENALTY = 2.0
 # Most alternatives per position in logprobs (OpenAI's top_logprobs limit;
 # the dataplane's too).
 MAX_TOP_LOGPROBS = 20
@@ -91,8 +93,8 @@ class SamplingRequest(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[NonNegativeInt] | None = Field(None, max_length=MAX_STOP_STRINGS)
     user: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
@@ -108,9 +110,7 @@ class SamplingRequest(BaseModel):
         return stops
 
     @model_validator(mode="after")
-    def _reject_logit_changes(self) -> SamplingRequest:
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported")
+    def _reject_logit_bias(self) -> SamplingRequest:
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
         return self

@@ -263,3 +263,27 @@ def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
     tokens, reason = results[1][1]
     assert tokens[-1] == stop and reason.name == "STOP"
     assert [len(t) for t, _ in results[1]] == [5, 3, 7]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="runs Triton kernels on CPU tensors: needs the interpreter (the GPU test covers the GPU)")
+def test_penalized_picks_are_never_launched_ahead_on_cpu() -> None:
+    """A repetition penalty needs the previous token on the host: such a batch
+    runs one step at a time through the graph path and gives the eager tokens."""
+    requests = [(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True, frequency_penalty=1.5)),
+                (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))]
+    eager = build(_config(device="cpu", dtype="float32", overlap_steps=False))
+    eager.engine.start()
+    try:
+        want = _run(eager.engine, requests, "e")
+    finally:
+        eager.engine.stop()
+    built = build(_config(device="cpu", dtype="float32", overlap_steps=True))
+    graphs = _with_static_decode(built)
+    built.engine.start()
+    try:
+        got = _run(built.engine, requests, "o")
+    finally:
+        built.engine.stop()
+    assert got == want
+    assert graphs.replays >= 6 and built.engine.runner.steps_launched_ahead == 0

@@ -116,3 +116,16 @@ def test_recorded_prompt_logprobs_are_not_added_twice():
     assert seq.take_prompt_logprobs() == []  # handed out once
     with pytest.raises(ValueError, match="only 4 recorded"):
         seq.add_prompt_logprobs(6, entry[:1])
+
+
+def test_frequency_penalty_stops_greedy_repetition(make_engine):
+    engine = make_engine()
+    prompt = list(range(30, 40))
+    base = {"max_tokens": 24, "ignore_eos": True}
+    outs = run(engine, {"plain": prompt, "penalized": prompt},
+               {"plain": SamplingParams(**base), "penalized": SamplingParams(**base, frequency_penalty=2.0,
+                                                                              presence_penalty=2.0)})
+    plain, penalized = ([t for out in outs[rid] for t in out.new_token_ids] for rid in ("plain", "penalized"))
+    # This random model repeats itself under greedy decoding; a strong penalty stops that.
+    assert len(set(plain)) < len(plain)
+    assert len(set(penalized)) == len(penalized)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dataplane.sampler import Sampler, filter_logits, greedy_tokens
+from dataplane.sampler import Sampler, filter_logits, greedy_tokens, penalize
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import Sequence
 
@@ -84,6 +84,9 @@ def test_invalid_sampling_values_are_named():
         SamplingParams(top_k=-1),
         SamplingParams(max_tokens=0),
         SamplingParams(stop_token_ids=(VOCAB,)),
+        SamplingParams(presence_penalty=2.5),
+        SamplingParams(frequency_penalty=float("inf")),
+        SamplingParams(logprobs=21),
     ]
     for params in bad:
         try:
@@ -144,3 +147,26 @@ def test_greedy_tokens_never_pick_nan():
     x[0, 9] = 100.0
     x[1] = float("nan")
     assert greedy_tokens(x).tolist() == [9, 0]
+
+
+def test_penalties_lower_the_generated_tokens_logits():
+    row = logits()[0]  # [V]
+    generated = [4, 9, 4, 4]
+    got = penalize(row, generated, presence=0.5, frequency=0.25)
+    want = row.clone()
+    want[4] -= 0.5 + 3 * 0.25
+    want[9] -= 0.5 + 1 * 0.25
+    assert torch.equal(got, want)
+    assert penalize(row, [], 1.0, 1.0) is row
+
+
+def test_greedy_with_a_penalty_avoids_what_it_generated():
+    row = logits(seed=3)  # [1, V]
+    top = int(row.argmax())
+    seq = Sequence("p", [1], SamplingParams(frequency_penalty=2.0), arrival=0)
+    seq.output_token_ids = [top] * 50  # lowers the favourite by 100
+    runner_up = int(row[0].topk(2).indices[1])
+    assert Sampler().sample(row, [seq]) == [runner_up]
+    plain = Sequence("q", [1], SamplingParams(), arrival=1)
+    plain.output_token_ids = [top] * 50
+    assert Sampler().sample(row, [plain]) == [top]  # no penalty, no effect

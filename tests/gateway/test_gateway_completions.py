@@ -46,6 +46,14 @@ def test_max_tokens_default_and_the_context_left(gateway, dataplane, tokenizer):
     assert explicit.usage.completion_tokens == 40
 
 
+def test_repetition_penalties_reach_the_dataplane(gateway, dataplane):
+    gateway.openai().completions.create(
+        model=MODEL, prompt="Hello", temperature=0, presence_penalty=0.5, frequency_penalty=-1.25
+    )
+    sampling = dataplane.snapshot()[0][0].sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.25)
+
+
 def test_several_prompts_and_choices_are_indexed_prompt_major(gateway, dataplane, tokenizer):
     client = gateway.openai()
     reply = client.completions.create(model=MODEL, prompt=["Hello world", "one two"], n=2, temperature=0)
