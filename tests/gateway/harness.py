@@ -1,13 +1,15 @@
 """A gateway served by uvicorn on a free port in a background thread (real
-HTTP), for tests."""
+HTTP), for tests, and a scrape of its /metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
+import httpx
 import openai
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.__main__ import bind
 from gateway.app import create_app
@@ -47,3 +49,13 @@ class RunningGateway:
         """The official client, without retries (tests look at single answers)."""
         options = {"max_retries": 0, "timeout": CLIENT_TIMEOUT_S, **kwargs}
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, **options)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """All samples of /metrics as {(name, sorted labels): value}."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

@@ -10,6 +10,7 @@ import pytest
 from gateway.generation import DEFAULT_COMPLETION_TOKENS
 from gateway.protocol import MAX_CHOICES
 from tests.gateway.fake_dataplane import EOS, MODEL_NAME, VOCAB_SIZE, FakeDataplane, build_metaspace_tokenizer
+from tests.gateway.harness import scrape
 
 MODEL = MODEL_NAME
 
@@ -178,3 +179,18 @@ def test_a_continuation_decodes_with_the_prompt_before_it(make_gateway):
         assert chat.choices[0].message.content == "Hello world"
     finally:
         fake.stop()
+
+
+def test_metrics_count_text_completions(gateway, dataplane, tokenizer):
+    client = gateway.openai()
+    client.completions.create(model=MODEL, prompt=["Hello world", "one two"], temperature=0)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt=[])
+    m = scrape(gateway.url)
+    endpoint = "/v1/completions"
+    assert m[("pagedweight_gateway_http_requests_total", (("endpoint", endpoint), ("status", "200")))] == 1
+    assert m[("pagedweight_gateway_http_requests_total", (("endpoint", endpoint), ("status", "400")))] == 1
+    prompts = len(ids_of(tokenizer, "Hello world")) + len(ids_of(tokenizer, "one two"))
+    assert m[("pagedweight_gateway_prompt_tokens_total", ())] == prompts
+    assert m[("pagedweight_gateway_sequences_finished_total", (("finish_reason", "stop"),))] == 2
+    assert m[("pagedweight_gateway_request_latency_seconds_count", ())] == 1

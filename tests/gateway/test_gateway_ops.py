@@ -11,9 +11,9 @@ import grpc
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.fake_dataplane import MODEL_NAME, FakeDataplane
+from tests.gateway.harness import scrape
 
 MODEL = MODEL_NAME
 SLOW_DELAY_S = 0.05
@@ -28,16 +28,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    """All samples of /metrics as {(name, sorted labels): value}."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def error_body(exc: openai.APIStatusError) -> dict:
