@@ -31,9 +31,17 @@ from gateway.errors import APIError, dataplane_api_error, internal, invalid_requ
 from gateway.fanout import ClientDisconnected, wait_for_disconnect
 from gateway.metrics import GatewayMetrics, HttpStatusCounter
 from gateway.generation import GenerationService, PreparedGeneration
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
 from gateway.serving_chat import ChatService
 from gateway.serving_completion import CompletionService
+from gateway.serving_tokenize import TokenizeService
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +90,7 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
     generation = GenerationService(client, metrics, settings.request_timeout_s, settings.model_name)
     chat = ChatService(generation)
     completions = CompletionService(generation)
+    tokenization = TokenizeService(generation)
     created = int(time.time())
 
     @asynccontextmanager
@@ -172,6 +181,14 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
             lambda disconnected: completions.stream(prepared, disconnected),
             lambda disconnected: completions.complete(prepared, disconnected),
         )
+
+    @app.post("/tokenize", dependencies=[Depends(require_key)])
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        return JSONResponse((await tokenization.tokenize(body)).model_dump())
+
+    @app.post("/detokenize", dependencies=[Depends(require_key)])
+    async def detokenize(body: DetokenizeRequest) -> JSONResponse:
+        return JSONResponse((await tokenization.detokenize(body)).model_dump())
 
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def list_models() -> JSONResponse:

@@ -23,7 +23,9 @@ TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.4, 0.8, 1.6, 5.0)
 E2E_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 # Endpoints counted by status; anything else is "other" (bounded label set).
-COUNTED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+COUNTED_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"}
+)
 
 
 class EngineStatsCollector(Collector):

@@ -1,6 +1,6 @@
 """All HTTP messages of the gateway, in one place: the OpenAI chat completions
-and text completions requests, responses and stream chunks, the models list
-and the error body.
+and text completions requests, responses and stream chunks, the models list,
+(de)tokenization (vLLM's extension) and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
 known but unsupported features (logit_bias, tools and functions,
@@ -68,6 +68,10 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template reads it: set keys, content as text."""
+        return {**self.model_dump(exclude_none=True), "content": self.text() or ""}
 
 
 class StreamOptions(BaseModel):
@@ -316,6 +320,43 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize body (as vLLM's): a prompt, tokenized as /v1/completions
+    does, or chat messages, rendered and tokenized as /v1/chat/completions
+    does. `add_special_tokens` defaults to what that endpoint does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    tokens: list[NonNegativeInt]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):

@@ -36,9 +36,8 @@ class ChatService:
         """Validates `body` against the model and tokenizes the prompt."""
         arrival_s = time.monotonic()
         model = await self._generation.model_for(body.model)
-        messages = [{**m.model_dump(exclude_none=True), "content": m.text() or ""} for m in body.messages]
         try:
-            prompt = model.render_prompt(messages)
+            prompt = model.render_prompt([m.for_template() for m in body.messages])
         except ChatTemplateError as error:
             raise invalid_request(str(error), param="messages") from error
         # The rendered template already holds the BOS/turn tokens it wants.
