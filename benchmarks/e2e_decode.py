@@ -303,6 +303,10 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample the timed requests (seeded); 0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--logprobs", type=int, default=None,
+                        help="the timed requests ask for logprobs with this many alternatives (their cost)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="the timed requests' frequency penalty (no steps launched ahead then)")
     parser.add_argument("--max-arena-pages", type=int, default=None,
                         help="DataplaneConfig.max_arena_pages (default: all free memory)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny presets)")
@@ -316,8 +320,10 @@ def main() -> int:
     states = args.bits.split(",")
     for state in states:
         state_bits(state)  # a misspelt state fails here, not after the build
-    sampling = (SamplingParams(temperature=args.temperature, top_p=args.top_p)
-                if args.temperature > 0 else None)
+    sampling = None
+    if args.temperature > 0 or args.logprobs is not None or args.frequency_penalty:
+        sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, logprobs=args.logprobs,
+                                  frequency_penalty=args.frequency_penalty)
     first_bits = state_bits(states[0])[0]
     bandwidth = copy_bandwidth(args.device)
     t0 = time.perf_counter()
@@ -353,7 +359,9 @@ def main() -> int:
                 rows.append(measure(engine, log, b, args.prompt_len, args.steps, store, dense_bytes,
                                     kv_token_bytes, bandwidth, sampling))
                 rows[-1]["mode"] = "graphs" if runner.graphs is not None else "eager"
-                rows[-1]["sampling"] = "greedy" if sampling is None else f"T={args.temperature} top_p={args.top_p}"
+                rows[-1]["sampling"] = "greedy" if sampling is None else (
+                    f"T={args.temperature} top_p={args.top_p} logprobs={args.logprobs} "
+                    f"frequency_penalty={args.frequency_penalty}")
                 print(json.dumps(rows[-1]), flush=True)
                 write_result(args, config, engine, bandwidth, build_s, rows, [], complete=False)
         if args.eager_too and runner.graphs is not None:
