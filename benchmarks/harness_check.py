@@ -29,16 +29,16 @@ import hashlib
 import json
 import os
 import random
+import secrets
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
 from benchmarks.provenance import cpu_header  # noqa: E402
-from e2e_stack import DEFAULT_MODEL, start_stack  # noqa: E402
+from launcher.processes import DEFAULT_MODEL, Stack, loopback_stack_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCE_PACKAGE = Path(email.__file__).parent  # this Python's email package: real source, ~4700 usable lines
@@ -132,8 +132,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         served = {}
         for bits in [int(b) for b in args.bits.split(",")]:
-            stack = start_stack(folder / f"stack{bits}", extra_dataplane_args=[
-                "--static-precision", "--initial-expert-bits", str(bits)])
+            static = ["--static-precision", "--initial-expert-bits", str(bits)]
+            stack = Stack(loopback_stack_config(DEFAULT_MODEL, folder / f"stack{bits}", secrets.token_urlsafe(16),
+                                                extra_dataplane_args=static))
+            stack.start()
             try:
                 model_args = (f"model={DEFAULT_MODEL.name},base_url={stack.cfg.gateway_url}/v1/completions,"
                               f"tokenizer={tokenizer},tokenized_requests=True,num_concurrent=1,add_bos_token=True")

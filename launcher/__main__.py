@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.processes import REPO_ROOT, Stack, StackConfig, free_ports
+from launcher.processes import DEFAULT_MODEL, REPO_ROOT, Stack, StackConfig, free_ports
 
-DEFAULT_MODEL = REPO_ROOT / "models" / "pw-moe-tiny"
 STATE_DIR = REPO_ROOT / ".cache" / "serve"
 WATCH_INTERVAL_S = 1.0
 

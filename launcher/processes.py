@@ -23,6 +23,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The bundled default model (`make serve` serves it).
+DEFAULT_MODEL = REPO_ROOT / "models" / "pw-moe-tiny"
 POLL_INTERVAL_S = 0.2
 
 
@@ -81,6 +83,29 @@ class StackConfig:
     def controlplane_metrics_url(self) -> str | None:
         port = self.controlplane_metrics_port
         return f"http://{self.host}:{port}/metrics" if port else None
+
+
+def loopback_stack_config(
+    model: Path,
+    state_dir: Path,
+    admin_token: str,
+    telemetry_interval_ms: int | None = None,
+    extra_dataplane_args: list[str] | None = None,
+) -> StackConfig:
+    """A stack on free loopback ports with its state (SQLite file, logs)
+    under ``state_dir``: for tests and benchmarks that start their own."""
+    gateway_port, dataplane_port, controlplane_port = free_ports(3)
+    return StackConfig(
+        model_path=model,
+        gateway_port=gateway_port,
+        dataplane_port=dataplane_port,
+        controlplane_port=controlplane_port,
+        db_path=state_dir / "controlplane.sqlite3",
+        admin_token=admin_token,
+        telemetry_interval_ms=telemetry_interval_ms,
+        log_dir=state_dir / "logs",
+        extra_dataplane_args=list(extra_dataplane_args or []),
+    )
 
 
 def controlplane_env(cfg: StackConfig) -> dict[str, str]:

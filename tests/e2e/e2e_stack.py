@@ -5,28 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.processes import REPO_ROOT, Stack, StackConfig, free_ports
-
-DEFAULT_MODEL = REPO_ROOT / "models" / "pw-moe-tiny"
+from launcher.processes import DEFAULT_MODEL, Stack, loopback_stack_config
 ADMIN_TOKEN = "e2e-admin-token"
 TELEMETRY_INTERVAL_MS = 200
 
 
 def start_stack(root: Path, model: Path = DEFAULT_MODEL, extra_dataplane_args: list[str] | None = None) -> Stack:
     """Starts controlplane, dataplane and gateway on free ports, logs under ``root``."""
-    gateway_port, dataplane_port, controlplane_port = free_ports(3)
-    cfg = StackConfig(
-        model_path=model,
-        gateway_port=gateway_port,
-        dataplane_port=dataplane_port,
-        controlplane_port=controlplane_port,
-        db_path=root / "controlplane.sqlite3",
-        admin_token=ADMIN_TOKEN,
-        telemetry_interval_ms=TELEMETRY_INTERVAL_MS,
-        log_dir=root / "logs",
-        extra_dataplane_args=extra_dataplane_args or [],
-    )
-    stack = Stack(cfg)
+    stack = Stack(loopback_stack_config(model, root, ADMIN_TOKEN, TELEMETRY_INTERVAL_MS, extra_dataplane_args))
     stack.start()
     return stack
 
