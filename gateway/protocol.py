@@ -173,7 +173,8 @@ class CompletionRequest(SamplingRequest):
     `i * n + j` is the j-th choice of prompt i, as in OpenAI's API."""
 
     prompt: str | list[str] | list[NonNegativeInt] | list[list[NonNegativeInt]]
-    max_tokens: int | None = Field(None, ge=1)
+    # 0 only with echo: the prompt is scored and nothing generated.
+    max_tokens: int | None = Field(None, ge=0)
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -192,6 +193,8 @@ class CompletionRequest(SamplingRequest):
     def _reject_unsupported(self) -> CompletionRequest:
         if self.suffix:
             raise ValueError("suffix is not supported")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo (it scores the prompt and generates nothing)")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of other than n is not supported")
         choices = len(self.prompts()) * self.n

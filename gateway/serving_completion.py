@@ -40,6 +40,10 @@ class PreparedCompletion:
     echo: bool
     # Text put before choice i's completion: its prompt with `echo`, else "".
     echoed: list[str]
+    # max_tokens 0 with echo: only the prompt is answered. The dataplane
+    # generates one token (its contract asks for >= 1), which is left out of
+    # the text, the logprobs and the usage.
+    score_only: bool = False
 
 
 class CompletionService:
@@ -54,12 +58,12 @@ class CompletionService:
         model = await self._generation.model_for(body.model)
         prompts = body.prompts()
         plans = []
+        score_only = body.max_tokens == 0
+        max_tokens = 1 if score_only else body.max_tokens
         for prompt in prompts:
             ids = self._prompt_ids(prompt, model)
             plans.append(
-                plan_prompt(
-                    ids, body.max_tokens, DEFAULT_COMPLETION_TOKENS, model.context_length, "prompt", "max_tokens"
-                )
+                plan_prompt(ids, max_tokens, DEFAULT_COMPLETION_TOKENS, model.context_length, "prompt", "max_tokens")
             )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         generation = PreparedGeneration(
@@ -83,7 +87,9 @@ class CompletionService:
             tokenizer=model.tokenizer,
         )
         echoed = [self._echo_text(prompt, plan, model) if body.echo else "" for prompt, plan in zip(prompts, plans)]
-        return PreparedCompletion(generation, body.echo, [text for text in echoed for _ in range(body.n)])
+        return PreparedCompletion(
+            generation, body.echo, [text for text in echoed for _ in range(body.n)], score_only
+        )
 
     async def complete(
         self, completion: PreparedCompletion, disconnected: Callable[[], Awaitable[None]]
@@ -93,16 +99,18 @@ class CompletionService:
         collected = await self._generation.collect(prepared, disconnected)
         choices = []
         for i, (text, reason) in enumerate(zip(collected.texts, collected.finish_reasons, strict=True)):
+            generated = [] if completion.score_only else collected.logprobs[i]
+            text, reason = ("", "length") if completion.score_only else (text, reason)
             logprobs = None
             if prepared.logprobs:
                 # With echo the prompt's tokens come first, from offset 0.
-                entries = collected.prompt_logprobs[i] + collected.logprobs[i]
+                entries = collected.prompt_logprobs[i] + generated
                 first = self._prompt_first_token(completion, i) if completion.echo else None
                 logprobs, _ = completion_logprobs(entries, prepared.tokenizer, 0, first)
             choices.append(
                 CompletionChoice(index=i, text=completion.echoed[i] + text, finish_reason=reason, logprobs=logprobs)
             )
-        usage = self._generation.usage(prepared, collected.completion_tokens)
+        usage = self._scored_usage(completion, self._generation.usage(prepared, collected.completion_tokens))
         return Completion(id=prepared.id, created=prepared.created, model=prepared.model, choices=choices, usage=usage)
 
     def stream(
@@ -128,16 +136,19 @@ class CompletionService:
             index = delta.index
             echo_here = echo_on_first_chunk and first_chunk[index]
             first_chunk[index] = False
+            new_text, generated, reason = delta.text, delta.logprobs, delta.finish_reason
+            if completion.score_only:  # the one generated token is not part of the answer
+                new_text, generated, reason = "", (), "length" if reason else None
             logprobs = None
             if prepared.logprobs:
                 logprobs, offsets[index] = completion_logprobs(
-                    delta.prompt_logprobs + delta.logprobs,
+                    delta.prompt_logprobs + tuple(generated),
                     prepared.tokenizer,
                     offsets[index],
                     self._prompt_first_token(completion, index) if echo_here else None,
                 )
-            text = (completion.echoed[index] if echo_here else "") + delta.text
-            choice = CompletionChoice(index=index, text=text, finish_reason=delta.finish_reason, logprobs=logprobs)
+            text = (completion.echoed[index] if echo_here else "") + new_text
+            choice = CompletionChoice(index=index, text=text, finish_reason=reason, logprobs=logprobs)
             return chunk([choice])
 
         opening = [] if prepared.logprobs else [
@@ -145,7 +156,16 @@ class CompletionService:
             for index, text in enumerate(completion.echoed)
             if text
         ]
-        return self._generation.sse_events(prepared, disconnected, opening, chunk_of, lambda usage: chunk([], usage))
+        return self._generation.sse_events(
+            prepared, disconnected, opening, chunk_of, lambda usage: chunk([], self._scored_usage(completion, usage))
+        )
+
+    @staticmethod
+    def _scored_usage(completion: PreparedCompletion, usage: Usage) -> Usage:
+        """The usage a client sees: no completion tokens when only the prompt was scored."""
+        if not completion.score_only:
+            return usage
+        return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=0, total_tokens=usage.prompt_tokens)
 
     @staticmethod
     def _prompt_ids(prompt: Prompt, model: ServedModel) -> list[int]:

@@ -43,9 +43,12 @@ def offline_log_probs(ids: list[int], bits: int) -> list[float]:
 def test_scored_text_matches_the_offline_evaluation(static_stack):
     api = openai.OpenAI(base_url=f"{static_stack.cfg.gateway_url}/v1", api_key="unused", max_retries=0, timeout=120)
     name = api.models.list().data[0].id
-    scored = api.completions.create(model=name, prompt=TEXT, max_tokens=1, temperature=0, echo=True, logprobs=0)
+    # max_tokens 0 with echo: the prompt scored, nothing generated (as OpenAI's scoring idiom).
+    scored = api.completions.create(model=name, prompt=TEXT, max_tokens=0, echo=True, logprobs=0)
     ids = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json")).encode(TEXT).ids  # BOS first
-    served = scored.choices[0].logprobs.token_logprobs[1 : len(ids)]
+    assert scored.choices[0].text == TEXT and scored.usage.completion_tokens == 0
+    assert len(scored.choices[0].logprobs.token_logprobs) == len(ids)
+    served = scored.choices[0].logprobs.token_logprobs[1:]
     at_served_bits = offline_log_probs(ids, SERVED_BITS)
     assert served == pytest.approx(at_served_bits, abs=ATOL)
     at_8_bits = offline_log_probs(ids, 8)

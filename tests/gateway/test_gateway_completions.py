@@ -132,7 +132,7 @@ def expect_400(call) -> dict:
         ({"prompt": "hi", "best_of": 3}, "best_of other than n"),
         ({"prompt": "hi", "logit_bias": {"5": 1.0}}, "logit_bias is not supported"),
         ({"prompt": ["hi"] * 5, "n": 4}, f"at most {MAX_CHOICES} choices"),
-        ({"prompt": "hi", "max_tokens": 0}, "greater than or equal to 1"),
+        ({"prompt": "hi", "max_tokens": -1}, "greater than or equal to 0"),
         ({"prompt": "hi", "temperature": 3}, "less than or equal to 2"),
     ],
 )

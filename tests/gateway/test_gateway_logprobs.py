@@ -131,3 +131,32 @@ def test_echo_with_logprobs_scores_the_prompt(gateway, dataplane, tokenizer, str
         assert logprobs["token_logprobs"][1:] == pytest.approx(want)
     requests = dataplane.snapshot()[0]
     assert all(r.sampling.prompt_logprobs == 1 and r.sampling.logprobs == 1 for r in requests)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_zero_with_echo_scores_only_the_prompt(gateway, dataplane, tokenizer, stream):
+    client = gateway.openai()
+    kwargs = dict(model=MODEL, prompt="Hello world", echo=True, logprobs=0, max_tokens=0)
+    ids = ids_of(tokenizer, "Hello world")
+    if stream:
+        chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        token_logprobs = [v for c in chunks if c.choices for v in c.choices[0].logprobs.token_logprobs]
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        usage = chunks[-1].usage
+    else:
+        reply = client.completions.create(**kwargs)
+        text, reasons, usage = reply.choices[0].text, [reply.choices[0].finish_reason], reply.usage
+        token_logprobs = reply.choices[0].logprobs.token_logprobs
+    assert text == "Hello world" and reasons == ["length"]
+    assert token_logprobs[0] is None
+    assert token_logprobs[1:] == pytest.approx([-j / 100 for j in range(1, len(ids))])
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (len(ids), 0, len(ids))
+    assert dataplane.snapshot()[0][-1].sampling.max_tokens == 1  # the dataplane needs one
+
+
+def test_max_tokens_zero_needs_echo(gateway, dataplane):
+    with pytest.raises(openai.BadRequestError) as info:
+        gateway.openai().completions.create(model=MODEL, prompt="hi", max_tokens=0)
+    assert "max_tokens 0 needs echo" in info.value.response.json()["error"]["message"]
+    assert dataplane.snapshot()[0] == []
