@@ -13,12 +13,15 @@ import argparse
 import logging
 import signal
 import sys
-import threading
+import time
 
 from pydantic import ValidationError
 
 from controlplane.config import ControlplaneConfig
 from controlplane.server import ControlplaneServer
+
+# How often the main thread looks for a received SIGINT / SIGTERM.
+SIGNAL_POLL_S = 0.1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,13 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
+    # Appending is all the handler does: setting a threading.Event there can
+    # deadlock (see dataplane/__main__.py). Installed before the start.
+    received: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
     server = ControlplaneServer(cfg).start()
     metrics = f", metrics http://{cfg.metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
     print(f"controlplane serving on {server.address} (db {cfg.db_path}{metrics})", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not received:
+        time.sleep(SIGNAL_POLL_S)
     server.stop()
     return 0
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import threading
+import time
 from typing import Any
 
 from dataplane.app import Dataplane
 from dataplane.config import GIB, DataplaneConfig
+
+# How often the main thread looks for a received SIGINT / SIGTERM.
+SIGNAL_POLL_S = 0.1
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
@@ -61,13 +64,18 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     config = DataplaneConfig(**parse_args(argv))
+    # The handler only appends: a threading.Event set from a handler can
+    # deadlock when the signal lands while the main thread holds the Event's
+    # lock (inside Event.wait). Installed before starting, so a signal during
+    # the start still ends in a clean stop.
+    received: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
     dataplane = Dataplane(config)
     address = dataplane.start()
     print(f"dataplane serving {dataplane.engine.model_info.name} on {address}", flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    while not received:
+        time.sleep(SIGNAL_POLL_S)
     dataplane.stop()
 
 
