@@ -255,9 +255,10 @@ class Engine:
             for item in scheduled
             if item.seq.seq_id in result.sampled and item.seq.status == SequenceStatus.RUNNING
         }
-        for item in scheduled:
-            for first, entries in result.prompt_logprobs.get(item.seq.seq_id, ()):
-                item.seq.add_prompt_logprobs(first, entries)
+        if result.prompt_logprobs:  # only prefill steps of requests that asked
+            for item in scheduled:
+                for first, entries in result.prompt_logprobs.get(item.seq.seq_id, ()):
+                    item.seq.add_prompt_logprobs(first, entries)
         self._count(scheduled, result)
         self._bookkeeping = _Bookkeeping(scheduled, result)
         finished = {s.seq_id for s in self.scheduler.update(scheduled, result.sampled, self._eos)}

@@ -255,7 +255,8 @@ class ModelRunner:
             first = max(item.start, len(seq.prompt_logprobs))
             end = min(item.start + item.num_new_tokens, seq.num_prompt_tokens - 1)  # positions [first, end)
             if top_n is None:
-                end = first  # nothing asked
+                row += item.num_new_tokens
+                continue
             for start in range(first, end, PROMPT_LOGPROBS_ROWS):
                 stop = min(start + PROMPT_LOGPROBS_ROWS, end)
                 rows = hidden[row + start - item.start : row + stop - item.start]  # [P, H]

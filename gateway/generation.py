@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from gateway.dataplane_client import DataplaneClient, DataplaneError
-from gateway.errors import context_length_exceeded, dataplane_api_error, internal, model_not_found
+from gateway.errors import context_length_exceeded, dataplane_api_error, internal, invalid_request, model_not_found
 from gateway.fanout import ClientDisconnected, merge_streams
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import SamplingRequest, Usage
@@ -60,8 +61,12 @@ class PreparedGeneration:
     include_usage: bool
     arrival_s: float  # time.monotonic()
     deadline_s: float  # time.monotonic() by which generation must end
-    logprobs: bool  # the choices report their tokens' log-probabilities
-    tokenizer: TextTokenizer  # the served model's, for the logprobs' token texts
+    tokenizer: TextTokenizer  # the served model's: detokenizing, logprobs' token texts
+
+    @property
+    def logprobs(self) -> bool:
+        """The choices report their tokens' log-probabilities."""
+        return self.sequences[0].request.sampling.HasField("logprobs")
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,19 @@ def plan_prompt(
     return PromptPlan(token_ids, requested_max_tokens)
 
 
-def build_sequences(
+def known_token_ids(ids: Sequence[int], tokenizer: TextTokenizer, param: str) -> list[int]:
+    """`ids` as a list; raises APIError 400 naming `param` when the tokenizer
+    does not know some of them."""
+    vocab = tokenizer.vocab_size
+    unknown = sorted({token for token in ids if token >= vocab})
+    if unknown:
+        raise invalid_request(
+            f"token ids outside the tokenizer's vocabulary (size {vocab}): {unknown[:5]}", param=param
+        )
+    return list(ids)
+
+
+def _build_sequences(
     request_id: str,
     body: SamplingRequest,
     prompts: Sequence[PromptPlan],
@@ -188,6 +205,37 @@ class GenerationService:
                     raise internal(f"unusable model description from the dataplane: {error}") from error
             return self._model
 
+    def prepare(
+        self,
+        id_prefix: str,
+        body: SamplingRequest,
+        prompts: Sequence[PromptPlan],
+        model: ServedModel,
+        arrival_s: float,
+        *,
+        detokenizer_context: bool,
+        top_logprobs: int | None,
+        prompt_logprobs: bool = False,
+    ) -> PreparedGeneration:
+        """The request ready to generate (see _build_sequences for the
+        keyword arguments); its deadline is the request timeout after
+        `arrival_s` (time.monotonic())."""
+        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        sequences = _build_sequences(
+            request_id, body, prompts, model, detokenizer_context, top_logprobs, prompt_logprobs
+        )
+        return PreparedGeneration(
+            id=request_id,
+            created=int(time.time()),
+            model=model.name,
+            prompt_tokens=sum(len(prompt.token_ids) for prompt in prompts),
+            sequences=sequences,
+            include_usage=body.include_usage(),
+            arrival_s=arrival_s,
+            deadline_s=arrival_s + self.request_timeout_s,
+            tokenizer=model.tokenizer,
+        )
+
     async def model_for(self, requested: str) -> ServedModel:
         """The served model when `requested` names it, else APIError 404."""
         model = await self.served_model()
@@ -207,7 +255,7 @@ class GenerationService:
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         prompt_logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         try:
-            async with aclosing(await self._deltas(prepared, disconnected)) as deltas:
+            async with aclosing(self._deltas(prepared, disconnected)) as deltas:
                 async for delta in deltas:
                     texts[delta.index].append(delta.text)
                     tokens[delta.index] = delta.completion_tokens
@@ -239,7 +287,7 @@ class GenerationService:
         try:
             for chunk in opening:
                 yield f"data: {chunk.model_dump_json(exclude=exclude)}\n\n"
-            async with aclosing(await self._deltas(prepared, disconnected)) as deltas:
+            async with aclosing(self._deltas(prepared, disconnected)) as deltas:
                 async for delta in deltas:
                     tokens[delta.index] = delta.completion_tokens
                     yield f"data: {chunk_of(delta).model_dump_json(exclude=exclude)}\n\n"
@@ -265,14 +313,13 @@ class GenerationService:
             total_tokens=prepared.prompt_tokens + total,
         )
 
-    async def _deltas(
+    def _deltas(
         self, prepared: PreparedGeneration, disconnected: Callable[[], Awaitable[None]]
     ) -> AsyncGenerator[SequenceDelta, None]:
-        model = await self.served_model()
         self._metrics.prompt_tokens.inc(prepared.prompt_tokens)
         timeout_s = max(prepared.deadline_s - time.monotonic(), 0.0)
         streams = [
-            generate_sequence(spec, self._client, model.tokenizer, self._metrics, prepared.arrival_s, timeout_s)
+            generate_sequence(spec, self._client, prepared.tokenizer, self._metrics, prepared.arrival_s, timeout_s)
             for spec in prepared.sequences
         ]
         return merge_streams(streams, disconnected)

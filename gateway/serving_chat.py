@@ -6,12 +6,11 @@ are shared with text completions (gateway/generation.py)."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.chat_template import ChatTemplateError
 from gateway.errors import invalid_request
-from gateway.generation import GenerationService, PreparedGeneration, build_sequences, plan_prompt
+from gateway.generation import GenerationService, PreparedGeneration, plan_prompt
 from gateway.logprobs import chat_logprobs
 from gateway.protocol import (
     AssistantMessage,
@@ -48,20 +47,9 @@ class ChatService:
         plan = plan_prompt(
             prompt_ids, body.requested_max_tokens(), None, model.context_length, "messages", max_tokens_param
         )
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        return PreparedGeneration(
-            id=request_id,
-            created=int(time.time()),
-            model=model.name,
-            prompt_tokens=len(prompt_ids),
-            sequences=build_sequences(
-                request_id, body, [plan], model, detokenizer_context=False, top_logprobs=body.top_logprobs_wanted()
-            ),
-            include_usage=body.include_usage(),
-            arrival_s=arrival_s,
-            deadline_s=arrival_s + self._generation.request_timeout_s,
-            logprobs=body.logprobs is True,
-            tokenizer=model.tokenizer,
+        return self._generation.prepare(
+            "chatcmpl", body, [plan], model, arrival_s,
+            detokenizer_context=False, top_logprobs=body.top_logprobs_wanted(),
         )
 
     async def complete(

@@ -9,7 +9,6 @@ policy and the running of choices are shared with chat (gateway/generation.py)."
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from gateway.generation import (
     GenerationService,
     PreparedGeneration,
     PromptPlan,
-    build_sequences,
+    known_token_ids,
     plan_prompt,
 )
 from gateway.logprobs import completion_logprobs
@@ -65,26 +64,9 @@ class CompletionService:
             plans.append(
                 plan_prompt(ids, max_tokens, DEFAULT_COMPLETION_TOKENS, model.context_length, "prompt", "max_tokens")
             )
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        generation = PreparedGeneration(
-            id=request_id,
-            created=int(time.time()),
-            model=model.name,
-            prompt_tokens=sum(len(plan.token_ids) for plan in plans),
-            sequences=build_sequences(
-                request_id,
-                body,
-                plans,
-                model,
-                detokenizer_context=True,
-                top_logprobs=body.top_logprobs_wanted(),
-                prompt_logprobs=body.echo,
-            ),
-            include_usage=body.include_usage(),
-            arrival_s=arrival_s,
-            deadline_s=arrival_s + self._generation.request_timeout_s,
-            logprobs=body.logprobs is not None,
-            tokenizer=model.tokenizer,
+        generation = self._generation.prepare(
+            "cmpl", body, plans, model, arrival_s,
+            detokenizer_context=True, top_logprobs=body.top_logprobs_wanted(), prompt_logprobs=body.echo,
         )
         echoed = [self._echo_text(prompt, plan, model) if body.echo else "" for prompt, plan in zip(prompts, plans)]
         return PreparedCompletion(
@@ -176,13 +158,7 @@ class CompletionService:
             if not ids:
                 raise invalid_request("the prompt is empty and the tokenizer adds no tokens to it", param="prompt")
             return ids
-        vocab = model.tokenizer.vocab_size
-        unknown = sorted({token for token in prompt if token >= vocab})
-        if unknown:
-            raise invalid_request(
-                f"token ids outside the tokenizer's vocabulary (size {vocab}): {unknown[:5]}", param="prompt"
-            )
-        return list(prompt)
+        return known_token_ids(prompt, model.tokenizer, "prompt")
 
     @staticmethod
     def _prompt_first_token(completion: PreparedCompletion, index: int) -> int:

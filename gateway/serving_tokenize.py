@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gateway.chat_template import ChatTemplateError
 from gateway.errors import invalid_request
-from gateway.generation import GenerationService
+from gateway.generation import GenerationService, known_token_ids
 from gateway.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 
@@ -36,10 +36,5 @@ class TokenizeService:
     async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
         """Raises APIError 400 for ids the tokenizer does not know, or 404."""
         model = await self._generation.model_for(body.model)
-        vocab = model.tokenizer.vocab_size
-        unknown = sorted({token for token in body.tokens if token >= vocab})
-        if unknown:
-            raise invalid_request(
-                f"token ids outside the tokenizer's vocabulary (size {vocab}): {unknown[:5]}", param="tokens"
-            )
-        return DetokenizeResponse(prompt=model.tokenizer.decode(body.tokens))
+        tokens = known_token_ids(body.tokens, model.tokenizer, "tokens")
+        return DetokenizeResponse(prompt=model.tokenizer.decode(tokens))
