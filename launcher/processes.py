@@ -262,8 +262,26 @@ class Stack:
         for name in ("gateway", "dataplane", "controlplane"):
             self.stop_one(name)
 
-    def any_exited(self) -> str | None:
-        for name, proc in self.processes.items():
-            if not proc.alive():
-                return name
-        return None
+    def exited(self) -> dict[str, int]:
+        """Processes that were started and have exited: name -> exit code."""
+        return {name: proc.popen.returncode for name, proc in self.processes.items() if not proc.alive()}
+
+    def restart(self, name: str) -> None:
+        """Starts ``name`` again on the same ports and waits until it is
+        healthy. On failure the new process is stopped but stays registered
+        (as exited) and the error is raised."""
+        starters = {
+            "controlplane": self.start_controlplane,
+            "dataplane": self.start_dataplane,
+            "gateway": self.start_gateway,
+        }
+        if name not in starters:
+            raise ValueError(f"no process named {name!r}")
+        self.stop_one(name)
+        try:
+            starters[name]()
+        except BaseException:
+            proc = self.processes.get(name)
+            if proc is not None:
+                proc.stop()
+            raise

@@ -34,6 +34,12 @@ def test_gpu_reservation_only_on_gpu_dataplane(compose):
     assert "deploy" not in services["dataplane-cpu"]
 
 
+def test_every_service_restarts_on_its_own(compose):
+    assert {name: svc.get("restart") for name, svc in compose["services"].items()} == {
+        name: "unless-stopped" for name in compose["services"]
+    }
+
+
 def test_only_gateway_publishes_ports(compose):
     published = {name for name, svc in compose["services"].items() if svc.get("ports")}
     assert published == {"gateway"}
