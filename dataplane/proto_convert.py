@@ -32,6 +32,7 @@ def sampling_from_proto(pb: inference_pb2.SamplingParams) -> SamplingParams:
         prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
         presence_penalty=pb.presence_penalty,
         frequency_penalty=pb.frequency_penalty,
+        logit_bias=tuple(sorted(pb.logit_bias.items())),
     )
 
 

@@ -1,5 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, repetition penalties,
-per-request seeds.
+"""Token sampling: greedy, temperature, top-k, top-p, logit bias, repetition
+penalties, per-request seeds.
 
 Greedy rows are taken with one argmax (``greedy_tokens``: on CUDA one Triton
 launch over the logits in their own dtype, kernels/row_argmax.py; a decode
@@ -54,6 +54,17 @@ def penalize(logits: torch.Tensor, generated: list[int], presence: float, freque
     return logits - frequency * counts - presence * (counts > 0).float()
 
 
+def bias_logits(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> torch.Tensor:
+    """OpenAI's logit_bias: logits [V] float32 with ``bias``'s (token id,
+    value) pairs added. Returns [V] float32 (``logits`` itself when empty)."""
+    if not bias:
+        return logits
+    # non_blocking: no wait for the device's queued work (the pairs come from the host).
+    ids = torch.tensor([token for token, _ in bias], dtype=torch.int64).to(logits.device, non_blocking=True)
+    values = torch.tensor([value for _, value in bias], dtype=torch.float32).to(logits.device, non_blocking=True)
+    return logits.index_add(0, ids, values)
+
+
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] logits (any float dtype) -> [B] int64: each row's first index of
     its maximum, NaN never picked (kernels/row_argmax.py's contract). On CUDA
@@ -83,16 +94,17 @@ class Sampler:
         from each non-greedy sequence's generator per call, as ``sample``.
         """
         best = greedy_tokens(logits) if greedy is None else greedy  # [B]
-        plain = [seq.sampling.greedy and not seq.sampling.penalized for seq in seqs]
+        plain = [seq.sampling.greedy and not seq.sampling.adjusts_logits for seq in seqs]
         if all(plain):
             return best
         return torch.stack([best[i] if plain[i] else self._draw(logits[i], seq) for i, seq in enumerate(seqs)])
 
     def _draw(self, row: torch.Tensor, seq: Sequence) -> torch.Tensor:
         """A 0-d int64 token drawn from ``row`` with the sequence's generator
-        (or its argmax when greedy), after the repetition penalties."""
+        (or its argmax when greedy), after the logit bias and the repetition
+        penalties."""
         params = seq.sampling
-        row = row.float()
+        row = bias_logits(row.float(), params.logit_bias)
         if params.penalized:
             row = penalize(row, seq.output_token_ids, params.presence_penalty, params.frequency_penalty)
         if params.greedy:

@@ -9,6 +9,9 @@ from dataplane.logprobs import MAX_TOP_LOGPROBS
 
 # OpenAI's bound on presence_penalty and frequency_penalty.
 MAX_PENALTY = 2.0
+# OpenAI's bounds on logit_bias: the size of one bias and the tokens biased.
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_TOKENS = 300
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class SamplingParams:
     # Repetition penalties over the generated tokens (dataplane/sampler.py).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # (token id, bias) pairs added to the logits before the penalties.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def validate(self, vocab_size: int) -> None:
         """Raises ValueError naming the first bad field."""
@@ -51,6 +56,14 @@ class SamplingParams:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(f"logit_bias may list at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(self.logit_bias)}")
+        bad = [t for t, _ in self.logit_bias if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+        for token, bias in self.logit_bias:
+            if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias of token {token} must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias}")
 
     @property
     def greedy(self) -> bool:
@@ -60,3 +73,9 @@ class SamplingParams:
     def penalized(self) -> bool:
         """The pick depends on the tokens generated so far."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """The pick is made from logits changed first (bias or penalties), so a
+        greedy row's pick is not the plain argmax of the model's logits."""
+        return self.penalized or bool(self.logit_bias)

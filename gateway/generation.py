@@ -155,6 +155,7 @@ def _build_sequences(
                 ignore_eos=body.ignore_eos,
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
+                logit_bias=dict(body.logit_bias_pairs()),
             )
             if top_logprobs is not None:
                 sampling.logprobs = top_logprobs
@@ -220,6 +221,7 @@ class GenerationService:
         """The request ready to generate (see _build_sequences for the
         keyword arguments); its deadline is the request timeout after
         `arrival_s` (time.monotonic())."""
+        known_token_ids([token for token, _ in body.logit_bias_pairs()], model.tokenizer, "logit_bias")
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         sequences = _build_sequences(
             request_id, body, prompts, model, detokenizer_context, top_logprobs, prompt_logprobs

@@ -3,8 +3,8 @@ and text completions requests, responses and stream chunks, the models list,
 (de)tokenization (vLLM's extension) and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
-known but unsupported features (logit_bias, tools and functions,
-structured output, audio, suffix) are rejected with 400 so a client never
+known but unsupported features (tools and functions, structured output,
+audio, suffix) are rejected with 400 so a client never
 silently gets a different behaviour than it asked for.
 """
 
@@ -31,6 +31,9 @@ MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
 # OpenAI's bound on presence_penalty and frequency_penalty.
 MAX_PENALTY = 2.0
+# OpenAI's bounds on logit_bias: one bias, and the tokens one request biases.
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_TOKENS = 300
 # Most alternatives per position in logprobs (OpenAI's top_logprobs limit;
 # the dataplane's too).
 MAX_TOP_LOGPROBS = 20
@@ -113,11 +116,23 @@ class SamplingRequest(BaseModel):
             raise ValueError("stop strings must be non-empty")
         return stops
 
-    @model_validator(mode="after")
-    def _reject_logit_bias(self) -> SamplingRequest:
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
-        return self
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if not value:
+            return None
+        if len(value) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(f"logit_bias may list at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(value)}")
+        for key, bias in value.items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias of token {key} must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias}")
+        return value
+
+    def logit_bias_pairs(self) -> list[tuple[int, float]]:
+        """(token id, bias) pairs of logit_bias, in token order."""
+        return sorted((int(key), bias) for key, bias in (self.logit_bias or {}).items())
 
     def stop_strings(self) -> list[str]:
         assert self.stop is None or isinstance(self.stop, list)  # normalised by _check_stop

@@ -265,13 +265,9 @@ def test_steps_launched_ahead_give_the_eager_tokens_on_cpu() -> None:
     assert [len(t) for t, _ in results[1]] == [5, 3, 7]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(),
-                    reason="runs Triton kernels on CPU tensors: needs the interpreter (the GPU test covers the GPU)")
-def test_penalized_picks_are_never_launched_ahead_on_cpu() -> None:
-    """A repetition penalty needs the previous token on the host: such a batch
-    runs one step at a time through the graph path and gives the eager tokens."""
-    requests = [(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True, frequency_penalty=1.5)),
-                (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))]
+def _eager_and_overlapped(requests):
+    """(tokens eager, tokens through the static decode path with launch-ahead,
+    the built engine of the latter, its graphs) on the CPU."""
     eager = build(_config(device="cpu", dtype="float32", overlap_steps=False))
     eager.engine.start()
     try:
@@ -285,5 +281,30 @@ def test_penalized_picks_are_never_launched_ahead_on_cpu() -> None:
         got = _run(built.engine, requests, "o")
     finally:
         built.engine.stop()
+    return want, got, built, graphs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="runs Triton kernels on CPU tensors: needs the interpreter (the GPU test covers the GPU)")
+def test_penalized_picks_are_never_launched_ahead_on_cpu() -> None:
+    """A repetition penalty needs the previous token on the host: such a batch
+    runs one step at a time through the graph path and gives the eager tokens."""
+    requests = [(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True, frequency_penalty=1.5)),
+                (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))]
+    want, got, built, graphs = _eager_and_overlapped(requests)
     assert got == want
     assert graphs.replays >= 6 and built.engine.runner.steps_launched_ahead == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="runs Triton kernels on CPU tensors: needs the interpreter (the GPU test covers the GPU)")
+def test_logit_biased_picks_are_launched_ahead_and_give_the_eager_tokens_on_cpu() -> None:
+    """A logit bias does not depend on earlier tokens: a biased batch keeps the
+    launch-ahead overlap, and the device picks apply the bias as the eager path does."""
+    banned = tuple((token, -100.0) for token in range(0, 512, 3))
+    requests = [(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True, logit_bias=banned)),
+                (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))]
+    want, got, built, _ = _eager_and_overlapped(requests)
+    assert all(token % 3 for token in want[0][0]) and any(token % 3 == 0 for token in want[1][0])
+    assert got == want
+    assert built.engine.runner.steps_launched_ahead >= 3

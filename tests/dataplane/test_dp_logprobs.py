@@ -129,3 +129,25 @@ def test_frequency_penalty_stops_greedy_repetition(make_engine):
     # This random model repeats itself under greedy decoding; a strong penalty stops that.
     assert len(set(plain)) < len(plain)
     assert len(set(penalized)) == len(penalized)
+
+
+def test_logit_bias_forces_and_bans_tokens_and_logprobs_stay_the_models(make_engine):
+    engine = make_engine()
+    prompt = list(range(30, 40))
+    base = {"max_tokens": 6, "ignore_eos": True, "logprobs": 1}
+    outs = run(engine, {"plain": prompt}, {"plain": SamplingParams(**base)})
+    plain = [t for out in outs["plain"] for t in out.new_token_ids]
+    plain_logprobs = [e for out in outs["plain"] for e in out.new_logprobs]
+    forced_token = next(t for t in range(5, 100) if t not in plain)
+    outs = run(engine, {"forced": prompt, "banned": prompt}, {
+        "forced": SamplingParams(**base, logit_bias=((forced_token, 100.0),)),
+        "banned": SamplingParams(**base, logit_bias=tuple((t, -100.0) for t in sorted(set(plain)))),
+    })
+    forced = [t for out in outs["forced"] for t in out.new_token_ids]
+    banned = [t for out in outs["banned"] for t in out.new_token_ids]
+    assert forced == [forced_token] * len(plain)
+    assert not set(banned) & set(plain) and len(banned) == len(plain)
+    # Logprobs are the model's own: the forced token was not the model's
+    # choice at the first position, so it is no likelier than the greedy one.
+    first = outs["forced"][0].new_logprobs[0]
+    assert first.logprob < plain_logprobs[0].logprob - 1e-3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dataplane.sampler import Sampler, filter_logits, greedy_tokens, penalize
+from dataplane.sampler import Sampler, bias_logits, filter_logits, greedy_tokens, penalize
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import Sequence
 
@@ -87,6 +87,10 @@ def test_invalid_sampling_values_are_named():
         SamplingParams(presence_penalty=2.5),
         SamplingParams(frequency_penalty=float("inf")),
         SamplingParams(logprobs=21),
+        SamplingParams(logit_bias=((VOCAB, 1.0),)),
+        SamplingParams(logit_bias=((3, 100.5),)),
+        SamplingParams(logit_bias=((3, float("nan")),)),
+        SamplingParams(logit_bias=tuple((t % VOCAB, 1.0) for t in range(301))),
     ]
     for params in bad:
         try:
@@ -95,6 +99,7 @@ def test_invalid_sampling_values_are_named():
             continue
         raise AssertionError(f"accepted {params}")
     SamplingParams(temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=(3,)).validate(VOCAB)
+    SamplingParams(logit_bias=((0, -100.0), (VOCAB - 1, 100.0))).validate(VOCAB)
 
 
 def mixed_batch() -> tuple[list[Sequence], list[Sequence]]:
@@ -170,3 +175,28 @@ def test_greedy_with_a_penalty_avoids_what_it_generated():
     plain = Sequence("q", [1], SamplingParams(), arrival=1)
     plain.output_token_ids = [top] * 50
     assert Sampler().sample(row, [plain]) == [top]  # no penalty, no effect
+
+
+def test_logit_bias_adds_to_the_listed_tokens_only():
+    row = logits()[0]  # [V]
+    got = bias_logits(row, ((2, 1.5), (7, -100.0)))
+    want = row.clone()
+    want[2] += 1.5
+    want[7] -= 100.0
+    assert torch.equal(got, want)
+    assert bias_logits(row, ()) is row
+
+
+def test_logit_bias_steers_greedy_and_sampled_picks():
+    row = logits(seed=5)  # [1, V]
+    top, runner_up = row[0].topk(2).indices.tolist()
+    banned = Sequence("g", [1], SamplingParams(logit_bias=((top, -100.0),)), arrival=0)
+    assert Sampler().sample(row, [banned]) == [runner_up]
+    forced_token = int(row.argmin())
+    for seed in range(5):
+        forced = Sequence(f"s{seed}", [1], SamplingParams(temperature=1.0, seed=seed,
+                                                          logit_bias=((forced_token, 100.0),)), arrival=0)
+        assert Sampler().sample(row, [forced]) == [forced_token]
+    plain = Sequence("p", [1], SamplingParams(), arrival=1)
+    # A biased row beside a plain one: each row keeps its own rule.
+    assert Sampler().sample(row.repeat(2, 1), [banned, plain]) == [runner_up, top]

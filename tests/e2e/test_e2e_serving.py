@@ -92,6 +92,16 @@ def test_text_completion_continues_the_prompt_of_the_base_model(stack):
     assert "".join(c.choices[0].text for c in stream) == prompt + whole.choices[0].text
 
 
+def test_logit_bias_forces_a_token_through_the_api(stack):
+    tokenizer = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json"))
+    forced = tokenizer.encode(" x", add_special_tokens=False).ids[-1]
+    reply = client(stack).completions.create(
+        model=model_name(stack), prompt="import os\n", max_tokens=5, temperature=0.9, seed=3,
+        logit_bias={str(forced): 100}, extra_body={"ignore_eos": True},
+    )
+    assert reply.choices[0].text == tokenizer.decode([forced] * 5)
+
+
 def test_logprobs_of_greedy_tokens_are_the_most_likely(stack):
     name = model_name(stack)
     chat = client(stack).chat.completions.create(

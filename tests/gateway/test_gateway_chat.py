@@ -166,7 +166,7 @@ def test_invalid_requests_are_openai_shaped_400(gateway, dataplane):
     ))
     assert "unknown role: tool-x" in error["message"]  # the template's raise_exception text
     unsupported = [
-        ({"logit_bias": {"5": 2.0}}, "logit_bias is not supported"),
+        ({"logit_bias": {"5": -101}}, "logit_bias of token 5 must be in [-100, 100]"),
         ({"presence_penalty": 2.5}, "less than or equal to 2"),
         ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),

@@ -55,6 +55,14 @@ def test_repetition_penalties_reach_the_dataplane(gateway, dataplane):
     assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.25)
 
 
+def test_logit_bias_reaches_the_dataplane_for_every_choice(gateway, dataplane):
+    gateway.openai().completions.create(
+        model=MODEL, prompt="Hello", temperature=0, n=2, logit_bias={"17": -100, "5": 2.5}
+    )
+    for request in dataplane.snapshot()[0]:
+        assert dict(request.sampling.logit_bias) == {5: 2.5, 17: -100.0}
+
+
 def test_several_prompts_and_choices_are_indexed_prompt_major(gateway, dataplane, tokenizer):
     client = gateway.openai()
     reply = client.completions.create(model=MODEL, prompt=["Hello world", "one two"], n=2, temperature=0)
@@ -130,7 +138,11 @@ def expect_400(call) -> dict:
         ({"prompt": "hi", "suffix": "end"}, "suffix is not supported"),
         ({"prompt": "hi", "logprobs": 21}, "less than or equal to 20"),
         ({"prompt": "hi", "best_of": 3}, "best_of other than n"),
-        ({"prompt": "hi", "logit_bias": {"5": 1.0}}, "logit_bias is not supported"),
+        ({"prompt": "hi", "logit_bias": {"5": 100.5}}, "logit_bias of token 5 must be in [-100, 100]"),
+        ({"prompt": "hi", "logit_bias": {"five": 1.0}}, "logit_bias keys must be token ids"),
+        ({"prompt": "hi", "logit_bias": {"-5": 1.0}}, "logit_bias keys must be token ids"),
+        ({"prompt": "hi", "logit_bias": {str(t): 1.0 for t in range(301)}}, "at most 300 tokens"),
+        ({"prompt": "hi", "logit_bias": {str(VOCAB_SIZE): 1.0}}, "outside the tokenizer's vocabulary"),
         ({"prompt": ["hi"] * 5, "n": 4}, f"at most {MAX_CHOICES} choices"),
         ({"prompt": "hi", "max_tokens": -1}, "greater than or equal to 0"),
         ({"prompt": "hi", "temperature": 3}, "less than or equal to 2"),
