@@ -50,6 +50,10 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
         help="run decode steps eagerly instead of replaying captured CUDA graphs",
     )
+    p.add_argument(
+        "--no-prefix-caching", dest="prefix_caching", action="store_false", default=None,
+        help="compute every prompt in full instead of reusing the cached K/V of a shared prefix",
+    )
     p.add_argument("--low-watermark", type=float)
     p.add_argument("--high-watermark", type=float)
     p.add_argument("--min-residence-ms", type=int)

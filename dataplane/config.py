@@ -133,6 +133,9 @@ class DataplaneConfig(BaseSettings):
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)
+    # Reuse the K/V of prompt prefixes computed before (dataplane/kv_cache.py);
+    # cached blocks live only in free arena pages.
+    prefix_caching: bool = True
     max_running_seqs: int = Field(default=64, gt=0)
     max_batched_tokens: int = Field(default=2048, gt=0)
     # Requests admitted to the engine but not finished; beyond it Generate

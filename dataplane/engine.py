@@ -319,7 +319,7 @@ class Engine:
         prompt_logprobs = seq.take_prompt_logprobs() if tokens else []
         return RequestOutput(
             seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids), logprobs or [],
-            prompt_logprobs,
+            prompt_logprobs, seq.num_cached_prompt_tokens,
         )
 
     def _end(
@@ -382,6 +382,7 @@ class Engine:
             finished_requests_total=counters.finished,
             aborted_requests_total=counters.aborted,
             steps_total=counters.steps,
+            prefix_cached_tokens_total=self.scheduler.cached_tokens_total,
             arena=self.arena.snapshot(),
             fixed_resident_bytes=self.fixed_resident_bytes,
         )

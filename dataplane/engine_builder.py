@@ -291,7 +291,8 @@ def assemble_engine(
         arena.num_pages * arena.page_bytes / 2**30,
         fixed_resident_bytes / 2**30,
     )
-    kv = KVCacheManager(arena, config.kv_block_size, spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype)
+    kv = KVCacheManager(arena, config.kv_block_size, spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype,
+                        prefix_caching=config.prefix_caching)
     scheduler = Scheduler(
         SchedulerConfig(config.max_running_seqs, config.max_batched_tokens, info.context_length),
         kv,

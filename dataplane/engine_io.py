@@ -66,6 +66,8 @@ class RequestOutput:
     # Prompt tokens 1.. when the request asked for prompt_logprobs: on the
     # request's first output with tokens only, else empty.
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # Prompt tokens whose K/V came from the prefix cache.
+    cached_prompt_tokens: int = 0
 
 
 OutputSink = Callable[[RequestOutput], None]
@@ -104,5 +106,6 @@ class EngineStats:
     finished_requests_total: int = 0
     aborted_requests_total: int = 0
     steps_total: int = 0
+    prefix_cached_tokens_total: int = 0
     arena: ArenaSnapshot | None = None
     fixed_resident_bytes: int = 0

@@ -45,6 +45,7 @@ def output_to_proto(out: RequestOutput) -> inference_pb2.GenerateResponse:
         completion_tokens=out.completion_tokens,
         logprobs=[_logprobs_to_proto(entry) for entry in out.new_logprobs],
         prompt_logprobs=[_logprobs_to_proto(entry) for entry in out.prompt_logprobs],
+        cached_prompt_tokens=out.cached_prompt_tokens,
     )
 
 
@@ -62,6 +63,7 @@ def stats_to_proto(stats: EngineStats) -> inference_pb2.EngineStats:
         arena_pb.total_pages = arena.total_pages
         arena_pb.free_pages = arena.free_pages
         arena_pb.kv_pages = arena.kv_pages
+        arena_pb.cached_pages = arena.cached_pages
         arena_pb.weight_pages_by_bits.update(arena.weight_pages_by_bits)
     return inference_pb2.EngineStats(
         running_requests=stats.running_requests,
@@ -76,6 +78,7 @@ def stats_to_proto(stats: EngineStats) -> inference_pb2.EngineStats:
         aborted_requests_total=stats.aborted_requests_total,
         arena=arena_pb,
         steps_total=stats.steps_total,
+        prefix_cached_tokens_total=stats.prefix_cached_tokens_total,
     )
 
 

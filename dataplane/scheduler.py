@@ -13,7 +13,14 @@ expert weights to free arena pages) and only if fewer than ``n`` pages came
 back does it preempt: the latest-arrived running sequence loses its blocks
 and goes back to the front of the waiting queue, to be recomputed. Admission
 of a waiting sequence also calls ``reclaim_pages`` before giving up, but
-never preempts. Plain Python: no tensors, testable without a GPU.
+never preempts.
+
+A sequence admitted without blocks (new, or preempted) first attaches the
+longest prefix of its tokens that the KV cache holds (dataplane/kv_cache.py),
+always leaving its last token to compute (its logits give the next token);
+one that asked for prompt logprobs it does not have yet computes them all.
+After each step the sequences' newly computed full blocks are registered.
+Plain Python: no tensors, testable without a GPU.
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept sorted by arrival
         self.preemptions_total = 0
+        # Tokens whose K/V came from the prefix cache at admission.
+        self.cached_tokens_total = 0
 
     # -- queue management ----------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -160,8 +169,12 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_seqs:
             seq = self.waiting[0]
+            cached = self._attach_cached_prefix(seq)
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._try_allocate(seq, seq.num_computed_tokens + n):
+                if cached:  # it waits without holding pages
+                    self.kv.free(seq.seq_id)
+                    seq.num_computed_tokens = 0
                 if self.kv.used_blocks == 0:
                     # Nothing else holds KV and it still does not fit: it never will.
                     self.waiting.popleft()
@@ -173,6 +186,21 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
             budget -= n
+            self.cached_tokens_total += cached
+            if not seq.output_token_ids:
+                seq.num_cached_prompt_tokens = cached
+
+    def _attach_cached_prefix(self, seq: Sequence) -> int:
+        """Attaches the cached K/V of the sequence's leading full blocks (not
+        its last token); returns the tokens they hold."""
+        if seq.num_computed_tokens or self.kv.num_blocks(seq.seq_id):
+            return 0
+        if seq.sampling.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens - 1:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.kv.block_size
+        cached = self.kv.attach_prefix(seq.seq_id, seq.tokens(0, seq.num_tokens), max_blocks)
+        seq.num_computed_tokens = cached
+        return cached
 
     def _reject(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Ends a sequence the arena cannot hold even alone.
@@ -231,6 +259,7 @@ class Scheduler:
             if seq.is_finished:  # aborted while the step ran
                 continue
             seq.num_computed_tokens = item.start + item.num_new_tokens
+            self.kv.commit(seq.seq_id, seq.num_computed_tokens, seq.tokens)
             token = sampled.get(seq.seq_id)
             if token is None:
                 continue

@@ -48,6 +48,9 @@ class Sequence:
     # nothing twice); handed out once, with the first output.
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    # Prompt tokens whose K/V came from the prefix cache when it was
+    # admitted (the last admission before its first token).
+    num_cached_prompt_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

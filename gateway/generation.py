@@ -26,7 +26,7 @@ from gateway.dataplane_client import DataplaneClient, DataplaneError
 from gateway.errors import context_length_exceeded, dataplane_api_error, internal, invalid_request, model_not_found
 from gateway.fanout import ClientDisconnected, merge_streams
 from gateway.metrics import GatewayMetrics
-from gateway.protocol import SamplingRequest, Usage
+from gateway.protocol import PromptTokensDetails, SamplingRequest, Usage
 from gateway.sequence import SequenceDelta, SequenceSpec, TokenLogprob, generate_sequence
 from gateway.served_model import ServedModel
 from gateway.tokenizer import TextTokenizer
@@ -57,7 +57,8 @@ class PreparedGeneration:
     created: int
     model: str
     prompt_tokens: int  # all prompts, each counted once however many choices it has
-    sequences: list[SequenceSpec]
+    sequences: list[SequenceSpec]  # choice i * choices_per_prompt + j: prompt i's j-th
+    choices_per_prompt: int
     include_usage: bool
     arrival_s: float  # time.monotonic()
     deadline_s: float  # time.monotonic() by which generation must end
@@ -79,6 +80,7 @@ class CollectedChoices:
     completion_tokens: list[int]
     logprobs: list[list[TokenLogprob]]
     prompt_logprobs: list[list[TokenLogprob]]  # from the prompt's second token; empty unless asked
+    cached_prompt_tokens: list[int]  # by choice: its prompt's tokens the prefix cache held
 
 
 def plan_prompt(
@@ -232,6 +234,7 @@ class GenerationService:
             model=model.name,
             prompt_tokens=sum(len(prompt.token_ids) for prompt in prompts),
             sequences=sequences,
+            choices_per_prompt=body.n,
             include_usage=body.include_usage(),
             arrival_s=arrival_s,
             deadline_s=arrival_s + self.request_timeout_s,
@@ -254,6 +257,7 @@ class GenerationService:
         texts: list[list[str]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         tokens = [0] * n
+        cached = [0] * n
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         prompt_logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         try:
@@ -261,6 +265,7 @@ class GenerationService:
                 async for delta in deltas:
                     texts[delta.index].append(delta.text)
                     tokens[delta.index] = delta.completion_tokens
+                    cached[delta.index] = delta.cached_prompt_tokens
                     reasons[delta.index] = delta.finish_reason or reasons[delta.index]
                     logprobs[delta.index] += delta.logprobs
                     prompt_logprobs[delta.index] += delta.prompt_logprobs
@@ -269,7 +274,9 @@ class GenerationService:
         finally:
             self._metrics.request_latency.observe(time.monotonic() - prepared.arrival_s)
         texts_joined = ["".join(t) for t in texts]
-        return CollectedChoices(texts_joined, [r or "stop" for r in reasons], tokens, logprobs, prompt_logprobs)
+        return CollectedChoices(
+            texts_joined, [r or "stop" for r in reasons], tokens, logprobs, prompt_logprobs, cached
+        )
 
     async def sse_events(
         self,
@@ -286,12 +293,14 @@ class GenerationService:
         when usage was asked for."""
         exclude = None if prepared.include_usage else {"usage"}
         tokens = [0] * len(prepared.sequences)
+        cached = [0] * len(prepared.sequences)
         try:
             for chunk in opening:
                 yield f"data: {chunk.model_dump_json(exclude=exclude)}\n\n"
             async with aclosing(self._deltas(prepared, disconnected)) as deltas:
                 async for delta in deltas:
                     tokens[delta.index] = delta.completion_tokens
+                    cached[delta.index] = delta.cached_prompt_tokens
                     yield f"data: {chunk_of(delta).model_dump_json(exclude=exclude)}\n\n"
         except ClientDisconnected:
             return  # nobody is listening; the dataplane requests are cancelled
@@ -302,17 +311,21 @@ class GenerationService:
         finally:
             self._metrics.request_latency.observe(time.monotonic() - prepared.arrival_s)
         if prepared.include_usage:
-            yield f"data: {usage_chunk(self.usage(prepared, tokens)).model_dump_json()}\n\n"
+            yield f"data: {usage_chunk(self.usage(prepared, tokens, cached)).model_dump_json()}\n\n"
         yield SSE_DONE
 
     @staticmethod
-    def usage(prepared: PreparedGeneration, completion_tokens: list[int]) -> Usage:
-        # OpenAI counts each prompt once however many choices were generated.
+    def usage(prepared: PreparedGeneration, completion_tokens: list[int], cached_prompt_tokens: list[int]) -> Usage:
+        """Token counts by choice summed; OpenAI counts each prompt once however
+        many choices were generated (its cached tokens: as its first choice saw them)."""
         total = sum(completion_tokens)
         return Usage(
             prompt_tokens=prepared.prompt_tokens,
             completion_tokens=total,
             total_tokens=prepared.prompt_tokens + total,
+            prompt_tokens_details=PromptTokensDetails(
+                cached_tokens=sum(cached_prompt_tokens[:: prepared.choices_per_prompt])
+            ),
         )
 
     def _deltas(

@@ -55,6 +55,7 @@ class EngineStatsCollector(Collector):
             "arena_pages_total": (stats.arena.total_pages, "Pages in the arena"),
             "arena_pages_free": (stats.arena.free_pages, "Arena pages owned by no one"),
             "arena_pages_kv": (stats.arena.kv_pages, "Arena pages holding KV blocks"),
+            "arena_pages_cached": (stats.arena.cached_pages, "Free arena pages still holding a prefix-cache block"),
             "fixed_resident_bytes": (stats.arena.fixed_resident_bytes, "Bytes of fixed residents"),
         }
         for name, (value, doc) in gauges.items():
@@ -69,6 +70,7 @@ class EngineStatsCollector(Collector):
             "preemptions": (stats.preemptions_total, "Requests preempted since start"),
             "generated_tokens": (stats.generated_tokens_total, "Tokens generated since start"),
             "prompt_tokens": (stats.prompt_tokens_total, "Prompt tokens prefilled since start"),
+            "prefix_cached_tokens": (stats.prefix_cached_tokens_total, "Tokens taken from the prefix cache since start"),
             "finished_requests": (stats.finished_requests_total, "Requests finished since start"),
             "aborted_requests": (stats.aborted_requests_total, "Requests aborted since start"),
             "steps": (stats.steps_total, "Engine steps since start"),

@@ -230,10 +230,15 @@ class CompletionRequest(SamplingRequest):
         return list(self.prompt)  # type: ignore[arg-type]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose K/V the dataplane's prefix cache held
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class AssistantMessage(BaseModel):

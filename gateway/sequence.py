@@ -58,6 +58,8 @@ class SequenceDelta:
     # The prompt's tokens from the second on, when the request asked for
     # prompt logprobs: on the choice's first delta only.
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    # Prompt tokens the dataplane took from its prefix cache.
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ async def _generate(
     async with aclosing(client.generate(spec.request, timeout_s)) as stream:
         async for response in stream:
             token_ids = list(response.token_ids)
+            cached = response.cached_prompt_tokens
             if response.logprobs:
                 if len(response.logprobs) != len(token_ids):
                     raise DataplaneError(
@@ -160,17 +163,17 @@ async def _generate(
             if matched:
                 # Leaving the `async with` closes the stream: the call is cancelled.
                 yield SequenceDelta(
-                    spec.index, emitted, FINISH_STOP, completion_tokens, tuple(logprobs), prompt_logprobs
+                    spec.index, emitted, FINISH_STOP, completion_tokens, tuple(logprobs), prompt_logprobs, cached
                 )
                 return
             if finished:
                 emitted += matcher.flush()
                 yield SequenceDelta(
-                    spec.index, emitted, _FINISH_TEXT[reason], completion_tokens, tuple(logprobs), prompt_logprobs
+                    spec.index, emitted, _FINISH_TEXT[reason], completion_tokens, tuple(logprobs), prompt_logprobs, cached
                 )
                 return
             if emitted:
-                yield SequenceDelta(spec.index, emitted, None, completion_tokens, tuple(logprobs), prompt_logprobs)
+                yield SequenceDelta(spec.index, emitted, None, completion_tokens, tuple(logprobs), prompt_logprobs, cached)
                 logprobs, prompt_logprobs = [], ()
     raise DataplaneError(DataplaneErrorKind.INTERNAL, "the dataplane ended the stream without a finish reason")
 

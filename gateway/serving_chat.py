@@ -66,7 +66,7 @@ class ChatService:
             )
             for i, (text, reason) in enumerate(zip(collected.texts, collected.finish_reasons, strict=True))
         ]
-        usage = self._generation.usage(chat, collected.completion_tokens)
+        usage = self._generation.usage(chat, collected.completion_tokens, collected.cached_prompt_tokens)
         return ChatCompletion(id=chat.id, created=chat.created, model=chat.model, choices=choices, usage=usage)
 
     def stream(self, chat: PreparedGeneration, disconnected: Callable[[], Awaitable[None]]) -> AsyncIterator[str]:

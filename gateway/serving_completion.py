@@ -92,7 +92,8 @@ class CompletionService:
             choices.append(
                 CompletionChoice(index=i, text=completion.echoed[i] + text, finish_reason=reason, logprobs=logprobs)
             )
-        usage = self._scored_usage(completion, self._generation.usage(prepared, collected.completion_tokens))
+        usage = self._generation.usage(prepared, collected.completion_tokens, collected.cached_prompt_tokens)
+        usage = self._scored_usage(completion, usage)
         return Completion(id=prepared.id, created=prepared.created, model=prepared.model, choices=choices, usage=usage)
 
     def stream(
@@ -147,7 +148,7 @@ class CompletionService:
         """The usage a client sees: no completion tokens when only the prompt was scored."""
         if not completion.score_only:
             return usage
-        return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=0, total_tokens=usage.prompt_tokens)
+        return usage.model_copy(update={"completion_tokens": 0, "total_tokens": usage.prompt_tokens})
 
     @staticmethod
     def _prompt_ids(prompt: Prompt, model: ServedModel) -> list[int]:

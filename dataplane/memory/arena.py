@@ -5,6 +5,12 @@ accounting of who holds them; it never decides what to evict or demote.
 
 Contract:
 * every page has exactly one tag at a time: free, KV, or weights-at-b-bits;
+* a free page may be *cached*: freed with ``keep=True``, it still holds the
+  KV block its last owner wrote (the prefix cache, dataplane/kv_cache.py).
+  A cached page counts as free for everyone: ``alloc`` hands out blank pages
+  first, then evicts cached ones, least recently freed first, telling the
+  eviction listener which; ``revive`` takes a cached page back as allocated.
+  So the cache only ever occupies memory nobody else asks for;
 * ``alloc`` is all-or-nothing: it either returns ``n`` distinct free pages or
   raises ``OutOfPages`` and changes nothing;
 * ``free`` and ``retag`` only accept pages that are currently allocated, and
@@ -19,9 +25,14 @@ the weight store as packed ``int32`` words).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+# Called with the cached pages an allocation evicts (their content is lost).
+EvictionListener = Callable[[list[int]], None]
 
 
 class OutOfPages(RuntimeError):
@@ -54,6 +65,8 @@ class ArenaSnapshot:
     free_pages: int
     kv_pages: int
     weight_pages_by_bits: dict[int, int] = field(default_factory=dict)
+    # Of free_pages, those still holding a cached KV block.
+    cached_pages: int = 0
 
     @property
     def weight_pages(self) -> int:
@@ -86,33 +99,67 @@ class Arena:
         # Free pages as a stack: low page ids are handed out first, which keeps
         # allocations deterministic for tests.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
+        # Free pages that still hold a KV block, least recently freed first.
+        self._cached: OrderedDict[int, None] = OrderedDict()
         self._tags: dict[int, PageTag] = {}
         self._count_by_tag: dict[PageTag, int] = {}
+        self._eviction_listener: EvictionListener | None = None
 
     # -- allocation -----------------------------------------------------------
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        """Pages any caller may allocate now (blank and cached)."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def cached_pages(self) -> int:
+        """Free pages still holding a cached KV block."""
+        return len(self._cached)
+
+    def set_eviction_listener(self, listener: EvictionListener) -> None:
+        """The owner of the cached pages' content (one: the KV cache)."""
+        self._eviction_listener = listener
 
     def alloc(self, n: int, tag: PageTag) -> list[int]:
-        """Takes ``n`` free pages for ``tag``; all or nothing."""
+        """Takes ``n`` free pages for ``tag``; all or nothing. Blank pages go
+        first; cached ones are evicted (oldest first) only when those run out."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
-        if n > len(self._free):
-            raise OutOfPages(f"asked for {n} pages, {len(self._free)} free")
-        pages = [self._free.pop() for _ in range(n)]
+        if n > self.free_pages:
+            raise OutOfPages(f"asked for {n} pages, {self.free_pages} free")
+        blank = min(n, len(self._free))
+        pages = [self._free.pop() for _ in range(blank)]
+        evicted = [self._cached.popitem(last=False)[0] for _ in range(n - blank)]
+        if evicted and self._eviction_listener is not None:
+            self._eviction_listener(evicted)
+        pages += evicted
         for page in pages:
             self._tags[page] = tag
         self._count_by_tag[tag] = self._count_by_tag.get(tag, 0) + n
         return pages
 
-    def free(self, pages: list[int]) -> None:
-        """Returns allocated pages to the pool."""
+    def free(self, pages: list[int], keep: bool = False) -> None:
+        """Returns allocated pages to the pool. ``keep``: KV pages whose
+        content stays (cached, evictable), in the order given: the first is
+        evicted first."""
         self._check_allocated(pages)
+        if keep and any(self._tags[page] != KV_TAG for page in pages):
+            raise ValueError("only KV pages can be kept cached")
         for page in pages:
             tag = self._tags.pop(page)
             self._count_by_tag[tag] -= 1
-            self._free.append(page)
+            if keep:
+                self._cached[page] = None
+            else:
+                self._free.append(page)
+
+    def revive(self, page: int, tag: PageTag) -> None:
+        """Allocates the cached ``page`` again, its content intact."""
+        if page not in self._cached:
+            raise ValueError(f"page {page} is not cached")
+        del self._cached[page]
+        self._tags[page] = tag
+        self._count_by_tag[tag] = self._count_by_tag.get(tag, 0) + 1
 
     def retag(self, pages: list[int], tag: PageTag) -> None:
         """Moves allocated pages to another tag (a block changed bitwidth)."""
@@ -148,9 +195,10 @@ class Arena:
         return ArenaSnapshot(
             page_bytes=self.page_bytes,
             total_pages=self.num_pages,
-            free_pages=len(self._free),
+            free_pages=self.free_pages,
             kv_pages=kv,
             weight_pages_by_bits=dict(sorted(by_bits.items())),
+            cached_pages=len(self._cached),
         )
 
     # -- views ------------------------------------------------------------------

@@ -18,10 +18,12 @@ EOS = frozenset({99})
 TOKEN = 7  # what the fake model "samples"
 
 
-def make(num_pages=16, max_seqs=8, budget=64, max_len=128, reclaim=None) -> Scheduler:
+def make(num_pages=16, max_seqs=8, budget=64, max_len=128, reclaim=None, prefix_caching=False) -> Scheduler:
+    """Without the prefix cache unless asked: these prompts share their starts."""
     # One layer, one kv head, head_dim 1, fp32: a block is 4 * 2 * 4 = 32 bytes.
     arena = Arena(num_pages, 32, allocate_storage=False)
-    kv = KVCacheManager(arena, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32)
+    kv = KVCacheManager(arena, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32,
+                        prefix_caching=prefix_caching)
     return Scheduler(SchedulerConfig(max_seqs, budget, max_len), kv, reclaim)
 
 
@@ -254,3 +256,65 @@ def test_schedule_ahead_refuses_prefill_a_full_arena_and_waiting_requests():
     out = sched2.schedule()
     sched2.add(seq(2, 1))
     assert sched2.schedule_ahead(out.scheduled) is None  # someone is waiting for admission
+
+
+# -- the prefix cache --------------------------------------------------------------
+def test_a_repeated_prompt_computes_only_what_the_cache_lacks():
+    sched = make(prefix_caching=True)
+    a = seq(0, 10, max_tokens=2)
+    sched.add(a)
+    step(sched)
+    step(sched)  # a finishes; its two full prompt blocks stay cached
+    assert a.is_finished and sched.kv.cached_blocks == 2
+    b = Sequence("s1", list(a.prompt_token_ids) + [55], SamplingParams(max_tokens=2), arrival=1)
+    sched.add(b)
+    out, _ = step(sched)
+    assert shares(out) == {"s1": 3} and out.scheduled[0].start == 8
+    assert b.num_cached_prompt_tokens == 8 and sched.cached_tokens_total == 8
+    # A block-aligned prompt still computes its last token (its logits pick the next one).
+    c = Sequence("s2", list(a.prompt_token_ids[:8]), SamplingParams(max_tokens=2), arrival=2)
+    sched.add(c)
+    out, _ = step(sched)
+    assert shares(out)["s2"] == 4 and c.num_cached_prompt_tokens == 4
+
+
+def test_a_preempted_sequence_recomputes_only_its_uncached_tail():
+    sched = make(num_pages=4, prefix_caching=True)
+    a, b = seq(0, 7), Sequence("s1", list(range(50, 57)), SamplingParams(max_tokens=100), arrival=1)
+    sched.add(a)
+    sched.add(b)
+    step(sched)
+    step(sched)
+    out, _ = step(sched)  # a needs a third block: b (the latest) is preempted
+    assert out.preempted == [b] and b.num_tokens == 9
+    sched.abort("s0")
+    out, _ = step(sched)  # b's first block (tokens 0..3) was cached when it was freed
+    assert shares(out) == {"s1": 5} and out.scheduled[0].start == 4
+    assert b.num_cached_prompt_tokens == 0  # it had generated tokens: not a prompt hit
+
+
+def test_prompt_logprobs_requests_compute_their_whole_prompt():
+    sched = make(prefix_caching=True)
+    a = seq(0, 10, max_tokens=1)
+    sched.add(a)
+    step(sched)
+    b = seq(1, 10, max_tokens=1, prompt_logprobs=0)
+    sched.add(b)
+    out, _ = step(sched)
+    assert shares(out) == {"s1": 10} and sched.cached_tokens_total == 0
+
+
+def test_a_waiting_sequence_holds_no_cached_pages():
+    sched = make(num_pages=4, prefix_caching=True)
+    a = seq(0, 8, max_tokens=1)
+    sched.add(a)
+    step(sched)  # a's two blocks are cached now, and free
+    blocker = Sequence("s9", list(range(70, 81)), SamplingParams(max_tokens=100), arrival=1)
+    sched.add(blocker)
+    step(sched)  # takes three pages: a cached block is evicted
+    b = seq(2, 12)  # its first block is still cached, but it needs 3 pages and 1 is free
+    sched.add(b)
+    out, _ = step(sched)
+    assert "s2" not in shares(out) and b.status == SequenceStatus.WAITING
+    assert sched.kv.num_blocks("s2") == 0 and b.num_computed_tokens == 0
+    assert sched.kv.cached_blocks == 1 and sched.cached_tokens_total == 0

@@ -102,6 +102,24 @@ def test_logit_bias_forces_a_token_through_the_api(stack):
     assert reply.choices[0].text == tokenizer.decode([forced] * 5)
 
 
+def test_a_shared_system_prompt_is_served_from_the_prefix_cache(stack):
+    name = model_name(stack)
+    system = {"role": "system", "content": "You answer questions about Python lists, briefly and exactly. " * 4}
+    before = metric(stack, "pagedweight_engine_prefix_cached_tokens_total")
+    first = client(stack).chat.completions.create(
+        model=name, messages=[system, {"role": "user", "content": "How do I reverse a list?"}], max_tokens=4,
+        temperature=0)
+    second = client(stack).chat.completions.create(
+        model=name, messages=[system, {"role": "user", "content": "How do I sort a list?"}], max_tokens=4,
+        temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    block = metric(stack, "pagedweight_engine_kv_block_size_tokens")
+    # At least the system prompt's whole blocks; never the whole prompt.
+    assert first.usage.prompt_tokens // block * block >= cached >= 3 * block
+    assert cached % block == 0 and cached < second.usage.prompt_tokens
+    assert metric(stack, "pagedweight_engine_prefix_cached_tokens_total") - before >= cached
+
+
 def test_logprobs_of_greedy_tokens_are_the_most_likely(stack):
     name = model_name(stack)
     chat = client(stack).chat.completions.create(

@@ -188,6 +188,7 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
                     completion_tokens=generated,
                     logprobs=logprobs,
                     prompt_logprobs=prompt_logprobs,
+                    cached_prompt_tokens=int(len(prompt) * owner.cached_fraction),
                 )
                 if reason != inference_pb2.FINISH_REASON_UNSPECIFIED:
                     with owner.state.lock:
@@ -234,7 +235,9 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
 
 class FakeDataplane:
     """Start with `start()` (returns "127.0.0.1:PORT"), stop with `stop()`.
-    `delay_s`, `tokens_per_message` and `fail_with` may be changed while running."""
+    `delay_s`, `tokens_per_message`, `fail_with` and `cached_fraction` (the
+    share of each prompt reported as taken from the prefix cache) may be
+    changed while running."""
 
     def __init__(
         self, tokenizer: Tokenizer, context_length: int = 256, chat_template: str = CHAT_TEMPLATE, port: int = 0
@@ -246,6 +249,7 @@ class FakeDataplane:
         self.delay_s = 0.0
         self.tokens_per_message = 1
         self.fail_with: grpc.StatusCode | None = None
+        self.cached_fraction = 0.0
         self.state = FakeState()
         self.address = ""
         self._thread: threading.Thread | None = None

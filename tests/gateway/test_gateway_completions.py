@@ -63,6 +63,23 @@ def test_logit_bias_reaches_the_dataplane_for_every_choice(gateway, dataplane):
         assert dict(request.sampling.logit_bias) == {5: 2.5, 17: -100.0}
 
 
+def test_cached_prompt_tokens_count_each_prompt_once(gateway, dataplane, tokenizer):
+    dataplane.cached_fraction = 0.5
+    client = gateway.openai()
+    prompts = ["Hello world", "one two three four"]
+    reply = client.completions.create(model=MODEL, prompt=prompts, n=2, temperature=0, max_tokens=3)
+    sent = {tuple(r.prompt_token_ids) for r in dataplane.snapshot()[0]}
+    assert len(sent) == 2
+    want = sum(len(ids) // 2 for ids in sent)  # not doubled by n
+    assert reply.usage.prompt_tokens_details.cached_tokens == want
+    stream = client.completions.create(model=MODEL, prompt=prompts, n=2, temperature=0, max_tokens=3, stream=True,
+                                       stream_options={"include_usage": True})
+    assert [c.usage for c in stream if c.usage][0].prompt_tokens_details.cached_tokens == want
+    dataplane.cached_fraction = 0.0
+    plain = client.completions.create(model=MODEL, prompt=prompts, temperature=0, max_tokens=3)
+    assert plain.usage.prompt_tokens_details.cached_tokens == 0
+
+
 def test_several_prompts_and_choices_are_indexed_prompt_major(gateway, dataplane, tokenizer):
     client = gateway.openai()
     reply = client.completions.create(model=MODEL, prompt=["Hello world", "one two"], n=2, temperature=0)
