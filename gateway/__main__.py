@@ -29,6 +29,7 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "retry-after-s": (int, "Retry-After seconds on 429"),
     "request-timeout-s": (float, "deadline of one request"),
     "dataplane-wait-s": (float, "wait for an unreachable dataplane before 503"),
+    "dataplane-outages": (int, "dataplane losses one sequence survives (continued once it is back)"),
 }
 
 

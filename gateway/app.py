@@ -30,6 +30,7 @@ from gateway.dataplane_client import DataplaneClient, DataplaneError
 from gateway.errors import APIError, dataplane_api_error, internal, invalid_request, too_many_requests
 from gateway.fanout import ClientDisconnected, wait_for_disconnect
 from gateway.metrics import GatewayMetrics, HttpStatusCounter
+from gateway.resume import ResumePolicy
 from gateway.generation import GenerationService, PreparedGeneration
 from gateway.protocol import (
     ChatCompletionRequest,
@@ -87,7 +88,8 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
     admission = AdmissionController(settings.max_concurrent_requests, settings.max_queued_requests)
     metrics = GatewayMetrics(admission)
     auth = ApiKeyAuth(settings.api_keys)
-    generation = GenerationService(client, metrics, settings.request_timeout_s, settings.model_name)
+    resume = ResumePolicy(outages=settings.dataplane_outages, wait_s=settings.dataplane_wait_s)
+    generation = GenerationService(client, metrics, settings.request_timeout_s, settings.model_name, resume)
     chat = ChatService(generation)
     completions = CompletionService(generation)
     tokenization = TokenizeService(generation)

@@ -41,6 +41,10 @@ class GatewaySettings(BaseSettings):
     dataplane_wait_s: float = Field(
         10.0, gt=0, description="How long a request waits for an unreachable dataplane before 503."
     )
+    dataplane_outages: int = Field(
+        3, ge=0, description="Times one sequence may lose the dataplane mid-request and be continued "
+        "once it answers again (0: the first loss fails the request)."
+    )
     model_name: str | None = Field(
         None, description="Name served in the OpenAI 'model' field instead of the dataplane's."
     )

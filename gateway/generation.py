@@ -27,6 +27,7 @@ from gateway.errors import context_length_exceeded, dataplane_api_error, interna
 from gateway.fanout import ClientDisconnected, merge_streams
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import PromptTokensDetails, SamplingRequest, Usage
+from gateway.resume import ResumePolicy
 from gateway.sequence import SequenceDelta, SequenceSpec, TokenLogprob, generate_sequence
 from gateway.served_model import ServedModel
 from gateway.tokenizer import TextTokenizer
@@ -182,10 +183,12 @@ class GenerationService:
         metrics: GatewayMetrics,
         request_timeout_s: float,
         model_name_override: str | None,
+        resume: ResumePolicy,
     ) -> None:
         self._client = client
         self._metrics = metrics
         self.request_timeout_s = request_timeout_s
+        self._resume = resume
         self._name_override = model_name_override
         self._model: ServedModel | None = None
         self._model_lock = asyncio.Lock()
@@ -334,7 +337,9 @@ class GenerationService:
         self._metrics.prompt_tokens.inc(prepared.prompt_tokens)
         timeout_s = max(prepared.deadline_s - time.monotonic(), 0.0)
         streams = [
-            generate_sequence(spec, self._client, prepared.tokenizer, self._metrics, prepared.arrival_s, timeout_s)
+            generate_sequence(
+                spec, self._client, prepared.tokenizer, self._metrics, prepared.arrival_s, timeout_s, self._resume
+            )
             for spec in prepared.sequences
         ]
         return merge_streams(streams, disconnected)

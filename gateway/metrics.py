@@ -118,6 +118,11 @@ class GatewayMetrics:
             labelnames=["finish_reason"],
             registry=reg,
         )
+        self.sequences_resumed = Counter(
+            f"{PREFIX}_sequences_resumed",
+            "Sequences continued after the dataplane was unreachable during their request",
+            registry=reg,
+        )
         self.http_requests = Counter(
             f"{PREFIX}_http_requests", "HTTP responses by endpoint and status", labelnames=["endpoint", "status"],
             registry=reg,

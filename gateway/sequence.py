@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gateway.dataplane_client import DataplaneClient, DataplaneError, DataplaneErrorKind
 from gateway.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from gateway.metrics import GatewayMetrics
+from gateway.resume import ResumePolicy, resumable_responses
 from gateway.tokenizer import TextTokenizer
 from pagedweight.v1 import inference_pb2
 
@@ -82,16 +83,19 @@ async def generate_sequence(
     metrics: GatewayMetrics,
     arrival_s: float,
     timeout_s: float,
+    resume: ResumePolicy,
 ) -> AsyncIterator[SequenceDelta]:
     """Yields deltas with non-empty text, then one final delta with a finish
-    reason. Closing the iterator early aborts the dataplane request. Raises
-    DataplaneError; a dataplane-side abort is reported as UNAVAILABLE.
+    reason. Closing the iterator early aborts the dataplane request. A
+    dataplane lost mid-request is waited for and the sequence continued
+    (gateway/resume.py, under `resume`). Raises DataplaneError; a
+    dataplane-side abort is reported as UNAVAILABLE.
     `arrival_s` is the request's time.monotonic() arrival (for TTFT)."""
     outcome = FINISH_CANCELLED
     try:
         # aclosing: when our consumer stops early, the inner stream (and with
         # it the gRPC call) is closed now, not whenever it is collected.
-        async with aclosing(_generate(spec, client, tokenizer, metrics, arrival_s, timeout_s)) as deltas:
+        async with aclosing(_generate(spec, client, tokenizer, metrics, arrival_s, timeout_s, resume)) as deltas:
             async for delta in deltas:
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason
@@ -110,6 +114,7 @@ async def _generate(
     metrics: GatewayMetrics,
     arrival_s: float,
     timeout_s: float,
+    resume: ResumePolicy,
 ) -> AsyncIterator[SequenceDelta]:
     detokenizer = IncrementalDetokenizer(tokenizer, spec.context_token_ids)
     matcher = StopStringMatcher(spec.stop_strings)
@@ -118,7 +123,8 @@ async def _generate(
     logprobs: list[TokenLogprob] = []  # entries not yet sent with a delta
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # not yet sent with a delta
     prompt = spec.request.prompt_token_ids
-    async with aclosing(client.generate(spec.request, timeout_s)) as stream:
+    responses = resumable_responses(client, spec.request, timeout_s, resume, metrics.sequences_resumed.inc)
+    async with aclosing(responses) as stream:
         async for response in stream:
             token_ids = list(response.token_ids)
             cached = response.cached_prompt_tokens

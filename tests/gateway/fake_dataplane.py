@@ -194,6 +194,10 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
                     with owner.state.lock:
                         owner.state.finished.append(rid)
                     return
+                drops = owner.drop_after_tokens
+                if drops and generated >= drops[0]:
+                    owner.drop_after_tokens = drops[1:]
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "injected loss of the connection")
         except (asyncio.CancelledError, GeneratorExit):
             # A cancelled call ends this handler with CancelledError when it
             # waits in the sleep, or with GeneratorExit (grpc closes the
@@ -235,9 +239,12 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
 
 class FakeDataplane:
     """Start with `start()` (returns "127.0.0.1:PORT"), stop with `stop()`.
-    `delay_s`, `tokens_per_message`, `fail_with` and `cached_fraction` (the
-    share of each prompt reported as taken from the prefix cache) may be
-    changed while running."""
+    `delay_s`, `tokens_per_message`, `fail_with`, `cached_fraction` (the
+    share of each prompt reported as taken from the prefix cache) and
+    `drop_after_tokens` (calls end with UNAVAILABLE, as when the connection
+    to a crashed dataplane is lost: the next call after its first entry's
+    count of tokens, then the next after the second's, ...) may be changed
+    while running."""
 
     def __init__(
         self, tokenizer: Tokenizer, context_length: int = 256, chat_template: str = CHAT_TEMPLATE, port: int = 0
@@ -250,6 +257,7 @@ class FakeDataplane:
         self.tokens_per_message = 1
         self.fail_with: grpc.StatusCode | None = None
         self.cached_fraction = 0.0
+        self.drop_after_tokens: list[int] = []
         self.state = FakeState()
         self.address = ""
         self._thread: threading.Thread | None = None
