@@ -37,6 +37,7 @@ from dataplane.runner import LaunchedStep, ModelRunner, StepResult
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from dataplane.sequence import FinishReason, Sequence, SequenceStatus
+from dataplane.structured_output import GrammarBackend
 
 IDLE_WAIT_S = 0.05  # how long an idle loop sleeps waiting for commands
 STOP_JOIN_S = 30.0
@@ -108,6 +109,7 @@ class Engine:
         self.routing_window = RoutingWindow(model_info.num_layers, model_info.num_experts)
         self.demand = DemandTracker(model_info.num_layers, model_info.num_experts, demand_decay)
         self._eos = frozenset(model_info.eos_token_ids)
+        self.grammars = GrammarBackend(model_info.tokenizer_json, model_info.vocab_size, model_info.eos_token_ids)
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._sinks: dict[str, OutputSink] = {}  # engine thread only
         self._lock = threading.Lock()
@@ -151,6 +153,10 @@ class Engine:
         """Queues a request. Raises InvalidRequest or QueueFull (nothing queued then)."""
         validate_request(request_id, prompt_token_ids, sampling, self.model_info, self.kv.block_size,
                          self.arena.num_pages)
+        try:
+            grammar = self.grammars.start(sampling.structured_output)
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from err
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"engine is stopped (error: {self._error!r})")
@@ -159,7 +165,7 @@ class Engine:
             if len(self._pending.ids) >= self.max_pending_requests:
                 raise QueueFull(f"engine holds {self.max_pending_requests} requests already")
             self._pending.ids.add(request_id)
-            seq = Sequence(request_id, list(prompt_token_ids), sampling, self._pending.next_arrival)
+            seq = Sequence(request_id, list(prompt_token_ids), sampling, self._pending.next_arrival, grammar=grammar)
             self._pending.next_arrival += 1
             # Queued under the lock: after stop() nothing can land behind "stop".
             self._commands.put(_Command("add", seq=seq, sink=sink))

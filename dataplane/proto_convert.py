@@ -7,7 +7,7 @@ from pagedweight.v1 import inference_pb2
 from dataplane.engine_io import EngineStats, RequestOutput
 from dataplane.logprobs import TokenLogprobs
 from dataplane.model_info import ModelInfo
-from dataplane.sampling_params import SamplingParams
+from dataplane.sampling_params import SamplingParams, StructuredOutput
 from dataplane.sequence import FinishReason
 
 _FINISH = {
@@ -33,7 +33,16 @@ def sampling_from_proto(pb: inference_pb2.SamplingParams) -> SamplingParams:
         presence_penalty=pb.presence_penalty,
         frequency_penalty=pb.frequency_penalty,
         logit_bias=tuple(sorted(pb.logit_bias.items())),
+        structured_output=_structured_from_proto(pb.structured_output) if pb.HasField("structured_output") else None,
     )
+
+
+def _structured_from_proto(pb: inference_pb2.StructuredOutput) -> StructuredOutput:
+    kind = pb.WhichOneof("kind")
+    if kind == "json_schema":
+        return StructuredOutput("json_schema", pb.json_schema)
+    # json_object, or a message with neither set (read as the least constraint).
+    return StructuredOutput("json_object")
 
 
 def output_to_proto(out: RequestOutput) -> inference_pb2.GenerateResponse:

@@ -1,5 +1,5 @@
 """Token sampling: greedy, temperature, top-k, top-p, logit bias, repetition
-penalties, per-request seeds.
+penalties, structured output's grammar mask, per-request seeds.
 
 Greedy rows are taken with one argmax (``greedy_tokens``: on CUDA one Triton
 launch over the logits in their own dtype, kernels/row_argmax.py; a decode
@@ -101,12 +101,14 @@ class Sampler:
 
     def _draw(self, row: torch.Tensor, seq: Sequence) -> torch.Tensor:
         """A 0-d int64 token drawn from ``row`` with the sequence's generator
-        (or its argmax when greedy), after the logit bias and the repetition
-        penalties."""
+        (or its argmax when greedy), after the logit bias, the repetition
+        penalties and the grammar's mask."""
         params = seq.sampling
         row = bias_logits(row.float(), params.logit_bias)
         if params.penalized:
             row = penalize(row, seq.output_token_ids, params.presence_penalty, params.frequency_penalty)
+        if seq.grammar is not None:  # last: no bias or penalty lifts a forbidden token
+            row = seq.grammar.mask(row)
         if params.greedy:
             return torch.argmax(row)
         if seq.generator is None:

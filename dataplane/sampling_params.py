@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from dataplane.logprobs import MAX_TOP_LOGPROBS
 
@@ -12,6 +14,24 @@ MAX_PENALTY = 2.0
 # OpenAI's bounds on logit_bias: the size of one bias and the tokens biased.
 MAX_LOGIT_BIAS = 100.0
 MAX_LOGIT_BIAS_TOKENS = 300
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """The grammar generated text must follow (dataplane/structured_output.py):
+    any JSON object, or the JSON Schema ``schema`` (JSON text)."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: str = ""
+
+    def validate(self) -> None:
+        if self.kind == "json_schema":
+            try:
+                json.loads(self.schema)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"response_format: the JSON schema is not JSON: {err}") from err
+        elif self.kind != "json_object":
+            raise ValueError(f"unknown structured output kind {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +55,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # (token id, bias) pairs added to the logits before the penalties.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # Constrains the text to a grammar (JSON); None: free text.
+    structured_output: StructuredOutput | None = None
 
     def validate(self, vocab_size: int) -> None:
         """Raises ValueError naming the first bad field."""
@@ -64,6 +86,8 @@ class SamplingParams:
         for token, bias in self.logit_bias:
             if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias of token {token} must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias}")
+        if self.structured_output is not None:
+            self.structured_output.validate()
 
     @property
     def greedy(self) -> bool:
@@ -75,7 +99,13 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
+    def needs_history(self) -> bool:
+        """The pick depends on the tokens generated so far (penalties, a grammar)."""
+        return self.penalized or self.structured_output is not None
+
+    @property
     def adjusts_logits(self) -> bool:
-        """The pick is made from logits changed first (bias or penalties), so a
-        greedy row's pick is not the plain argmax of the model's logits."""
-        return self.penalized or bool(self.logit_bias)
+        """The pick is made from logits changed first (bias, penalties, a
+        grammar's mask), so a greedy row's pick is not the plain argmax of the
+        model's logits."""
+        return self.needs_history or bool(self.logit_bias)

@@ -217,7 +217,8 @@ class Scheduler:
         Called while ``step`` still runs (before ``update`` sees its tokens),
         so that the next step can be queued behind it. Only a plain decode
         batch qualifies: nobody waiting for admission, every sequence running
-        and sampling one token this step without repetition penalties, and
+        and sampling one token this step without repetition penalties or a
+        grammar, and
         none that this step's token
         finishes by length (a stop token is only known later: its row of the
         next step is then computed and dropped). Each sequence gets the KV
@@ -233,8 +234,9 @@ class Scheduler:
             and item.samples
             and len(item.seq.output_token_ids) + 1 < item.seq.sampling.max_tokens
             and item.seq.num_tokens + 1 < self.config.max_model_len
-            # A penalized pick needs the token this step samples (unknown to the host yet).
-            and not item.seq.sampling.penalized
+            # A penalized or grammar-masked pick needs the token this step
+            # samples (unknown to the host yet).
+            and not item.seq.sampling.needs_history
             for item in step
         )
         if not params_ok:
@@ -265,6 +267,9 @@ class Scheduler:
                 continue
             seq.output_token_ids.append(token)
             reason = self._stop_reason(seq, token, eos_ids)
+            if seq.grammar is not None and (not seq.grammar.accept(token) or seq.grammar.terminated):
+                # Complete (or, were the mask ever bypassed, broken): no further token can follow.
+                reason = reason or FinishReason.STOP
             if reason is not None:
                 self.running.remove(seq)
                 finished.append(self._finish(seq, reason))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -21,6 +22,24 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # a stop token or end-of-sequence was generated
     LENGTH = "length"  # max_tokens or the context length was reached
     ABORT = "abort"  # cancelled by the client, or the engine could not hold it
+
+
+class GrammarState(Protocol):
+    """Where a sequence is in its structured-output grammar
+    (dataplane/structured_output.py's TokenGrammar)."""
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """[V] float32 logits -> a new [V] with the forbidden next tokens at -inf."""
+        ...
+
+    def accept(self, token: int) -> bool:
+        """Advances past ``token``; False when the grammar forbids it."""
+        ...
+
+    @property
+    def terminated(self) -> bool:
+        """The text is complete (its stop token accepted)."""
+        ...
 
 
 @dataclass(eq=False)
@@ -43,6 +62,9 @@ class Sequence:
     # The request's own random stream (seeded sampling is reproducible even
     # across preemption); created by the sampler on first use.
     generator: torch.Generator | None = None
+    # With sampling.structured_output: the grammar's state after the output
+    # tokens (a preemption keeps it: the tokens are kept too).
+    grammar: GrammarState | None = None
     # With sampling.prompt_logprobs: entry j is prompt token j + 1's, filled
     # as prefill chunks compute them (a recompute after preemption adds
     # nothing twice); handed out once, with the first output.

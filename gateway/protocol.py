@@ -3,8 +3,7 @@ and text completions requests, responses and stream chunks, the models list,
 (de)tokenization (vLLM's extension) and the error body.
 
 Unknown request fields are ignored (OpenAI clients send optional extras);
-known but unsupported features (tools and functions, structured output,
-audio, suffix) are rejected with 400 so a client never
+known but unsupported features (tools and functions, audio, suffix) are rejected with 400 so a client never
 silently gets a different behaviour than it asked for.
 """
 
@@ -81,6 +80,30 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema: the schema the text must follow."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the grammar is enforced either way
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: free text, any JSON object, or a JSON Schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_asked(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
 class SamplingRequest(BaseModel):
     """What chat and text completion requests share: the model, sampling,
     choices, stop conditions and streaming. `top_k`, `ignore_eos` and
@@ -103,6 +126,7 @@ class SamplingRequest(BaseModel):
     presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("stop")
     @classmethod
@@ -152,7 +176,6 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
     functions: list[Any] | None = None  # the legacy form of tools
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
 
@@ -162,8 +185,6 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError("top_logprobs needs logprobs to be true")
         if self.tools or self.functions:
             raise ValueError("tools are not supported")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError(f"response_format {self.response_format.get('type')!r} is not supported (only 'text')")
         if any(modality != "text" for modality in self.modalities or ()) or self.audio:
             raise ValueError("only text output is supported")
         return self

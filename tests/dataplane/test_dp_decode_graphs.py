@@ -8,6 +8,7 @@ and replays real CUDA graphs.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from dataplane.engine_builder import build
 from dataplane.engine_io import QueueSink
 from dataplane.kv_cache import blocks_for_tokens
 from dataplane.routing_stats import RoutingStats
-from dataplane.sampling_params import SamplingParams
+from dataplane.sampling_params import SamplingParams, StructuredOutput
 from dataplane.weights.layout import NUM_PROJ, block_index
 MODEL = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny"
 PROMPTS = [[5, 17, 99, 4, 23, 61, 7], [300, 12, 9], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61]]
@@ -308,3 +309,17 @@ def test_logit_biased_picks_are_launched_ahead_and_give_the_eager_tokens_on_cpu(
     assert all(token % 3 for token in want[0][0]) and any(token % 3 == 0 for token in want[1][0])
     assert got == want
     assert built.engine.runner.steps_launched_ahead >= 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="runs Triton kernels on CPU tensors: needs the interpreter (the GPU test covers the GPU)")
+def test_grammar_masked_picks_are_never_launched_ahead_on_cpu() -> None:
+    """A grammar's mask depends on the token before: a batch with structured
+    output runs one step at a time through the graph path, as eager does."""
+    schema = StructuredOutput("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "boolean"}},
+                                                          "required": ["a"]}))
+    requests = [(PROMPTS[0], SamplingParams(max_tokens=12, structured_output=schema)),
+                (PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))]
+    want, got, built, graphs = _eager_and_overlapped(requests)
+    assert got == want and want[0][1].name == "STOP"
+    assert graphs.replays >= 6 and built.engine.runner.steps_launched_ahead == 0

@@ -5,6 +5,7 @@ openai client."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
 import time
 import urllib.request
@@ -118,6 +119,25 @@ def test_a_shared_system_prompt_is_served_from_the_prefix_cache(stack):
     assert first.usage.prompt_tokens // block * block >= cached >= 3 * block
     assert cached % block == 0 and cached < second.usage.prompt_tokens
     assert metric(stack, "pagedweight_engine_prefix_cached_tokens_total") - before >= cached
+
+
+def test_response_format_json_schema_gives_json_that_follows_it(stack):
+    schema = {"type": "object", "properties": {"lang": {"enum": ["python", "c", "german"]}, "ok": {"type": "boolean"}},
+              "required": ["lang", "ok"], "additionalProperties": False}
+    replies = [client(stack).chat.completions.create(
+        model=model_name(stack), messages=USER_MESSAGE, max_tokens=40, temperature=1.0, seed=seed,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    ) for seed in range(3)]
+    for reply in replies:
+        assert reply.choices[0].finish_reason == "stop"
+        value = json.loads(reply.choices[0].message.content)
+        assert set(value) == {"lang", "ok"} and value["lang"] in {"python", "c", "german"}
+        assert isinstance(value["ok"], bool)
+    with pytest.raises(openai.BadRequestError):
+        client(stack).chat.completions.create(
+            model=model_name(stack), messages=USER_MESSAGE, max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nope"}}},
+        )
 
 
 def test_logprobs_of_greedy_tokens_are_the_most_likely(stack):

@@ -168,7 +168,8 @@ def test_invalid_requests_are_openai_shaped_400(gateway, dataplane):
     unsupported = [
         ({"logit_bias": {"5": -101}}, "logit_bias of token 5 must be in [-100, 100]"),
         ({"presence_penalty": 2.5}, "less than or equal to 2"),
-        ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+        ({"response_format": {"type": "xml"}}, "'text', 'json_object' or 'json_schema'"),
+        ({"response_format": {"type": "json_schema"}}, "needs a 'json_schema' object"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
         ({"extra_body": {"functions": [{"name": "f"}]}}, "tools are not supported"),
         ({"modalities": ["text", "audio"]}, "only text output is supported"),

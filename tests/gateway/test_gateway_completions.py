@@ -80,6 +80,28 @@ def test_cached_prompt_tokens_count_each_prompt_once(gateway, dataplane, tokeniz
     assert plain.usage.prompt_tokens_details.cached_tokens == 0
 
 
+@pytest.mark.parametrize(("response_format", "field", "value"), [
+    ({"type": "json_object"}, "json_object", True),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "required": ["x"]}}},
+     "json_schema", '{"type": "object", "required": ["x"]}'),
+    ({"type": "json_schema", "json_schema": {"name": "any"}}, "json_object", True),
+])
+def test_response_format_reaches_the_dataplane_as_a_grammar(gateway, dataplane, response_format, field, value):
+    gateway.openai().completions.create(model=MODEL, prompt="Hello", extra_body={"response_format": response_format})
+    gateway.openai().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], response_format=response_format
+    )
+    for request in dataplane.snapshot()[0]:
+        structured = request.sampling.structured_output
+        assert request.sampling.HasField("structured_output") and structured.WhichOneof("kind") == field
+        assert getattr(structured, field) == value
+
+
+def test_text_response_format_sends_no_grammar(gateway, dataplane):
+    gateway.openai().completions.create(model=MODEL, prompt="Hello", extra_body={"response_format": {"type": "text"}})
+    assert not dataplane.snapshot()[0][0].sampling.HasField("structured_output")
+
+
 def test_several_prompts_and_choices_are_indexed_prompt_major(gateway, dataplane, tokenizer):
     client = gateway.openai()
     reply = client.completions.create(model=MODEL, prompt=["Hello world", "one two"], n=2, temperature=0)
