@@ -9,7 +9,10 @@ twice per workload, prefix caching on and off (`--no-prefix-caching`):
   question of their own, ``--concurrency`` in flight at a time;
 * multi_turn: ``--conversations`` conversations of ``--turns`` turns each,
   every turn's prompt being the previous prompt, its answer and a new
-  question (the conversations run side by side, each turn after the last).
+  question (the conversations run side by side, each turn after the last);
+* parallel_choices: ``--prompts`` prompts of ``--prefix-tokens`` tokens, each
+  sent ``--choices`` times at once (an OpenAI request with n choices), one
+  prompt after the other.
 
 Recorded per run: prompt tokens computed and taken from the cache, time to
 first token (median, p90) and the workload's wall time. Greedy decoding with
@@ -93,7 +96,14 @@ def multi_turn(timed: Timed, args: argparse.Namespace) -> None:
         list(pool.map(conversation, range(args.conversations)))
 
 
-WORKLOADS = {"shared_prefix": shared_prefix, "multi_turn": multi_turn}
+def parallel_choices(timed: Timed, args: argparse.Namespace) -> None:
+    for p in range(args.prompts):
+        prompt = synthetic(args.prefix_tokens, seed=3000 + p)
+        with ThreadPoolExecutor(args.choices) as pool:
+            list(pool.map(lambda _: timed.run(prompt, args.max_tokens), range(args.choices)))
+
+
+WORKLOADS = {"shared_prefix": shared_prefix, "multi_turn": multi_turn, "parallel_choices": parallel_choices}
 
 
 def measure(workload: str, prefix_caching: bool, args: argparse.Namespace) -> dict:
@@ -134,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--choices", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     result = {

@@ -19,6 +19,8 @@ A sequence admitted without blocks (new, or preempted) first attaches the
 longest prefix of its tokens that the KV cache holds (dataplane/kv_cache.py),
 always leaving its last token to compute (its logits give the next token);
 one that asked for prompt logprobs it does not have yet computes them all.
+When a running sequence is still computing the next block such a sequence
+could attach, admission stops for this step: the block is computed once.
 After each step the sequences' newly computed full blocks are registered.
 Plain Python: no tensors, testable without a GPU.
 """
@@ -169,12 +171,14 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_seqs:
             seq = self.waiting[0]
-            cached = self._attach_cached_prefix(seq)
+            uses_cache = self._may_use_cache(seq)
+            cached = self._attach_cached_prefix(seq) if uses_cache else 0
+            if uses_cache and self._prefix_in_flight(seq):
+                self._release_cached(seq, cached)
+                return  # next step it attaches what another sequence computes now
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._try_allocate(seq, seq.num_computed_tokens + n):
-                if cached:  # it waits without holding pages
-                    self.kv.free(seq.seq_id)
-                    seq.num_computed_tokens = 0
+                self._release_cached(seq, cached)  # it waits without holding pages
                 if self.kv.used_blocks == 0:
                     # Nothing else holds KV and it still does not fit: it never will.
                     self.waiting.popleft()
@@ -190,17 +194,39 @@ class Scheduler:
             if not seq.output_token_ids:
                 seq.num_cached_prompt_tokens = cached
 
+    def _may_use_cache(self, seq: Sequence) -> bool:
+        """A sequence without blocks that needs no prompt logprobs it lacks."""
+        if not self.kv.prefix_caching or seq.num_computed_tokens or self.kv.num_blocks(seq.seq_id):
+            return False
+        return seq.sampling.prompt_logprobs is None or len(seq.prompt_logprobs) >= seq.num_prompt_tokens - 1
+
     def _attach_cached_prefix(self, seq: Sequence) -> int:
         """Attaches the cached K/V of the sequence's leading full blocks (not
         its last token); returns the tokens they hold."""
-        if seq.num_computed_tokens or self.kv.num_blocks(seq.seq_id):
-            return 0
-        if seq.sampling.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens - 1:
-            return 0
         max_blocks = (seq.num_tokens - 1) // self.kv.block_size
         cached = self.kv.attach_prefix(seq.seq_id, seq.tokens(0, seq.num_tokens), max_blocks)
         seq.num_computed_tokens = cached
         return cached
+
+    def _release_cached(self, seq: Sequence, cached: int) -> None:
+        """Undoes ``_attach_cached_prefix`` for a sequence that stays waiting."""
+        if cached:
+            self.kv.free(seq.seq_id)
+            seq.num_computed_tokens = 0
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """Whether a running sequence has the next full block of ``seq``'s
+        tokens (past what the cache gave it) and has not computed it yet:
+        waiting for it to be registered beats computing it twice (the n
+        choices of one prompt, requests sharing a new system prompt)."""
+        end = (seq.num_computed_tokens // self.kv.block_size + 1) * self.kv.block_size
+        if end > seq.num_tokens - 1:  # not a block it could attach (its last token is computed anyway)
+            return False
+        wanted = seq.tokens(0, end)
+        return any(
+            other.num_computed_tokens < end <= other.num_tokens and other.tokens(0, end) == wanted
+            for other in self.running
+        )
 
     def _reject(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Ends a sequence the arena cannot hold even alone.

@@ -318,3 +318,30 @@ def test_a_waiting_sequence_holds_no_cached_pages():
     assert "s2" not in shares(out) and b.status == SequenceStatus.WAITING
     assert sched.kv.num_blocks("s2") == 0 and b.num_computed_tokens == 0
     assert sched.kv.cached_blocks == 1 and sched.cached_tokens_total == 0
+
+
+def test_choices_of_one_prompt_compute_it_once():
+    sched = make(prefix_caching=True)
+    choices = [Sequence(f"c{i}", list(range(10, 20)), SamplingParams(max_tokens=4), arrival=i) for i in range(4)]
+    for choice in choices:
+        sched.add(choice)
+    out, _ = step(sched)
+    assert shares(out) == {"c0": 10}  # the others wait for its blocks
+    out, _ = step(sched)
+    assert shares(out) == {"c0": 1, "c1": 2, "c2": 2, "c3": 2}  # two full blocks attached each
+    assert sched.cached_tokens_total == 3 * 8
+    plain = make(prefix_caching=False)
+    for i in range(4):
+        plain.add(Sequence(f"c{i}", list(range(10, 20)), SamplingParams(max_tokens=4), arrival=i))
+    out, _ = step(plain)
+    assert shares(out) == {f"c{i}": 10 for i in range(4)}
+
+
+def test_admission_waits_only_for_blocks_it_could_attach():
+    sched = make(prefix_caching=True)
+    sched.add(seq(0, 10))
+    sched.add(Sequence("other", list(range(50, 60)), SamplingParams(max_tokens=4), arrival=1))
+    sched.add(Sequence("short", list(range(10, 14)), SamplingParams(max_tokens=4), arrival=2))
+    out, _ = step(sched)
+    # A different prompt shares nothing; a 4-token prompt has no block it could attach.
+    assert shares(out) == {"s0": 10, "other": 10, "short": 4}
