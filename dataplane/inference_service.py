@@ -43,9 +43,14 @@ class InferenceService:
                 pass
 
         request_id = request.request_id or uuid.uuid4().hex
-        self.engine.add_request(
-            request_id, list(request.prompt_token_ids), sampling_from_proto(request.sampling), sink
-        )
+        add = (request_id, list(request.prompt_token_ids), sampling_from_proto(request.sampling), sink)
+        if request.sampling.HasField("structured_output"):
+            # Compiling a grammar (the first one also reads the tokenizer's
+            # whole vocabulary) may take long: not on the loop the other
+            # requests' streams run on.
+            await asyncio.to_thread(self.engine.add_request, *add)
+        else:
+            self.engine.add_request(*add)
         finished = False
         try:
             while not finished:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -148,3 +149,26 @@ def test_model_info_carries_tokenizer_template_and_eos(serve, random_ckpt):
     for service in ("", SERVICE_NAME):
         reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=TIMEOUT_S)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_structured_output_over_grpc_and_its_compile_errors(serve, random_ckpt, monkeypatch):
+    engine, stub, _ = serve()
+    loop_threads = []
+    start = engine.grammars.start
+
+    def recording_start(spec):
+        loop_threads.append(threading.current_thread().name)
+        return start(spec)
+
+    monkeypatch.setattr(engine.grammars, "start", recording_start)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    good = request([5, 6, 7], max_tokens=20, structured_output=pb.StructuredOutput(json_schema=json.dumps(schema)))
+    tokens = [t for r in stub.Generate(good, timeout=TIMEOUT_S) for t in r.token_ids]
+    text = Tokenizer.from_file(str(random_ckpt / "tokenizer.json")).decode(tokens[:-1])
+    assert json.loads(text) in ({"ok": True}, {"ok": False})
+    # Compiled away from the server's event loop thread (ServerThread names it).
+    assert loop_threads and "grpc-server" not in loop_threads
+    bad = request([5, 6, 7], max_tokens=3, structured_output=pb.StructuredOutput(json_schema='{"type": "nope"}'))
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.Generate(bad, timeout=TIMEOUT_S))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cannot be compiled" in info.value.details()
