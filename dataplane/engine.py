@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dataplane.engine_io import EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput, validate_request
+from dataplane.engine_io import (EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput, request_output,
+                                 validate_request)
 from dataplane.kv_cache import KVCacheManager
 from dataplane.logprobs import TokenLogprobs
 from dataplane.memory.arena import Arena
@@ -276,7 +277,7 @@ class Engine:
             if seq.seq_id in finished:
                 self._end(seq, [token] if token is not None else [], outbox, logprobs)
             elif token is not None and seq.seq_id in self._sinks:
-                outbox.append((self._sinks[seq.seq_id], self._output(seq, [token], None, logprobs)))
+                outbox.append((self._sinks[seq.seq_id], request_output(seq, [token], None, logprobs)))
         if not self.scheduler.has_work():
             self._flush_bookkeeping()  # no next step to hide it behind
 
@@ -318,16 +319,6 @@ class Engine:
             [record.scheduled[i].num_new_tokens for i in live],
         )
 
-    @staticmethod
-    def _output(
-        seq: Sequence, tokens: list[int], reason: FinishReason | None, logprobs: list[TokenLogprobs] | None = None
-    ) -> RequestOutput:
-        prompt_logprobs = seq.take_prompt_logprobs() if tokens else []
-        return RequestOutput(
-            seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids), logprobs or [],
-            prompt_logprobs, seq.num_cached_prompt_tokens,
-        )
-
     def _end(
         self,
         seq: Sequence,
@@ -340,7 +331,7 @@ class Engine:
         reason = seq.finish_reason or FinishReason.ABORT
         sink = self._sinks.pop(seq.seq_id, None)
         if sink is not None:
-            outbox.append((sink, self._output(seq, new_tokens, reason, logprobs)))
+            outbox.append((sink, request_output(seq, new_tokens, reason, logprobs)))
         self.demand.remove(seq.seq_id)
         self._counters.finished += 1
         if reason == FinishReason.ABORT:

@@ -13,7 +13,7 @@ from dataplane.logprobs import TokenLogprobs
 from dataplane.memory.arena import ArenaSnapshot
 from dataplane.model_info import ModelInfo
 from dataplane.sampling_params import SamplingParams
-from dataplane.sequence import FinishReason
+from dataplane.sequence import FinishReason, Sequence
 
 
 class InvalidRequest(ValueError):
@@ -71,6 +71,18 @@ class RequestOutput:
 
 
 OutputSink = Callable[[RequestOutput], None]
+
+
+def request_output(
+    seq: Sequence, tokens: list[int], reason: FinishReason | None, logprobs: list[TokenLogprobs] | None = None
+) -> RequestOutput:
+    """The output of ``seq``'s ``tokens`` (just generated; may be none at its
+    end); its prompt's logprobs go with the first output that has tokens."""
+    prompt_logprobs = seq.take_prompt_logprobs() if tokens else []
+    return RequestOutput(
+        seq.seq_id, tokens, reason, seq.num_prompt_tokens, len(seq.output_token_ids), logprobs or [],
+        prompt_logprobs, seq.num_cached_prompt_tokens,
+    )
 
 
 class QueueSink:
