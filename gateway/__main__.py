@@ -24,7 +24,7 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "port": (int, "HTTP port (0: any free port)"),
     "dataplane": (str, "dataplane Inference gRPC address HOST:PORT"),
     "model-name": (str, "model name to serve instead of the dataplane's"),
-    "max-concurrent-requests": (int, "requests generating at once"),
+    "max-concurrent-requests": (int, "dataplane sequences (choices) generating at once"),
     "max-queued-requests": (int, "requests waiting; beyond: 429"),
     "retry-after-s": (int, "Retry-After seconds on 429"),
     "request-timeout-s": (float, "deadline of one request"),

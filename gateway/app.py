@@ -124,11 +124,13 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
     async def require_key(request: Request) -> None:
         auth.check(request.headers.get("authorization"))
 
-    async def admit(deadline_s: float) -> None:
-        """Takes an admission slot or raises 429 (queue full, or no slot
-        before the request's deadline)."""
+    async def admit(prepared: PreparedGeneration) -> int:
+        """Takes the request's admission slots (one per choice) or raises 429
+        (queue full, or no slots before the request's deadline); returns them."""
         try:
-            await asyncio.wait_for(admission.acquire(), timeout=max(deadline_s - time.monotonic(), 0.0))
+            return await asyncio.wait_for(
+                admission.acquire(len(prepared.sequences)), timeout=max(prepared.deadline_s - time.monotonic(), 0.0)
+            )
         except AdmissionRejected as exc:
             raise too_many_requests(f"Too many requests: {exc}", settings.retry_after_s) from exc
         except TimeoutError as exc:
@@ -145,12 +147,12 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
     ) -> Response:
         """Admits a prepared request and answers it as SSE or one JSON body;
         `events` / `answer` take the wait-for-disconnect callable."""
-        await admit(prepared.deadline_s)
+        slots = await admit(prepared)
         disconnected = partial(wait_for_disconnect, request.receive)
         if stream:
             return SlotStreamingResponse(
                 events(disconnected),
-                release=admission.release,
+                release=partial(admission.release, slots),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -159,7 +161,7 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         finally:
-            admission.release()
+            admission.release(slots)
         return JSONResponse(body.model_dump())
 
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])

@@ -29,7 +29,8 @@ class GatewaySettings(BaseSettings):
         (), description="Accepted bearer keys; empty means no authentication."
     )
     max_concurrent_requests: int = Field(
-        256, ge=1, description="HTTP requests generating at once (one request may hold n choices)."
+        256, ge=1, description="Dataplane sequences generating at once: a request takes one per choice "
+        "(prompts x n); one asking for more runs alone."
     )
     max_queued_requests: int = Field(
         1024, ge=0, description="Requests waiting for a slot; beyond this the gateway answers 429."

@@ -85,8 +85,12 @@ class GatewayMetrics:
     def __init__(self, admission: AdmissionController) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
-        running = Gauge(f"{PREFIX}_requests_running", "Requests holding an admission slot", registry=reg)
+        running = Gauge(f"{PREFIX}_requests_running", "Requests holding admission slots", registry=reg)
         running.set_function(lambda: admission.running)
+        slots = Gauge(
+            f"{PREFIX}_admission_slots_used", "Admission slots held: one per dataplane sequence (choice)", registry=reg
+        )
+        slots.set_function(lambda: admission.slots_used)
         waiting = Gauge(f"{PREFIX}_requests_waiting", "Requests queued for an admission slot", registry=reg)
         waiting.set_function(lambda: admission.waiting)
         self.time_to_first_token = Histogram(

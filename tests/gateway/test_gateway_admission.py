@@ -75,3 +75,52 @@ def test_slot_released_after_cancel_during_handoff():
 def test_limits_validated():
     with pytest.raises(ValueError):
         AdmissionController(max_running=0, max_waiting=0)
+
+
+def test_a_request_takes_one_slot_per_sequence_and_waiters_keep_their_order():
+    async def scenario() -> list[str]:
+        admission = AdmissionController(max_running=4, max_waiting=4)
+        order: list[str] = []
+        big = await admission.acquire(3)
+        assert big == 3 and (admission.running, admission.slots_used) == (1, 3)
+
+        async def waiter(name: str, sequences: int) -> int:
+            slots = await admission.acquire(sequences)
+            order.append(name)
+            return slots
+
+        pair = asyncio.create_task(waiter("pair", 2))  # 3 + 2 > 4: waits
+        await asyncio.sleep(0)
+        single = asyncio.create_task(waiter("single", 1))  # would fit, but may not overtake
+        await asyncio.sleep(0)
+        assert admission.waiting == 2 and order == []
+        admission.release(big)
+        assert await pair == 2 and await single == 1
+        assert order == ["pair", "single"] and (admission.running, admission.slots_used) == (2, 3)
+        huge = asyncio.create_task(waiter("huge", 100))  # more than exist: all four, alone
+        await asyncio.sleep(0)
+        admission.release(2)
+        admission.release(1)
+        assert await huge == 4 and admission.slots_used == 4
+        admission.release(4)
+        assert (admission.running, admission.slots_used, admission.waiting) == (0, 0, 0)
+        return order
+
+    assert asyncio.run(scenario()) == ["pair", "single", "huge"]
+
+
+def test_a_cancelled_large_waiter_lets_the_ones_behind_it_in():
+    async def scenario() -> None:
+        admission = AdmissionController(max_running=2, max_waiting=2)
+        await admission.acquire(1)
+        large = asyncio.create_task(admission.acquire(2))
+        await asyncio.sleep(0)
+        small = asyncio.create_task(admission.acquire(1))
+        await asyncio.sleep(0)
+        assert admission.waiting == 2
+        large.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await large
+        assert await small == 1 and admission.slots_used == 2 and admission.waiting == 0
+
+    asyncio.run(scenario())

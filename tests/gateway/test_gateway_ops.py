@@ -36,6 +36,22 @@ def error_body(exc: openai.APIStatusError) -> dict:
     return body["error"]
 
 
+def queue_one_request(gateway) -> tuple[threading.Thread, list[str]]:
+    """A greedy "Hello" chat sent from a thread, once it waits for admission;
+    its reply's text lands in the list."""
+    result: list[str] = []
+    client = gateway.openai()
+    thread = threading.Thread(target=lambda: result.append(
+        client.chat.completions.create(model=MODEL, messages=ask("Hello"), temperature=0).choices[0].message.content
+    ))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while scrape(gateway.url).get(("pagedweight_gateway_requests_waiting", ())) != 1:
+        assert time.monotonic() < deadline, "the request never queued"
+        time.sleep(0.02)
+    return thread, result
+
+
 def test_api_keys(make_gateway):
     gateway = make_gateway(api_keys=("key-one", "key-two"))
     reply = gateway.openai(api_key="key-two").chat.completions.create(
@@ -59,17 +75,7 @@ def test_admission_full_answers_429_with_retry_after(make_gateway, dataplane):
     client = gateway.openai()
     holder = client.chat.completions.create(model=MODEL, messages=ask("one two"), stream=True, **LONG_GENERATION)
     next(iter(holder))  # admitted and streaming
-    queued_result: list[str] = []
-    queued = threading.Thread(
-        target=lambda: queued_result.append(
-            client.chat.completions.create(model=MODEL, messages=ask("Hello"), temperature=0).choices[0].message.content
-        )
-    )
-    queued.start()
-    deadline = time.monotonic() + 5
-    while scrape(gateway.url).get(("pagedweight_gateway_requests_waiting", ())) != 1:
-        assert time.monotonic() < deadline, "second request never queued"
-        time.sleep(0.02)
+    queued, queued_result = queue_one_request(gateway)
     assert scrape(gateway.url)[("pagedweight_gateway_requests_running", ())] == 1
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(model=MODEL, messages=ask("Hello"), temperature=0)
@@ -82,6 +88,22 @@ def test_admission_full_answers_429_with_retry_after(make_gateway, dataplane):
     metrics = scrape(gateway.url)
     assert metrics[("pagedweight_gateway_requests_running", ())] == 0
     assert metrics[("pagedweight_gateway_http_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "429")))] == 1
+
+
+def test_a_request_with_n_choices_holds_n_admission_slots(make_gateway, dataplane):
+    dataplane.delay_s = SLOW_DELAY_S
+    gateway = make_gateway(max_concurrent_requests=2, max_queued_requests=1)
+    client = gateway.openai()
+    holder = client.chat.completions.create(model=MODEL, messages=ask("one two"), stream=True, n=2,
+                                            **LONG_GENERATION)
+    next(iter(holder))
+    m = scrape(gateway.url)
+    assert m[("pagedweight_gateway_requests_running", ())] == 1
+    assert m[("pagedweight_gateway_admission_slots_used", ())] == 2
+    queued, queued_result = queue_one_request(gateway)  # one slot is missing
+    holder.close()
+    queued.join(timeout=10)
+    assert queued_result == ["Hello"]
 
 
 def test_dataplane_down_gives_503_then_recovers(make_gateway, tokenizer):
