@@ -32,14 +32,8 @@ from gateway.fanout import ClientDisconnected, wait_for_disconnect
 from gateway.metrics import GatewayMetrics, HttpStatusCounter
 from gateway.resume import ResumePolicy
 from gateway.generation import GenerationService, PreparedGeneration
-from gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    ModelCard,
-    ModelList,
-    TokenizeRequest,
-)
+from gateway.protocol import CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
+from gateway.protocol_chat import ChatCompletionRequest
 from gateway.serving_chat import ChatService
 from gateway.serving_completion import CompletionService
 from gateway.serving_tokenize import TokenizeService

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from gateway.protocol import CompletionLogprobs
+from gateway.protocol_chat import ChatLogprobs, ChatTokenLogprob, TopLogprob
 from gateway.sequence import TokenLogprob
 from gateway.tokenizer import TextTokenizer
 

@@ -12,7 +12,8 @@ from gateway.chat_template import ChatTemplateError
 from gateway.errors import invalid_request
 from gateway.generation import GenerationService, PreparedGeneration, plan_prompt
 from gateway.logprobs import chat_logprobs
-from gateway.protocol import (
+from gateway.protocol import Usage
+from gateway.protocol_chat import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -20,7 +21,6 @@ from gateway.protocol import (
     Choice,
     ChunkChoice,
     Delta,
-    Usage,
 )
 from gateway.sequence import SequenceDelta
 
