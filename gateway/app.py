@@ -163,7 +163,7 @@ def create_app(settings: GatewaySettings, client: DataplaneClient) -> FastAPI:
         prepared = await chat.prepare(body)
         return await respond(
             request,
-            prepared,
+            prepared.generation,
             body.stream,
             lambda disconnected: chat.stream(prepared, disconnected),
             lambda disconnected: chat.complete(prepared, disconnected),

@@ -5,7 +5,7 @@ they run in jinja2's ImmutableSandboxedEnvironment (made strict: touching an
 unsafe attribute is an error): no access to dunder attributes, no mutation of
 passed-in objects, bounded `range`. Variables
 provided, as Hugging Face templates expect: `messages`,
-`add_generation_prompt`, `bos_token`, `eos_token`, and the function
+`add_generation_prompt`, `tools`, `bos_token`, `eos_token`, and the function
 `raise_exception(message)`.
 """
 
@@ -70,11 +70,18 @@ class ChatTemplate:
         self._bos_token = bos_token
         self._eos_token = eos_token
 
-    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages` (dicts with at least role/content)."""
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text for `messages` (dicts with at least role/content);
+        `tools` as Hugging Face templates read them (None: no tools)."""
         try:
             return self._template.render(
                 messages=list(messages),
+                tools=list(tools) if tools is not None else None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos_token,
                 eos_token=self._eos_token,

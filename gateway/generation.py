@@ -27,7 +27,7 @@ from gateway.dataplane_client import DataplaneClient, DataplaneError
 from gateway.errors import context_length_exceeded, dataplane_api_error, internal, invalid_request, model_not_found
 from gateway.fanout import ClientDisconnected, merge_streams
 from gateway.metrics import GatewayMetrics
-from gateway.protocol import PromptTokensDetails, ResponseFormat, SamplingRequest, Usage
+from gateway.protocol import PromptTokensDetails, SamplingRequest, Usage
 from gateway.resume import ResumePolicy
 from gateway.sequence import SequenceDelta, SequenceSpec, TokenLogprob, generate_sequence
 from gateway.served_model import ServedModel
@@ -129,15 +129,13 @@ def known_token_ids(ids: Sequence[int], tokenizer: TextTokenizer, param: str) ->
     return list(ids)
 
 
-def _set_structured_output(sampling: inference_pb2.SamplingParams, response_format: ResponseFormat | None) -> None:
-    """response_format as the dataplane's grammar (nothing for free text); a
-    json_schema without a schema constrains to any JSON object."""
-    if response_format is None or response_format.type == "text":
-        return
-    schema = response_format.json_schema.json_schema if response_format.json_schema is not None else None
-    if schema is None:
+def _set_structured_output(sampling: inference_pb2.SamplingParams, body: SamplingRequest) -> None:
+    """The request's grammar (response_format, a forced tool call) for the
+    dataplane; nothing for free text."""
+    schema = body.output_grammar()
+    if schema == {"type": "object"}:
         sampling.structured_output.json_object = True
-    else:
+    elif schema is not None:
         sampling.structured_output.json_schema = json.dumps(schema)
 
 
@@ -173,7 +171,7 @@ def _build_sequences(
                 frequency_penalty=body.frequency_penalty,
                 logit_bias=dict(body.logit_bias_pairs()),
             )
-            _set_structured_output(sampling, body.response_format)
+            _set_structured_output(sampling, body)
             if top_logprobs is not None:
                 sampling.logprobs = top_logprobs
                 if prompt_logprobs:

@@ -160,6 +160,16 @@ class SamplingRequest(BaseModel):
         """(token id, bias) pairs of logit_bias, in token order."""
         return sorted((int(key), bias) for key, bias in (self.logit_bias or {}).items())
 
+    def output_grammar(self) -> dict[str, Any] | None:
+        """The JSON Schema the generated text must follow ({"type": "object"}
+        for any JSON object); None for free text."""
+        response_format = self.response_format
+        if response_format is None or response_format.type == "text":
+            return None
+        if response_format.json_schema is None or response_format.json_schema.json_schema is None:
+            return {"type": "object"}
+        return response_format.json_schema.json_schema
+
     def stop_strings(self) -> list[str]:
         assert self.stop is None or isinstance(self.stop, list)  # normalised by _check_stop
         return self.stop or []

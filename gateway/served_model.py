@@ -39,8 +39,13 @@ class ServedModel:
             family=info.family,
         )
 
-    def render_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_prompt(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
         """Raises ChatTemplateError (the client's fault or the template's)."""
         if self.template is None:
             raise ChatTemplateError("the served model has no chat template")
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)

@@ -140,6 +140,31 @@ def test_response_format_json_schema_gives_json_that_follows_it(stack):
         )
 
 
+def test_forced_tool_calls_are_well_formed_calls_of_the_tools(stack):
+    tools = [
+        {"type": "function", "function": {"name": "lookup", "parameters": {
+            "type": "object", "properties": {"lang": {"enum": ["python", "c"]}}, "required": ["lang"],
+            "additionalProperties": False}}},
+        {"type": "function", "function": {"name": "stop_here", "parameters": {
+            "type": "object", "properties": {}, "additionalProperties": False}}},
+    ]
+    named = client(stack).chat.completions.create(
+        model=model_name(stack), messages=USER_MESSAGE, tools=tools, max_tokens=40, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+    )
+    (call,) = named.choices[0].message.tool_calls
+    assert named.choices[0].finish_reason == "tool_calls" and call.function.name == "lookup"
+    assert json.loads(call.function.arguments)["lang"] in {"python", "c"}
+    for seed in range(3):
+        required = client(stack).chat.completions.create(
+            model=model_name(stack), messages=USER_MESSAGE, tools=tools, max_tokens=40, temperature=1.0, seed=seed,
+            tool_choice="required",
+        )
+        (call,) = required.choices[0].message.tool_calls
+        assert call.function.name in {"lookup", "stop_here"}
+        assert isinstance(json.loads(call.function.arguments), dict)
+
+
 def test_logprobs_of_greedy_tokens_are_the_most_likely(stack):
     name = model_name(stack)
     chat = client(stack).chat.completions.create(

@@ -90,3 +90,13 @@ def test_real_world_style_template():
     assert template.render(turns) == "<s>[INST] Hi [/INST]Hello.</s>[INST] Again [/INST]"
     with pytest.raises(ChatTemplateError, match="must alternate"):
         template.render(turns[1:])
+
+
+def test_tools_reach_the_template_as_hugging_face_templates_read_them():
+    template = ChatTemplate(
+        "{% if tools %}[{% for t in tools %}{{ t.function.name }}{% endfor %}]{% endif %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    tools = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
+    assert template.render([{"role": "user", "content": "hi"}], tools=tools) == "[fg]hi"
+    assert template.render([{"role": "user", "content": "hi"}]) == "hi"
