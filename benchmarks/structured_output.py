@@ -4,9 +4,9 @@ without a JSON grammar, on the in-process engine of the default model.
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/structured_output.py --out benchmarks/results/structured_output_cpu.json
 
 Each run sends ``--batch`` requests at once, ``--max-tokens`` tokens each
-(ignore_eos for plain text; the grammar's requests an array of at least
-``--max-tokens`` booleans, which cannot close before the limit: both runs
-generate the same number of tokens). Recorded: generated tokens per
+(ignore_eos for plain text; the grammar's requests ask for an array of at
+least ``--max-tokens`` booleans, which cannot close before the limit: both
+runs generate the same number of tokens). Recorded: generated tokens per
 second over the batch's wall time, and the grammar's first compile (the
 tokenizer's vocabulary read once per engine) apart from the timed runs.
 """

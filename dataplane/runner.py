@@ -249,23 +249,22 @@ class ModelRunner:
 
         hidden: [T, H], the step's rows in scheduled order."""
         found: list[_PromptLogprobs] = []
-        row = 0
+        row = 0  # the item's first row in ``hidden``
         for item in scheduled:
             seq, top_n = item.seq, item.seq.sampling.prompt_logprobs
+            offset, row = row, row + item.num_new_tokens
+            if top_n is None:
+                continue
             first = max(item.start, len(seq.prompt_logprobs))
             end = min(item.start + item.num_new_tokens, seq.num_prompt_tokens - 1)  # positions [first, end)
-            if top_n is None:
-                row += item.num_new_tokens
-                continue
             for start in range(first, end, PROMPT_LOGPROBS_ROWS):
                 stop = min(start + PROMPT_LOGPROBS_ROWS, end)
-                rows = hidden[row + start - item.start : row + stop - item.start]  # [P, H]
+                rows = hidden[offset + start - item.start : offset + stop - item.start]  # [P, H]
                 logits = self.model.compute_logits(rows)  # [P, vocab] float32
                 targets = torch.tensor(seq.prompt_token_ids[start + 1 : stop + 1], dtype=torch.int64)
                 values = step_logprobs(logits, targets.to(self.device, non_blocking=True), [top_n] * (stop - start))
                 assert values is not None
                 found.append(_PromptLogprobs(seq.seq_id, start, values))
-            row += item.num_new_tokens
         return found
 
     @torch.inference_mode()

@@ -19,7 +19,6 @@ that never gets one does not load them.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import TYPE_CHECKING
 
@@ -92,7 +91,7 @@ class GrammarBackend:
                     compiled = compiler.compile_json_schema({"type": "object"}, any_whitespace=False)
                 else:
                     compiled = compiler.compile_json_schema(spec.schema, any_whitespace=False)
-            except (RuntimeError, ValueError, TypeError, json.JSONDecodeError) as err:
+            except (RuntimeError, ValueError, TypeError) as err:
                 raise ValueError(f"response_format: the JSON schema cannot be compiled: {err}") from err
         return TokenGrammar(compiled, self._vocab_size)
 

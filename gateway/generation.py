@@ -155,27 +155,30 @@ def _build_sequences(
     every token comes with its log-probability and that many alternatives;
     with `prompt_logprobs` the prompt's tokens too."""
     stop_ids = frozenset(body.stop_token_ids or ()) | (frozenset() if body.ignore_eos else model.eos_token_ids)
+    # What every choice shares; each copy gets its prompt's limit and its seed.
+    shared = inference_pb2.SamplingParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=max(body.top_k, 0),
+        stop_token_ids=list(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=dict(body.logit_bias_pairs()),
+    )
+    _set_structured_output(shared, body)
+    if top_logprobs is not None:
+        shared.logprobs = top_logprobs
+        if prompt_logprobs:
+            shared.prompt_logprobs = top_logprobs
     sequences = []
     for prompt_index, prompt in enumerate(prompts):
         context_ids = tuple(prompt.token_ids[-DETOKENIZER_CONTEXT_TOKENS:]) if detokenizer_context else ()
         for choice in range(body.n):
             index = prompt_index * body.n + choice
-            sampling = inference_pb2.SamplingParams(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=max(body.top_k, 0),
-                max_tokens=prompt.max_tokens,
-                stop_token_ids=list(body.stop_token_ids or ()),
-                ignore_eos=body.ignore_eos,
-                presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty,
-                logit_bias=dict(body.logit_bias_pairs()),
-            )
-            _set_structured_output(sampling, body)
-            if top_logprobs is not None:
-                sampling.logprobs = top_logprobs
-                if prompt_logprobs:
-                    sampling.prompt_logprobs = top_logprobs
+            sampling = inference_pb2.SamplingParams()
+            sampling.CopyFrom(shared)
+            sampling.max_tokens = prompt.max_tokens
             if body.seed is not None:
                 sampling.seed = body.seed + choice
             request = inference_pb2.GenerateRequest(

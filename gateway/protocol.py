@@ -18,9 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeInt,
-    SerializerFunctionWrapHandler,
     field_validator,
-    model_serializer,
     model_validator,
 )
 

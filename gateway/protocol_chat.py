@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from gateway.protocol import MAX_TOP_LOGPROBS, ChatMessage, SamplingRequest, Usage
 
@@ -57,26 +57,26 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class DeltaFunctionCall(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
+class SetFieldsOnly(BaseModel):
+    """A stream delta: only the fields that are set appear on the wire."""
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
-class DeltaToolCall(BaseModel):
+class DeltaFunctionCall(SetFieldsOnly):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(SetFieldsOnly):
     """A streamed tool call: its first chunk has id, type and name."""
 
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
     function: DeltaFunctionCall
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -208,16 +208,12 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
-class Delta(BaseModel):
-    """Only the fields that are set appear on the wire (`{}` for a final chunk)."""
+class Delta(SetFieldsOnly):
+    """`{}` for a final chunk."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChunkChoice(BaseModel):

@@ -49,6 +49,11 @@ class PreparedChat:
     named_tool: str | None = None
 
 
+def _tool_finish(reason: str | None) -> str | None:
+    """A forced call's finish reason: a complete text is a call made."""
+    return FINISH_TOOL_CALLS if reason == FINISH_STOP else reason
+
+
 def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -107,7 +112,7 @@ class ChatService:
             call = tool_call_of(text, prepared.named_tool) if prepared.forced_tool_call else None
             if call is not None:
                 message = AssistantMessage(content=None, tool_calls=[call])
-                reason = FINISH_TOOL_CALLS if reason == FINISH_STOP else reason
+                reason = _tool_finish(reason)
             logprobs = chat_logprobs(collected.logprobs[i], chat.tokenizer) if chat.logprobs else None
             choices.append(Choice(index=i, message=message, finish_reason=reason, logprobs=logprobs))
         usage = self._generation.usage(chat, collected.completion_tokens, collected.cached_prompt_tokens)
@@ -144,9 +149,7 @@ class ChatService:
     def _tool_delta(prepared: PreparedChat, delta: SequenceDelta, held: list[str]) -> tuple[Delta, str | None]:
         """A forced call's chunk: a named function's arguments as they come;
         a "required" call held until its text is complete, then sent whole."""
-        reason = delta.finish_reason
-        if reason == FINISH_STOP:
-            reason = FINISH_TOOL_CALLS
+        reason = _tool_finish(delta.finish_reason)
         if prepared.named_tool is not None:
             if not delta.text:
                 return Delta(), reason
