@@ -50,10 +50,12 @@ class TokenGrammar:
         """logits [V] float32 -> a new [V] float32 with the tokens the grammar
         forbids next at -inf (``logits`` is left as it is)."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
-        masked = logits.clone()
-        self._xgr.apply_token_bitmask_inplace(masked, self._bitmask[0].to(masked.device, non_blocking=True),
-                                              vocab_size=self._vocab_size)
-        return masked
+        # xgrammar's contract is a batch: logits [rows, V] and bitmask [rows, ceil(V / 32)] on one
+        # device. On CPU a 1-D row happened to work; its CUDA kernel read a 1-D row wrongly (every
+        # token masked, so the argmax fell on token 0: the H200 run of session 38).
+        masked = logits.clone().unsqueeze(0)  # [1, V]
+        self._xgr.apply_token_bitmask_inplace(masked, self._bitmask.to(masked.device), vocab_size=self._vocab_size)
+        return masked[0]
 
     def accept(self, token: int) -> bool:
         """Advances past ``token``; False when the grammar forbids it (state unchanged)."""

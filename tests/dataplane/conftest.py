@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from dataplane.config import DataplaneConfig
 from dataplane.engine import Engine
@@ -17,10 +18,23 @@ from tools.make_random_checkpoint import make_random_checkpoint
 # Small pool: a few hundred blocks is plenty for these tests and quick to allocate.
 TEST_ARENA_BYTES = 8 << 20
 
+# How far one token's log-probability may move between two correct paths of the engine (batched
+# or alone, graph or eager, cached or recomputed K/V, against a float32 peer), by the dtype the
+# engine computes in. float32 paths agree to rounding. bf16 (the "auto" dtype on a GPU) keeps 8
+# bits of mantissa, so logits of a few units round by ~1e-2 differently on each path; the H200
+# showed up to 4e-3 on these tests (session 38).
+LOGPROB_ATOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+
 
 @pytest.fixture(scope="session")
 def random_ckpt(tmp_path_factory) -> Path:
     return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "pw-random")
+
+
+@pytest.fixture
+def logprob_atol(random_ckpt) -> float:
+    """LOGPROB_ATOL at the dtype `make_engine`'s engines compute in."""
+    return LOGPROB_ATOL[DataplaneConfig(model_path=str(random_ckpt)).resolved_dtype()]
 
 
 @pytest.fixture

@@ -26,6 +26,9 @@ MODEL = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny"
 PROMPTS = [[5, 17, 99, 4, 23, 61, 7], [300, 12, 9], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61]]
 NEW_TOKENS = 6
 MAX_BATCH = 4  # 3 prompts -> bucket 4: one padding row
+# float32 on the GPU: Triton's tl.dot rounds fp32 operands to TF32 (10 bits of mantissa), and the
+# graph and eager paths reach the logits through different launches; the H200 showed 1.2e-3.
+TF32_LOGPROB_ATOL = 5e-3
 
 
 def test_batch_buckets() -> None:
@@ -197,7 +200,7 @@ def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
     for (tokens_eager, eager), (tokens_graph, graph) in zip(*with_logprobs):
         assert tokens_graph == tokens_eager
         assert len(graph) == NEW_TOKENS
-        _assert_same_logprobs(graph, eager, atol=1e-3)
+        _assert_same_logprobs(graph, eager, atol=TF32_LOGPROB_ATOL)
 
 
 def _run(engine, requests: list[tuple[list[int], SamplingParams]], tag: str, logprobs: list | None = None):

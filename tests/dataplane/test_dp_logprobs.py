@@ -14,7 +14,7 @@ from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import Sequence
 
 TIMEOUT_S = 60
-ATOL = 1e-4
+ATOL = 1e-4  # the step function on the same bf16 logits as the reference
 
 
 def test_step_logprobs_picks_rows_and_matches_log_softmax():
@@ -39,7 +39,7 @@ def run(engine, prompts: dict[str, list[int]], params: dict[str, SamplingParams]
     return {rid: list(sink.outputs(timeout=TIMEOUT_S)) for rid, sink in sinks.items()}
 
 
-def test_engine_logprobs_are_the_models_distribution(make_engine, random_ckpt):
+def test_engine_logprobs_are_the_models_distribution(make_engine, random_ckpt, logprob_atol):
     engine = make_engine()
     prompts = {"greedy": list(range(30, 47)), "sampled": list(range(60, 69)), "plain": list(range(80, 91))}
     params = {
@@ -61,14 +61,14 @@ def test_engine_logprobs_are_the_models_distribution(make_engine, random_ckpt):
             logits = peer(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]  # [generated, V]
         reference = torch.log_softmax(logits.float(), dim=-1)
         for position, (token, entry) in enumerate(zip(tokens, entries)):
-            assert entry.logprob == pytest.approx(reference[position, token].item(), abs=ATOL)
+            assert entry.logprob == pytest.approx(reference[position, token].item(), abs=logprob_atol)
             assert len(entry.top_token_ids) == params[rid].logprobs
             top = torch.topk(reference[position], len(entry.top_token_ids)).values.tolist()
-            assert list(entry.top_logprobs) == pytest.approx(top, abs=ATOL)
+            assert list(entry.top_logprobs) == pytest.approx(top, abs=logprob_atol)
             for alternative, value in zip(entry.top_token_ids, entry.top_logprobs):
-                assert value == pytest.approx(reference[position, alternative].item(), abs=ATOL)
+                assert value == pytest.approx(reference[position, alternative].item(), abs=logprob_atol)
             if rid == "greedy":  # the greedy token is the most likely one
-                assert entry.logprob == pytest.approx(entry.top_logprobs[0], abs=ATOL)
+                assert entry.logprob == pytest.approx(entry.top_logprobs[0], abs=logprob_atol)
 
 
 def test_out_of_range_logprobs_are_rejected(make_engine):
@@ -77,7 +77,7 @@ def test_out_of_range_logprobs_are_rejected(make_engine):
         engine.add_request("x", [5, 6], SamplingParams(logprobs=MAX_TOP_LOGPROBS + 1), QueueSink())
 
 
-def test_prompt_logprobs_through_chunked_prefill_and_preemption(make_engine, random_ckpt):
+def test_prompt_logprobs_through_chunked_prefill_and_preemption(make_engine, random_ckpt, logprob_atol):
     """Every prompt token after the first gets the peer's log-probability,
     whether the prompt is prefilled at once, in chunks, or recomputed after a
     preemption; they come once, with the first token."""
@@ -101,8 +101,8 @@ def test_prompt_logprobs_through_chunked_prefill_and_preemption(make_engine, ran
         assert len(entries) == len(prompt) - 1, overrides
         for position, entry in enumerate(entries):
             want = reference[position]
-            assert entry.logprob == pytest.approx(want[prompt[position + 1]].item(), abs=ATOL)
-            assert list(entry.top_logprobs) == pytest.approx(torch.topk(want, 2).values.tolist(), abs=ATOL)
+            assert entry.logprob == pytest.approx(want[prompt[position + 1]].item(), abs=logprob_atol)
+            assert list(entry.top_logprobs) == pytest.approx(torch.topk(want, 2).values.tolist(), abs=logprob_atol)
 
 
 def test_recorded_prompt_logprobs_are_not_added_twice():
