@@ -12,7 +12,7 @@ of 128) of token row r:
 1. the row's residual sum s = residual + delta and its RMS statistics (each
    program of the row computes them alike; program c = 0 stores s);
 2. its chunk of y = RMSNorm(s), in the prep's staging order, staged as
-   moe_prepare stages x (moe_align.stage_chunk): activation planes, group
+   moe_prepare stages x (moe_stage.stage_chunk): activation planes, group
    sums, the zeroed output;
 3. its chunk's share of the gate logits y @ W.T (the chunk again, in K
    order, so W's loads are contiguous), stored to a scratch row;
@@ -61,8 +61,9 @@ import triton
 import triton.language as tl
 
 from kernels.arrival_counters import ArrivalCounters
-from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, check_prep_inputs, load_order, \
-    load_slot_cost, moe_prepare_reference, order_tile, sort_pairs, stage_chunk
+from kernels.moe_align import GROUPS_PER_STEP, MAX_PAIRS_IN_KERNEL, MoePrep, check_prep_inputs, load_slot_cost, \
+    moe_prepare_reference, sort_pairs
+from kernels.moe_stage import load_order, order_tile, stage_chunk
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.router import RoutingTargets, _check_top_k, _statistics_args, gate_route_reference, \
@@ -110,7 +111,7 @@ def _moe_entry_kernel(
     hm = offs < H
     # The chunk's columns twice: in K order (cn, contiguous loads for the
     # router's share) and in the staging order (col: the slot order of the
-    # fp16 planes, K order to quantize: moe_align.load_order).
+    # fp16 planes, K order to quantize: moe_stage.load_order).
     cn = chunk * (GB * 128) + tl.arange(0, GB * 128)
     nm = cn < H
     v = tl.arange(0, 128)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
+from kernels.moe_stage import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_decode import tile_k_order, virtual_slot
