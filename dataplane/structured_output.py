@@ -51,8 +51,9 @@ class TokenGrammar:
         forbids next at -inf (``logits`` is left as it is)."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
         # xgrammar's contract is a batch: logits [rows, V] and bitmask [rows, ceil(V / 32)] on one
-        # device. On CPU a 1-D row happened to work; its CUDA kernel read a 1-D row wrongly (every
-        # token masked, so the argmax fell on token 0: the H200 run of session 38).
+        # device. Its CPU path accepts a 1-D row; its CUDA path (a Triton kernel) takes a row's
+        # width from bitmask.stride(0), 1 for a 1-D bitmask, so it read one word and masked every
+        # token past the first 32 (grammar rows picked token 0 on the H200 in session 38).
         masked = logits.clone().unsqueeze(0)  # [1, V]
         self._xgr.apply_token_bitmask_inplace(masked, self._bitmask.to(masked.device), vocab_size=self._vocab_size)
         return masked[0]

@@ -52,6 +52,33 @@ def test_the_mask_allows_exactly_the_grammars_next_tokens(backend, tokenizer):
     assert not grammar.accept(tokenizer.token_to_id("a") or 97)  # nothing may follow but the stop token
 
 
+def _apply_as_on_the_gpu(logits, bitmask, *, vocab_size=None, indices=None, backend="auto"):
+    """xgrammar's CUDA backend (its Triton kernel) in torch: one row per logits row (1 for a 1-D
+    tensor), each row's words found at bitmask.stride(0) apart and only that many read; words
+    not read leave their tokens masked (what the H200 run of session 38 showed for a 1-D row)."""
+    rows = logits.shape[0] if logits.ndim == 2 else 1
+    flat_logits, flat_mask = logits.reshape(rows, -1), bitmask.reshape(-1)
+    words_per_row = (vocab_size + 31) // 32
+    width = bitmask.stride(0)
+    for r in range(rows):
+        words = torch.zeros(words_per_row, dtype=torch.int32)
+        read = min(width, words_per_row)
+        words[:read] = flat_mask[r * width: r * width + read]
+        allowed = ((words[:, None] >> torch.arange(32)) & 1).reshape(-1)[:vocab_size].bool()  # [V]
+        flat_logits[r, :vocab_size].masked_fill_(~allowed, float("-inf"))
+
+
+def test_the_mask_keeps_to_xgrammars_batch_shapes(backend, tokenizer, monkeypatch):
+    """The GPU path of xgrammar reads a row's width from the bitmask's first stride: a 1-D
+    bitmask (stride 1) masks every token past the first 32 there, while the CPU path copes."""
+    want = backend.start(schema_output()).mask(torch.zeros(tokenizer.get_vocab_size()))
+    import xgrammar
+
+    monkeypatch.setattr(xgrammar, "apply_token_bitmask_inplace", _apply_as_on_the_gpu)
+    got = backend.start(schema_output()).mask(torch.zeros(tokenizer.get_vocab_size()))
+    assert torch.equal(got, want) and torch.isfinite(got).sum() > 0
+
+
 def test_bad_schemas_are_refused(backend):
     with pytest.raises(ValueError, match="cannot be compiled"):
         backend.start(schema_output({"type": "object", "properties": {"x": {"type": "no-such-type"}}}))
