@@ -169,17 +169,15 @@ def checks(shape, points: list[dict]) -> dict:
     }
 
 
-def per_domain_plans(workloads: dict, uniform3_bytes: int) -> dict | None:
-    """KL at the uniform-3 budget pooled over the single-domain workloads (None unless all ran).
+def per_domain_plans(workloads: dict, domains: list[str], uniform3_bytes: int) -> dict | None:
+    """KL at the uniform-3 budget pooled over the single-domain workloads of
+    ``domains`` (the corpus's; None unless each ran).
 
     Reduction = 1 - sum_d KL_method(d) / sum_d KL_uniform3(d): the same pooling as
     the mix workload's mean (equal weight per domain).
     """
-    domains = workloads.get("mix", {}).get("eval_domains") or None
-    singles = {n: w for n, w in workloads.items() if n != "mix" and w["eval_domains"] == [n]}
-    if domains is None:
-        domains = sorted(singles)
-    if not domains or any(d not in singles for d in domains):
+    singles = {n: w for n, w in workloads.items() if n in domains and w["eval_domains"] == [n]}
+    if not domains or len(singles) < len(domains):
         return None
     at_u3 = {d: next(p for p in singles[d]["points"] if p["bytes"] == uniform3_bytes)["methods"] for d in domains}
     base = sum(at_u3[d]["static"]["per_domain"][d]["kl"] for d in domains)
@@ -241,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         result["workloads"][name] = run_workload(paged, name, doms, args, table, fallback, cfg)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")  # partial results survive an interrupt
-    pooled = per_domain_plans(result["workloads"], uniform_bytes(paged.shape, 3))
+    pooled = per_domain_plans(result["workloads"], domains, uniform_bytes(paged.shape, 3))
     if pooled is not None:
         result["per_domain_plans"] = pooled
     result["wall_s"] = round(time.perf_counter() - start, 1)
