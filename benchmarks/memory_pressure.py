@@ -4,6 +4,7 @@ and the dynamic precision ladder in one memory budget.
 One command (GPU), writes JSON and prints a short table last:
 
     python benchmarks/memory_pressure.py --preset mixtral-8x7b --out benchmarks/results/memory_pressure_h200.json
+    python benchmarks/memory_pressure.py --model models/pw-moe-tiny --out ...   # a checkpoint instead
 
 The budget: the arena (weights and KV cache share it) holds the experts at 8
 bits plus the KV cache of ``--kv-seqs`` full sequences, nothing more. A burst
@@ -122,8 +123,9 @@ def trace_steps(built: BuiltEngine) -> StepTrace:
 
 
 def config_for(args: argparse.Namespace, case: str, max_arena_pages: int | None) -> DataplaneConfig:
+    model = dict(model_path=args.model) if args.model else dict(synthetic=args.preset)
     return DataplaneConfig(
-        synthetic=args.preset, device=args.device, dtype="bfloat16" if args.device != "cpu" else "float32",
+        **model, device=args.device, dtype="bfloat16" if args.device != "cpu" else "float32",
         max_running_seqs=args.requests, max_batched_tokens=args.max_batched_tokens,
         max_context_length=args.prompt_len + args.max_tokens + WARMUP_PROMPT_LEN,
         max_arena_pages=max_arena_pages, low_watermark=args.low_watermark,
@@ -213,7 +215,8 @@ def run_child(argv: list[str], extra: list[str]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="mixtral-8x7b")
+    parser.add_argument("--preset", default="mixtral-8x7b", help="a synthetic model (dataplane/models/synthetic.py)")
+    parser.add_argument("--model", help="a checkpoint folder instead of --preset")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=512)
@@ -252,7 +255,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "commit": git_commit(args.commit),
-        "preset": args.preset,
+        "model": args.model or f"synthetic {args.preset}",
         "budget": {"arena_pages": budget_pages, "page_bytes": shape["page_bytes"],
                    "expert_pages_at_8_bits": shape["weight_pages_8bit"], "kv_pages_per_sequence": seq_pages,
                    "kv_seqs_next_to_8_bit_experts": args.kv_seqs,
@@ -263,7 +266,7 @@ def main() -> int:
         result["rows"].append(run_child(common, ["--case", case, "--max-arena-pages", str(budget_pages)]))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, default=str))
-    print(f"\n{args.preset}: arena {budget_pages} pages of {shape['page_bytes'] / 2**20:.0f} MiB "
+    print(f"\n{args.model or args.preset}: arena {budget_pages} pages of {shape['page_bytes'] / 2**10:.0f} KiB "
           f"(8-bit experts {shape['weight_pages_8bit']} + KV of {args.kv_seqs} x {seq_pages}); "
           f"{args.requests} requests x ({args.prompt_len} + {args.max_tokens}) tokens")
     print(f"{'case':9} {'tok/s':>8} {'s':>7} {'preempt':>7} {'run mean':>8} {'peak':>5} {'bits mean':>9} "

@@ -1,0 +1,45 @@
+"""The memory-pressure benchmark (benchmarks/memory_pressure.py) on the tiny
+synthetic preset, CPU: in one tight arena the dynamic case walks its experts
+down while the burst's KV grows and back to 8 bits after it, the static cases
+keep their bits, and every case generates every token."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+REQUESTS, PROMPT_LEN, MAX_TOKENS, KV_SEQS = 8, 40, 24, 2
+
+
+def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_path):
+    out = tmp_path / "pressure.json"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "memory_pressure.py"), "--preset", "mixtral-tiny",
+         "--device", "cpu", "--requests", str(REQUESTS), "--prompt-len", str(PROMPT_LEN),
+         "--max-tokens", str(MAX_TOKENS), "--kv-seqs", str(KV_SEQS), "--recovery-s", "30", "--out", str(out)],
+        check=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    budget = result["budget"]
+    assert budget["arena_pages"] == budget["expert_pages_at_8_bits"] + KV_SEQS * budget["kv_pages_per_sequence"]
+    rows = {row["case"]: row for row in result["rows"]}
+    assert set(rows) == {"dynamic", "static-4", "static-8"}
+    for row in rows.values():
+        assert row["tokens"] == REQUESTS * MAX_TOKENS, row["case"]
+        assert row["arena_pages"] == budget["arena_pages"]
+    # Static 8-bit: the KV room of KV_SEQS sequences bounds what runs at once.
+    assert rows["static-8"]["min_expert_bits"] == rows["static-8"]["mean_expert_bits"] == 8
+    assert rows["static-8"]["peak_running"] < REQUESTS
+    assert rows["static-4"]["mean_expert_bits"] == 4
+    # Dynamic: demoted under the burst, so all requests ran at once, then back at 8 bits.
+    dynamic = rows["dynamic"]
+    assert dynamic["min_expert_bits"] < 8
+    assert dynamic["peak_running"] == REQUESTS
+    assert dynamic["preemptions"] == 0
+    assert dynamic["recovery_seconds"] is not None
+    assert dynamic["mean_expert_bits_after_trickle"] == 8
+    assert set(dynamic["weight_pages_by_bits_after_trickle"]) == {"8"}
