@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from kernels.paged_attention import paged_attention_decode
 from kernels.pdl import DEFAULT_PDL, PdlPolicy
@@ -126,6 +127,13 @@ def paged_prefill_attention(
     q: [q_len, heads, head_dim], the tokens at positions context_len - q_len
     .. context_len - 1, whose K/V are already written; block_table: [>=
     ceil(context_len / block_size)] int32. Returns [q_len, heads, head_dim].
+
+    Without a sliding window the mask is torch's lower-right causal bias (query
+    i sees keys up to context_len - q_len + i, so a cached prefix is seen whole),
+    which SDPA runs as a fused kernel (flash or memory-efficient) where the
+    device has one, instead of materialising [q_len, context_len] scores.
+    K/V heads are repeated to the query heads for that path: torch dispatches
+    the lower-right bias to its fused kernels for equal head counts only.
     """
     q_len, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -133,11 +141,21 @@ def paged_prefill_attention(
     blocks = block_table[:num_blocks].long()
     keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:context_len]  # [ctx, kvh, D]
     values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:context_len]
+    if sliding_window is None:
+        group = num_heads // num_kv_heads
+        keys = keys.to(q.dtype).repeat_interleave(group, dim=1)  # [ctx, heads, D]
+        values = values.to(q.dtype).repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],  # [1, heads, q_len, D]
+            keys.transpose(0, 1)[None],  # [1, heads, ctx, D]
+            values.transpose(0, 1)[None],
+            attn_mask=causal_lower_right(q_len, context_len),
+            scale=scale,
+        )  # [1, heads, q_len, D]
+        return out[0].transpose(0, 1)
     q_pos = torch.arange(context_len - q_len, context_len, device=q.device)[:, None]  # [q_len, 1]
     k_pos = torch.arange(context_len, device=q.device)[None, :]  # [1, ctx]
-    allowed = k_pos <= q_pos  # [q_len, ctx]
-    if sliding_window is not None:
-        allowed &= k_pos > q_pos - sliding_window
+    allowed = (k_pos <= q_pos) & (k_pos > q_pos - sliding_window)  # [q_len, ctx]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],  # [1, heads, q_len, D]
         keys.to(q.dtype).transpose(0, 1)[None],  # [1, kvh, ctx, D]
