@@ -30,6 +30,7 @@ process first builds the model once to count the arena pages the experts take
 at 8 bits (the budget is exact, not estimated).
 
 Recorded per case: the burst's wall time and generated tokens per second,
+time to first token (median and the last request's, from the burst's start),
 preemptions, running requests (mean over steps, peak), the mean bits per
 expert weight over the burst's steps (every block weighted by its weights) and
 its minimum, and for ``dynamic`` the seconds until every block was back at 8
@@ -80,18 +81,38 @@ def prompt(i: int, vocab: int, length: int) -> list[int]:
     return [(31 * i + 7 * j + 3) % (vocab - 10) + 10 for j in range(length)]
 
 
-def run_requests(engine, tag: str, n: int, prompt_len: int, max_tokens: int) -> tuple[float, int]:
-    """Submits n requests at once; returns (seconds until the last finished, tokens generated)."""
+class TimedSink(QueueSink):
+    """A QueueSink that notes when its request's first output arrived (engine thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_output_at: float | None = None
+
+    def __call__(self, output) -> None:
+        if self.first_output_at is None:
+            self.first_output_at = time.perf_counter()
+        super().__call__(output)
+
+
+@dataclass
+class Burst:
+    seconds: float  # from the first submission until the last request finished
+    tokens: int  # generated
+    first_token_s: list[float]  # per request, from the submission to its first output
+
+
+def run_requests(engine, tag: str, n: int, prompt_len: int, max_tokens: int) -> Burst:
+    """Submits n requests at once and waits for all of them."""
     vocab = engine.model_info.vocab_size
     sinks = []
     start = time.perf_counter()
     for i in range(n):
-        sink = QueueSink()
+        sink = TimedSink()
         engine.add_request(f"{tag}-{i}", prompt(i, vocab, prompt_len),
                            SamplingParams(max_tokens=max_tokens, ignore_eos=True), sink)
         sinks.append(sink)
     tokens = sum(len(o.new_token_ids) for s in sinks for o in s.outputs(timeout=OUTPUT_TIMEOUT_S))
-    return time.perf_counter() - start, tokens
+    return Burst(time.perf_counter() - start, tokens, [s.first_output_at - start for s in sinks])
 
 
 @dataclass
@@ -160,12 +181,15 @@ def run_case(args: argparse.Namespace, case: str, max_arena_pages: int) -> dict:
         warm_up(engine, args.requests)
         before = engine.stats()
         trace.times.clear(), trace.mean_bits.clear(), trace.running.clear()
-        seconds, tokens = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens)
+        run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens)
+        seconds, tokens = run.seconds, run.tokens
         after = engine.stats()
         burst = StepTrace(list(trace.times), list(trace.mean_bits), list(trace.running))
         row = {
             "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
             "requests": args.requests, "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds,
+            "first_token_s_median": statistics.median(run.first_token_s),
+            "first_token_s_max": max(run.first_token_s),
             "preemptions": after.preemptions_total - before.preemptions_total,
             "engine_iterations": len(burst.times),
             "mean_running": statistics.fmean(burst.running) if burst.running else 0.0,
@@ -269,11 +293,12 @@ def main() -> int:
     print(f"\n{args.model or args.preset}: arena {budget_pages} pages of {shape['page_bytes'] / 2**10:.0f} KiB "
           f"(8-bit experts {shape['weight_pages_8bit']} + KV of {args.kv_seqs} x {seq_pages}); "
           f"{args.requests} requests x ({args.prompt_len} + {args.max_tokens}) tokens")
-    print(f"{'case':9} {'tok/s':>8} {'s':>7} {'preempt':>7} {'run mean':>8} {'peak':>5} {'bits mean':>9} "
+    print(f"{'case':9} {'tok/s':>8} {'s':>7} {'ttft med':>8} {'ttft max':>8} {'preempt':>7} {'run mean':>8} {'peak':>5} {'bits mean':>9} "
           f"{'bits min':>8} {'recover s':>9}")
     for r in result["rows"]:
         rec = r.get("recovery_seconds")
-        print(f"{r['case']:9} {r['tok_per_s']:8.1f} {r['seconds']:7.2f} {r['preemptions']:7d} "
+        print(f"{r['case']:9} {r['tok_per_s']:8.1f} {r['seconds']:7.2f} {r['first_token_s_median']:8.2f} "
+              f"{r['first_token_s_max']:8.2f} {r['preemptions']:7d} "
               f"{r['mean_running']:8.1f} {r['peak_running']:5d} {r['mean_expert_bits']:9.2f} "
               f"{r['min_expert_bits']:8.2f} {'-' if rec is None else f'{rec:.2f}':>9}")
     return 0
