@@ -1,6 +1,7 @@
 """The memory-pressure benchmark (benchmarks/memory_pressure.py) on the tiny
-synthetic preset, CPU: in one tight arena the dynamic case walks its experts
-down while the burst's KV grows and back to 8 bits after it, the static cases
+synthetic preset, CPU: in one tight arena the dynamic cases walk their experts
+down while the burst's KV grows and back to 8 bits after it (the planned ones
+on a real controlplane's ladders, one of them above a floor), the static cases
 keep their bits, and every case generates every token."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS, PROMPT_LEN, MAX_TOKENS, KV_SEQS = 8, 40, 24, 2
+FLOOR_BITS = 6
 
 
 def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_path):
@@ -20,14 +22,15 @@ def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_pa
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "memory_pressure.py"), "--preset", "mixtral-tiny",
          "--device", "cpu", "--requests", str(REQUESTS), "--prompt-len", str(PROMPT_LEN),
-         "--max-tokens", str(MAX_TOKENS), "--kv-seqs", str(KV_SEQS), "--recovery-s", "30", "--out", str(out)],
+         "--max-tokens", str(MAX_TOKENS), "--kv-seqs", str(KV_SEQS), "--recovery-s", "30", "--out", str(out),
+         "--cases", "dynamic,planned,planned-floor,static-4,static-8", "--floor-bits", str(FLOOR_BITS)],
         check=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
     )
     result = json.loads(out.read_text())
     budget = result["budget"]
     assert budget["arena_pages"] == budget["expert_pages_at_8_bits"] + KV_SEQS * budget["kv_pages_per_sequence"]
     rows = {row["case"]: row for row in result["rows"]}
-    assert set(rows) == {"dynamic", "static-4", "static-8"}
+    assert set(rows) == {"dynamic", "planned", "planned-floor", "static-4", "static-8"}
     for row in rows.values():
         assert row["tokens"] == REQUESTS * MAX_TOKENS, row["case"]
         assert row["arena_pages"] == budget["arena_pages"]
@@ -36,10 +39,18 @@ def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_pa
     assert rows["static-8"]["peak_running"] < REQUESTS
     assert rows["static-4"]["mean_expert_bits"] == 4
     # Dynamic: demoted under the burst, so all requests ran at once, then back at 8 bits.
-    dynamic = rows["dynamic"]
-    assert dynamic["min_expert_bits"] < 8
-    assert dynamic["peak_running"] == REQUESTS
-    assert dynamic["preemptions"] == 0
-    assert dynamic["recovery_seconds"] is not None
-    assert dynamic["mean_expert_bits_after_trickle"] == 8
-    assert set(dynamic["weight_pages_by_bits_after_trickle"]) == {"8"}
+    for case in ("dynamic", "planned"):
+        row = rows[case]
+        assert row["min_expert_bits"] < 8, case
+        assert min(row["deepest_block_bits"]) < 8, case
+        assert row["peak_running"] == REQUESTS, case
+        assert row["preemptions"] == 0, case
+        assert row["recovery_seconds"] is not None, case
+        assert row["mean_expert_bits_after_trickle"] == 8, case
+        assert set(row["weight_pages_by_bits_after_trickle"]) == {"8"}, case
+    assert rows["planned"]["plans_received"] >= 1
+    # The floor holds: no block went below it, however many requests waited.
+    floored = rows["planned-floor"]
+    assert floored["plans_received"] >= 1
+    assert min(floored["deepest_block_bits"]) == FLOOR_BITS
+    assert floored["min_expert_bits"] >= FLOOR_BITS

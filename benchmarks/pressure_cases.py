@@ -1,0 +1,256 @@
+"""One case of benchmarks/memory_pressure.py, run in its own process: build
+the engine in the given arena, warm it up, send the burst, trace every engine
+iteration, and (for the dynamic cases) follow the burst with a trickle.
+
+Cases (``CASES``):
+* ``static-8`` / ``static-4``: experts fixed at 8 / 4 bits;
+* ``dynamic``: the dataplane's precision controller with no controlplane, so
+  it walks its local fallback order (least recently used blocks first, one
+  view at a time);
+* ``planned``: the same controller following the ladders of a real
+  controlplane (``ControlplaneServer`` on a free port, its SQLite file in a
+  temporary folder, telemetry over gRPC): demotions by predicted quality cost
+  per byte from the model's sensitivity table and the routing it reports;
+* ``planned-floor``: ``planned`` with the planner's default floor at
+  ``--floor-bits`` (no block below it; past it the scheduler preempts), the
+  operator's bound on how far a burst may take the quality down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.config import ControlplaneConfig, PlannerConfig
+from controlplane.server import ControlplaneServer
+from dataplane.app import Dataplane
+from dataplane.config import DataplaneConfig
+from dataplane.engine_builder import build
+from dataplane.engine_io import QueueSink
+from dataplane.profiling.corpus import split_windows
+from dataplane.sampling_params import SamplingParams
+
+CASES = {
+    "static-8": dict(dynamic_precision=False, initial_expert_bits=8),
+    "static-4": dict(dynamic_precision=False, initial_expert_bits=4),
+    "dynamic": dict(dynamic_precision=True, initial_expert_bits=8),
+    "planned": dict(dynamic_precision=True, initial_expert_bits=8),
+    "planned-floor": dict(dynamic_precision=True, initial_expert_bits=8),
+}
+PLANNED = ("planned", "planned-floor")
+TOP_BITS = 8
+WARMUP_PROMPT_LEN = 16
+WARMUP_MAX_TOKENS = 4
+TRICKLE_PROMPT_LEN = 32
+TRICKLE_MAX_TOKENS = 8
+OUTPUT_TIMEOUT_S = 900.0
+FIRST_PLAN_TIMEOUT_S = 60.0
+POLL_S = 0.05
+TELEMETRY_INTERVAL_MS = 250
+ADMIN_TOKEN = "memory-pressure-benchmark"  # the controlplane serves no Admin without one; nobody calls it
+PROMPT_SPLIT = "validation"  # prompts from the corpus never come from the split quality is measured on
+
+Prompts = Callable[[int, int], list[int]]  # (request index, length) -> token ids
+
+
+def synthetic_prompts(vocab: int) -> Prompts:
+    """Distinct from their first token on: no two requests share a cached prefix."""
+    return lambda i, length: [(31 * i + 7 * j + 3) % (vocab - 10) + 10 for j in range(length)]
+
+
+def corpus_prompts(tokens_dir: Path, domains: list[str], count: int, length: int) -> Prompts:
+    """Request i takes a validation window of domain i mod len(domains), cut to its length."""
+    per_domain = -(-count // len(domains))
+    windows = {d: split_windows(tokens_dir, d, PROMPT_SPLIT, length + 1, per_domain).inputs for d in domains}
+
+    def prompt(i: int, n: int) -> list[int]:
+        rows = windows[domains[i % len(domains)]]
+        return rows[(i // len(domains)) % rows.shape[0], :n].tolist()
+
+    return prompt
+
+
+class TimedSink(QueueSink):
+    """A QueueSink that notes when its request's first output arrived (engine thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_output_at: float | None = None
+
+    def __call__(self, output) -> None:
+        if self.first_output_at is None:
+            self.first_output_at = time.perf_counter()
+        super().__call__(output)
+
+
+@dataclass
+class Burst:
+    seconds: float  # from the first submission until the last request finished
+    tokens: int  # generated
+    first_token_s: list[float]  # per request, from the submission to its first output
+
+
+def run_requests(engine, tag: str, n: int, length: int, max_tokens: int, prompts: Prompts) -> Burst:
+    """Submits n requests at once and waits for all of them."""
+    sinks = []
+    start = time.perf_counter()
+    for i in range(n):
+        sink = TimedSink()
+        engine.add_request(f"{tag}-{i}", prompts(i, length), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                           sink)
+        sinks.append(sink)
+    tokens = sum(len(o.new_token_ids) for s in sinks for o in s.outputs(timeout=OUTPUT_TIMEOUT_S))
+    return Burst(time.perf_counter() - start, tokens, [s.first_output_at - start for s in sinks])
+
+
+@dataclass
+class StepTrace:
+    """Per engine-loop iteration, recorded on the engine thread (after the controller ran)."""
+
+    times: list[float] = field(default_factory=list)
+    mean_bits: list[float] = field(default_factory=list)  # over expert weights
+    running: list[int] = field(default_factory=list)
+    deepest_bits: list[int] = field(default_factory=list)  # every block's bits where mean_bits was lowest
+
+    def clear(self) -> None:
+        for values in (self.times, self.mean_bits, self.running, self.deepest_bits):
+            values.clear()
+
+
+def trace_steps(engine, store) -> StepTrace:
+    """Wraps the engine's before_step so each iteration records the expert bits and running requests."""
+    weights = [rows * cols for rows, cols in (store.shape(b) for b in range(store.num_blocks))]
+    total = sum(weights)
+    trace = StepTrace()
+    inner = engine.before_step
+
+    def before_step() -> None:
+        if inner is not None:
+            inner()
+        bits = store.block_bits()
+        mean = sum(w * b for w, b in zip(weights, bits)) / total
+        if not trace.mean_bits or mean < min(trace.mean_bits):
+            trace.deepest_bits[:] = bits
+        trace.times.append(time.perf_counter())
+        trace.mean_bits.append(mean)
+        trace.running.append(len(engine.scheduler.running))
+
+    engine.before_step = before_step
+    return trace
+
+
+def config_for(args: argparse.Namespace, case: str, max_arena_pages: int | None, **extra) -> DataplaneConfig:
+    model = dict(model_path=args.model) if args.model else dict(synthetic=args.preset)
+    return DataplaneConfig(
+        **model, device=args.device, dtype="bfloat16" if args.device != "cpu" else "float32",
+        max_running_seqs=args.requests, max_batched_tokens=args.max_batched_tokens,
+        max_context_length=args.prompt_len + args.max_tokens + WARMUP_PROMPT_LEN,
+        max_arena_pages=max_arena_pages, low_watermark=args.low_watermark,
+        high_watermark=args.high_watermark, **CASES[case], **extra,
+    )
+
+
+def probe(args: argparse.Namespace) -> dict:
+    """Arena pages of the experts at 8 bits and the page size (one build)."""
+    built = build(config_for(args, "static-8", None))
+    store = built.precision.store
+    return {"weight_pages_8bit": sum(store.block_pages(b, TOP_BITS) for b in range(store.num_blocks)),
+            "page_bytes": built.engine.arena.page_bytes, "kv_block_size": built.engine.kv.block_size}
+
+
+def warm_up(engine, largest: int, prompts: Prompts) -> None:
+    """Compiles kernels and captures the decode graphs of every bucket up to ``largest`` rows."""
+    graphs = engine.runner.graphs
+    buckets = [b for b in graphs.buckets if b <= largest] if graphs is not None else [1, largest]
+    for n in buckets:
+        run_requests(engine, f"warm{n}", n, WARMUP_PROMPT_LEN, WARMUP_MAX_TOKENS, prompts)
+
+
+def wait_for_plan(dataplane: Dataplane) -> None:
+    deadline = time.perf_counter() + FIRST_PLAN_TIMEOUT_S
+    while dataplane.plans.get() is None:
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"no plan from the controlplane within {FIRST_PLAN_TIMEOUT_S:g} s")
+        time.sleep(POLL_S)
+
+
+def run_case(args: argparse.Namespace, case: str, max_arena_pages: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        controlplane = None
+        if case in PLANNED:
+            floor = {"default_floor_bits": args.floor_bits} if case == "planned-floor" else {}
+            planner = PlannerConfig(low_watermark=args.low_watermark, high_watermark=args.high_watermark, **floor)
+            controlplane = ControlplaneServer(ControlplaneConfig(
+                port=0, db_path=str(Path(tmp) / "controlplane.sqlite3"), admin_tokens=(ADMIN_TOKEN,),
+                planner=planner)).start()
+        extra = {} if controlplane is None else dict(controlplane=controlplane.address,
+                                                     telemetry_interval_ms=TELEMETRY_INTERVAL_MS)
+        t0 = time.perf_counter()
+        dataplane = Dataplane(config_for(args, case, max_arena_pages, **extra))
+        build_s = time.perf_counter() - t0
+        try:
+            return measure(args, case, dataplane, build_s)
+        finally:
+            dataplane.stop()
+            if controlplane is not None:
+                controlplane.stop()
+
+
+def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: float) -> dict:
+    engine = dataplane.engine
+    trace = trace_steps(engine, dataplane.controller.store)
+    prompts = synthetic_prompts(engine.model_info.vocab_size)
+    if args.prompt_domains:
+        prompts = corpus_prompts(args.tokens_dir, args.prompt_domains.split(","), args.requests, args.prompt_len)
+    dataplane.start()
+    if case in PLANNED:
+        wait_for_plan(dataplane)
+    warm_up(engine, args.requests, prompts)
+    before = engine.stats()
+    trace.clear()
+    run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens, prompts)
+    after = engine.stats()
+    burst = StepTrace(list(trace.times), list(trace.mean_bits), list(trace.running), list(trace.deepest_bits))
+    row = {
+        "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
+        "requests": args.requests, "tokens": run.tokens, "seconds": run.seconds,
+        "tok_per_s": run.tokens / run.seconds,
+        "first_token_s_median": statistics.median(run.first_token_s),
+        "first_token_s_max": max(run.first_token_s),
+        "preemptions": after.preemptions_total - before.preemptions_total,
+        "engine_iterations": len(burst.times),
+        "mean_running": statistics.fmean(burst.running) if burst.running else 0.0,
+        "peak_running": max(burst.running, default=0),
+        "mean_expert_bits": statistics.fmean(burst.mean_bits) if burst.mean_bits else 0.0,
+        "min_expert_bits": min(burst.mean_bits, default=0.0),
+        "deepest_block_bits": burst.deepest_bits,
+        "weight_pages_by_bits_after_burst": after.arena.weight_pages_by_bits,
+    }
+    if case in PLANNED:
+        row["plans_received"] = dataplane.plans.received_total
+    if case == "planned-floor":
+        row["floor_bits"] = args.floor_bits
+    if CASES[case]["dynamic_precision"]:
+        row.update(recover(engine, trace, args.recovery_s))
+    return row
+
+
+def recover(engine, trace: StepTrace, limit_s: float) -> dict:
+    """Single short requests, one after another, until every block is back at 8 bits or ``limit_s``."""
+    prompts = synthetic_prompts(engine.model_info.vocab_size)
+    start = time.perf_counter()
+    sent = 0
+    while time.perf_counter() - start < limit_s:
+        if trace.mean_bits and trace.mean_bits[-1] == TOP_BITS:
+            break
+        run_requests(engine, f"trickle{sent}", 1, TRICKLE_PROMPT_LEN, TRICKLE_MAX_TOKENS, prompts)
+        sent += 1
+    back = bool(trace.mean_bits) and trace.mean_bits[-1] == TOP_BITS
+    return {"recovery_seconds": time.perf_counter() - start if back else None, "trickle_requests": sent,
+            "mean_expert_bits_after_trickle": trace.mean_bits[-1] if trace.mean_bits else None,
+            "weight_pages_by_bits_after_trickle": engine.stats().arena.weight_pages_by_bits}
