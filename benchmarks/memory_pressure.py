@@ -44,9 +44,13 @@ Recorded per case: the burst's wall time and generated tokens per second,
 time to first token (median and the last request's, from the burst's start),
 preemptions, running requests (mean over steps, peak), the mean bits per
 expert weight over the burst's steps (every block weighted by its weights) and
-its minimum, and for the dynamic cases the seconds until every block was back
-at 8 bits during the trickle. Kernels are compiled and graphs captured by a warm-up
-of short requests at the batch buckets before anything is timed.
+its minimum, the block bits at the deepest step and at ``--served-states``
+quantiles of the tokens generated (with ``--quality-windows``: their KL, the
+served KL being the mean over the quantile states, i.e. the KL of the
+average token the burst produced), and for the dynamic cases the seconds
+until every block was back at 8 bits during the trickle. Kernels are compiled
+and graphs captured by a warm-up of short requests at the batch buckets before
+anything is timed.
 """
 
 from __future__ import annotations
@@ -90,19 +94,27 @@ def run_child(argv: list[str], extra: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
-def score_deepest_states(args: argparse.Namespace, rows: list[dict]) -> dict:
-    """KL to the 8-bit model and perplexity of each case's deepest state, per domain and their mean."""
+def score_states(args: argparse.Namespace, rows: list[dict]) -> dict:
+    """Scores each case's deepest state and its served states (KL to the 8-bit model,
+    perplexity); the served KL is the mean over the token-quantile states."""
     paged = PagedModel(args.model, QUALITY_SEQ_LEN, QUALITY_BATCH)
     domains = corpus_domains(args.tokens_dir)
     windows = load_domain_windows(args.tokens_dir, domains, QUALITY_SPLIT, QUALITY_SEQ_LEN, args.quality_windows)
-    configs = {row["case"]: np.asarray(row["deepest_block_bits"]).reshape(paged.bits().shape) for row in rows}
-    scored = evaluate(paged, windows, configs)
+    distinct: dict[tuple[int, ...], str] = {}  # block bits -> config name (each state scored once)
     for row in rows:
-        per_domain = scored[row["case"]]
-        row["quality_at_deepest"] = {"per_domain": {d: q.as_dict() for d, q in per_domain.items()},
-                                     "mean": mean_quality(per_domain)}
+        for bits in (row["deepest_block_bits"], *row["served_block_bits"]):
+            distinct.setdefault(tuple(bits), f"state{len(distinct)}")
+    configs = {name: np.asarray(bits).reshape(paged.bits().shape) for bits, name in distinct.items()}
+    scored = {name: mean_quality(per_domain) for name, per_domain in evaluate(paged, windows, configs).items()}
+    for row in rows:
+        row["quality_at_deepest"] = scored[distinct[tuple(row["deepest_block_bits"])]]
+        served = [scored[distinct[tuple(bits)]] for bits in row["served_block_bits"]]
+        row["served_kl"] = float(np.mean([q["kl"] for q in served]))
+        row["served_perplexity"] = float(np.mean([q["perplexity"] for q in served]))
     return {"split": QUALITY_SPLIT, "windows_per_domain": args.quality_windows, "seq_len": QUALITY_SEQ_LEN,
-            "kl": "mean KL(p_8bit || p) per counted position, nats (benchmarks/quality_eval.py)"}
+            "states_scored": len(configs),
+            "kl": "mean KL(p_8bit || p) per counted position, nats, mean over the domains "
+                  "(benchmarks/quality_eval.py); served_kl: the mean over the token-quantile states"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -124,6 +136,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompt-domains", default="",
                         help="comma list: prompts from these domains' validation windows (else arbitrary ids)")
     parser.add_argument("--tokens-dir", type=Path, default=Path("data/tokens"))
+    parser.add_argument("--served-states", type=int, default=8,
+                        help="block-bits states kept per case at the quantiles of the tokens generated")
     parser.add_argument("--quality-windows", type=int, default=0,
                         help="with --model: score each case's deepest state on this many test windows a domain")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -174,7 +188,7 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, default=str))
     if args.quality_windows:
-        result["quality"] = score_deepest_states(args, result["rows"])
+        result["quality"] = score_states(args, result["rows"])
         args.out.write_text(json.dumps(result, indent=2, default=str))
     print_table(args, shape, budget_pages, seq_pages, result)
     return 0
@@ -185,15 +199,16 @@ def print_table(args: argparse.Namespace, shape: dict, budget_pages: int, seq_pa
           f"(8-bit experts {shape['weight_pages_8bit']} + KV of {args.kv_seqs} x {seq_pages}); "
           f"{args.requests} requests x ({args.prompt_len} + {args.max_tokens}) tokens")
     print(f"{'case':13} {'tok/s':>8} {'s':>7} {'ttft med':>8} {'ttft max':>8} {'preempt':>7} {'run mean':>8} "
-          f"{'peak':>5} {'bits mean':>9} {'bits min':>8} {'recover s':>9} {'KL deep':>8}")
+          f"{'peak':>5} {'bits mean':>9} {'bits min':>8} {'recover s':>9} {'KL deep':>8} {'KL served':>9}")
     for r in result["rows"]:
         rec = r.get("recovery_seconds")
-        kl = r.get("quality_at_deepest", {}).get("mean", {}).get("kl")
+        kl = r.get("quality_at_deepest", {}).get("kl")
+        served = r.get("served_kl")
         print(f"{r['case']:13} {r['tok_per_s']:8.1f} {r['seconds']:7.2f} {r['first_token_s_median']:8.2f} "
               f"{r['first_token_s_max']:8.2f} {r['preemptions']:7d} "
               f"{r['mean_running']:8.1f} {r['peak_running']:5d} {r['mean_expert_bits']:9.2f} "
               f"{r['min_expert_bits']:8.2f} {'-' if rec is None else f'{rec:.2f}':>9} "
-              f"{'-' if kl is None else f'{kl:.4f}':>8}")
+              f"{'-' if kl is None else f'{kl:.4f}':>8} {'-' if served is None else f'{served:.4f}':>9}")
 
 
 if __name__ == "__main__":

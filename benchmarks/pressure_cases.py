@@ -115,15 +115,40 @@ class StepTrace:
     times: list[float] = field(default_factory=list)
     mean_bits: list[float] = field(default_factory=list)  # over expert weights
     running: list[int] = field(default_factory=list)
-    deepest_bits: list[int] = field(default_factory=list)  # every block's bits where mean_bits was lowest
+    generated: list[int] = field(default_factory=list)  # tokens generated before this iteration (engine total)
+    state_ids: list[int] = field(default_factory=list)  # index into states of this iteration's block bits
+    states: list[list[int]] = field(default_factory=list)  # distinct block bits, in order of appearance
 
     def clear(self) -> None:
-        for values in (self.times, self.mean_bits, self.running, self.deepest_bits):
+        for values in (self.times, self.mean_bits, self.running, self.generated, self.state_ids, self.states):
             values.clear()
+
+    def deepest_state(self) -> list[int]:
+        """Every block's bits at the iteration with the lowest mean bits."""
+        return self.states[self.state_ids[self.mean_bits.index(min(self.mean_bits))]]
+
+    def served_states(self, generated_end: int, count: int) -> list[list[int]]:
+        """``count`` states at the token quantiles (k + 1/2) / count of the tokens generated
+        over the trace: each iteration's state is weighted by the tokens that came out
+        between it and the next iteration (the last: until ``generated_end``)."""
+        bounds = [*self.generated[1:], generated_end]
+        weights = [max(0, b - a) for a, b in zip(self.generated, bounds)]  # [iterations]
+        total = sum(weights)
+        if total == 0:
+            return [self.deepest_state()] * count
+        picked, cumulative, i = [], 0, -1
+        for k in range(count):
+            target = (k + 0.5) / count * total
+            while cumulative <= target:
+                i += 1
+                cumulative += weights[i]
+            picked.append(self.states[self.state_ids[i]])
+        return picked
 
 
 def trace_steps(engine, store) -> StepTrace:
-    """Wraps the engine's before_step so each iteration records the expert bits and running requests."""
+    """Wraps the engine's before_step so each iteration records the expert bits, the
+    running requests and the tokens generated so far."""
     weights = [rows * cols for rows, cols in (store.shape(b) for b in range(store.num_blocks))]
     total = sum(weights)
     trace = StepTrace()
@@ -133,12 +158,13 @@ def trace_steps(engine, store) -> StepTrace:
         if inner is not None:
             inner()
         bits = store.block_bits()
-        mean = sum(w * b for w, b in zip(weights, bits)) / total
-        if not trace.mean_bits or mean < min(trace.mean_bits):
-            trace.deepest_bits[:] = bits
+        if not trace.states or trace.states[-1] != bits:
+            trace.states.append(bits)
+        trace.state_ids.append(len(trace.states) - 1)
         trace.times.append(time.perf_counter())
-        trace.mean_bits.append(mean)
+        trace.mean_bits.append(sum(w * b for w, b in zip(weights, bits)) / total)
         trace.running.append(len(engine.scheduler.running))
+        trace.generated.append(engine.stats().generated_tokens_total)
 
     engine.before_step = before_step
     return trace
@@ -215,7 +241,8 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     trace.clear()
     run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens, prompts)
     after = engine.stats()
-    burst = StepTrace(list(trace.times), list(trace.mean_bits), list(trace.running), list(trace.deepest_bits))
+    burst = StepTrace(*(list(values) for values in (trace.times, trace.mean_bits, trace.running, trace.generated,
+                                                     trace.state_ids, trace.states)))
     row = {
         "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
         "requests": args.requests, "tokens": run.tokens, "seconds": run.seconds,
@@ -228,7 +255,8 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
         "peak_running": max(burst.running, default=0),
         "mean_expert_bits": statistics.fmean(burst.mean_bits) if burst.mean_bits else 0.0,
         "min_expert_bits": min(burst.mean_bits, default=0.0),
-        "deepest_block_bits": burst.deepest_bits,
+        "deepest_block_bits": burst.deepest_state(),
+        "served_block_bits": burst.served_states(after.generated_tokens_total, args.served_states),
         "weight_pages_by_bits_after_burst": after.arena.weight_pages_by_bits,
     }
     if case in PLANNED:

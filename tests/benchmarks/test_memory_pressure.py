@@ -38,6 +38,10 @@ def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_pa
     assert rows["static-8"]["min_expert_bits"] == rows["static-8"]["mean_expert_bits"] == 8
     assert rows["static-8"]["peak_running"] < REQUESTS
     assert rows["static-4"]["mean_expert_bits"] == 4
+    for row in rows.values():  # eight states at the quantiles of the tokens generated (the default)
+        assert len(row["served_block_bits"]) == 8, row["case"]
+        assert all(len(bits) == len(row["deepest_block_bits"]) for bits in row["served_block_bits"])
+    assert {b for bits in rows["static-4"]["served_block_bits"] for b in bits} == {4}
     # Dynamic: demoted under the burst, so all requests ran at once, then back at 8 bits.
     for case in ("dynamic", "planned"):
         row = rows[case]
