@@ -132,8 +132,9 @@ def paged_prefill_attention(
     i sees keys up to context_len - q_len + i, so a cached prefix is seen whole),
     which SDPA runs as a fused kernel (flash or memory-efficient) where the
     device has one, instead of materialising [q_len, context_len] scores.
-    K/V heads are repeated to the query heads for that path: torch dispatches
-    the lower-right bias to its fused kernels for equal head counts only.
+    K/V heads are repeated to the query heads for that path: the bias's fused
+    branches (torch/nn/attention/bias.py) call the flash and memory-efficient
+    ops without a grouped-head flag.
     """
     q_len, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
