@@ -19,6 +19,7 @@ Cases (``CASES``):
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import tempfile
 import time
@@ -53,6 +54,7 @@ FIRST_PLAN_TIMEOUT_S = 60.0
 POLL_S = 0.05
 TELEMETRY_INTERVAL_MS = 250
 ADMIN_TOKEN = "memory-pressure-benchmark"  # the controlplane serves no Admin without one; nobody calls it
+ARRIVAL_SEED = 0  # every case sees the same arrival times
 PROMPT_SPLIT = "validation"  # prompts from the corpus never come from the split quality is measured on
 
 Prompts = Callable[[int, int], list[int]]  # (request index, length) -> token ids
@@ -80,6 +82,7 @@ class TimedSink(QueueSink):
 
     def __init__(self) -> None:
         super().__init__()
+        self.submitted_at = time.perf_counter()
         self.first_output_at: float | None = None
 
     def __call__(self, output) -> None:
@@ -92,20 +95,32 @@ class TimedSink(QueueSink):
 class Burst:
     seconds: float  # from the first submission until the last request finished
     tokens: int  # generated
-    first_token_s: list[float]  # per request, from the submission to its first output
+    first_token_s: list[float]  # per request, from its submission to its first output
 
 
-def run_requests(engine, tag: str, n: int, length: int, max_tokens: int, prompts: Prompts) -> Burst:
-    """Submits n requests at once and waits for all of them."""
+def arrival_gaps(n: int, rate_per_s: float, seed: int) -> list[float]:
+    """Seconds before each of n submissions: 0 for all (one burst) at rate 0, else a
+    Poisson stream (exponential gaps, the first request at once)."""
+    if rate_per_s <= 0:
+        return [0.0] * n
+    gen = random.Random(seed)
+    return [0.0, *(gen.expovariate(rate_per_s) for _ in range(n - 1))]
+
+
+def run_requests(engine, tag: str, n: int, length: int, max_tokens: int, prompts: Prompts,
+                 gaps: list[float] | None = None) -> Burst:
+    """Submits n requests (at once, or after ``gaps``) and waits for all of them."""
     sinks = []
     start = time.perf_counter()
-    for i in range(n):
+    for i, gap in enumerate(gaps or [0.0] * n):
+        if gap:
+            time.sleep(gap)
         sink = TimedSink()
         engine.add_request(f"{tag}-{i}", prompts(i, length), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                            sink)
         sinks.append(sink)
     tokens = sum(len(o.new_token_ids) for s in sinks for o in s.outputs(timeout=OUTPUT_TIMEOUT_S))
-    return Burst(time.perf_counter() - start, tokens, [s.first_output_at - start for s in sinks])
+    return Burst(time.perf_counter() - start, tokens, [s.first_output_at - s.submitted_at for s in sinks])
 
 
 @dataclass
@@ -239,7 +254,8 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     warm_up(engine, args.requests, prompts)
     before = engine.stats()
     trace.clear()
-    run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens, prompts)
+    gaps = arrival_gaps(args.requests, args.arrival_rate, ARRIVAL_SEED)
+    run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens, prompts, gaps)
     after = engine.stats()
     burst = StepTrace(*(list(values) for values in (trace.times, trace.mean_bits, trace.running, trace.generated,
                                                      trace.state_ids, trace.states)))
@@ -247,7 +263,10 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
         "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
         "requests": args.requests, "tokens": run.tokens, "seconds": run.seconds,
         "tok_per_s": run.tokens / run.seconds,
+        "arrival_rate_per_s": args.arrival_rate,
         "first_token_s_median": statistics.median(run.first_token_s),
+        "first_token_s_p90": statistics.quantiles(run.first_token_s, n=10)[-1] if len(run.first_token_s) > 1
+        else run.first_token_s[0],
         "first_token_s_max": max(run.first_token_s),
         "preemptions": after.preemptions_total - before.preemptions_total,
         "engine_iterations": len(burst.times),
