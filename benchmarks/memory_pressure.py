@@ -136,6 +136,8 @@ def parse_args() -> argparse.Namespace:
                         help="dynamic cases: the longest the trickle after the burst may run")
     parser.add_argument("--arrival-rate", type=float, default=0.0,
                         help="requests a second, a seeded Poisson stream (0: all at once, one burst)")
+    parser.add_argument("--planner", default="{}",
+                        help="planned cases: PlannerConfig fields as JSON, over the defaults (A/B runs)")
     parser.add_argument("--floor-bits", type=int, default=4, help="planned-floor: the planner's default floor")
     parser.add_argument("--prompt-domains", default="",
                         help="comma list: prompts from these domains' validation windows (else arbitrary ids)")
@@ -182,6 +184,7 @@ def main() -> int:
         "model": args.model or f"synthetic {args.preset}",
         "prompts": f"{args.prompt_domains} validation windows" if args.prompt_domains else "arbitrary token ids",
         "arrivals": f"Poisson, {args.arrival_rate:g} requests/s" if args.arrival_rate > 0 else "all at once",
+        "planner_overrides": json.loads(args.planner),
         "budget": {"arena_pages": budget_pages, "page_bytes": shape["page_bytes"],
                    "expert_pages_at_8_bits": shape["weight_pages_8bit"], "kv_pages_per_sequence": seq_pages,
                    "kv_seqs_next_to_8_bit_experts": args.kv_seqs,

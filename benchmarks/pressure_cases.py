@@ -19,6 +19,7 @@ Cases (``CASES``):
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import tempfile
@@ -225,7 +226,8 @@ def run_case(args: argparse.Namespace, case: str, max_arena_pages: int) -> dict:
         controlplane = None
         if case in PLANNED:
             floor = {"default_floor_bits": args.floor_bits} if case == "planned-floor" else {}
-            planner = PlannerConfig(low_watermark=args.low_watermark, high_watermark=args.high_watermark, **floor)
+            planner = PlannerConfig(**{"low_watermark": args.low_watermark, "high_watermark": args.high_watermark,
+                                       **floor, **json.loads(args.planner)})
             controlplane = ControlplaneServer(ControlplaneConfig(
                 port=0, db_path=str(Path(tmp) / "controlplane.sqlite3"), admin_tokens=(ADMIN_TOKEN,),
                 planner=planner)).start()
