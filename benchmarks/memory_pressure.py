@@ -49,7 +49,10 @@ expert weight over the burst's steps (every block weighted by its weights) and
 its minimum, the block bits at the deepest step and at ``--served-states``
 quantiles of the tokens generated (with ``--quality-windows``: their KL, the
 served KL being the mean over the quantile states, i.e. the KL of the
-average token the burst produced), and for the dynamic cases the seconds
+average token the burst produced; when static-8 ran, the same states are also
+scored on its requests, prompt plus greedy continuation, counting the
+generated tokens: the text a server of this workload serves, where the test
+windows are the corpus's), and for the dynamic cases the seconds
 until every block was back at 8 bits during the trickle. Kernels are compiled
 and graphs captured by a warm-up of short requests at the batch buckets before
 anything is timed.
@@ -76,6 +79,7 @@ from benchmarks.provenance import git_commit  # noqa: E402
 from benchmarks.quality_eval import PagedModel, evaluate, load_domain_windows, mean_quality  # noqa: E402
 from dataplane.kv_cache import blocks_for_tokens  # noqa: E402
 from dataplane.profiling.corpus import corpus_domains  # noqa: E402
+from models.train.lm_eval import IGNORE, EvalWindows  # noqa: E402
 
 QUALITY_SEQ_LEN = 256
 QUALITY_BATCH = 8
@@ -96,6 +100,15 @@ def run_child(argv: list[str], extra: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
+def served_text_windows(texts: list[list[int]], prompt_len: int) -> EvalWindows:
+    """The static 8-bit case's requests (prompt + its greedy continuation) as windows whose
+    counted positions are the generated tokens."""
+    seqs = torch.tensor(texts, dtype=torch.int64)  # [requests, prompt + generated]
+    targets = seqs[:, 1:].clone()
+    targets[:, : prompt_len - 1] = IGNORE  # positions that predict prompt tokens
+    return EvalWindows(seqs[:, :-1], targets)
+
+
 def score_states(args: argparse.Namespace, rows: list[dict]) -> dict:
     """Scores each case's deepest state and its served states (KL to the 8-bit model,
     perplexity); the served KL is the mean over the token-quantile states."""
@@ -113,10 +126,19 @@ def score_states(args: argparse.Namespace, rows: list[dict]) -> dict:
         served = [scored[distinct[tuple(bits)]] for bits in row["served_block_bits"]]
         row["served_kl"] = float(np.mean([q["kl"] for q in served]))
         row["served_perplexity"] = float(np.mean([q["perplexity"] for q in served]))
+    texts = next((row["served_token_ids"] for row in rows if "served_token_ids" in row), None)
+    if texts is not None:
+        on_text = evaluate(paged, {"served_text": served_text_windows(texts, args.prompt_len)}, configs)
+        for row in rows:
+            row["deepest_kl_on_served_text"] = on_text[distinct[tuple(row["deepest_block_bits"])]]["served_text"].kl
+            row["served_kl_on_served_text"] = float(np.mean(
+                [on_text[distinct[tuple(bits)]]["served_text"].kl for bits in row["served_block_bits"]]))
     return {"split": QUALITY_SPLIT, "windows_per_domain": args.quality_windows, "seq_len": QUALITY_SEQ_LEN,
             "states_scored": len(configs),
             "kl": "mean KL(p_8bit || p) per counted position, nats, mean over the domains "
-                  "(benchmarks/quality_eval.py); served_kl: the mean over the token-quantile states"}
+                  "(benchmarks/quality_eval.py); served_kl: the mean over the token-quantile states",
+            "served_text": "*_on_served_text: the same KL on the static 8-bit case's requests (prompt + "
+                           "greedy continuation), counted on the generated tokens only"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -136,6 +158,9 @@ def parse_args() -> argparse.Namespace:
                         help="dynamic cases: the longest the trickle after the burst may run")
     parser.add_argument("--arrival-rate", type=float, default=0.0,
                         help="requests a second, a seeded Poisson stream (0: all at once, one burst)")
+    parser.add_argument("--history-requests", type=int, default=0,
+                        help="requests served before the timed load, in groups that fit 8-bit experts "
+                             "(the controlplane's activity then holds the workload's routing)")
     parser.add_argument("--planner", default="{}",
                         help="planned cases: PlannerConfig fields as JSON, over the defaults (A/B runs)")
     parser.add_argument("--floor-bits", type=int, default=4, help="planned-floor: the planner's default floor")
@@ -185,6 +210,7 @@ def main() -> int:
         "prompts": f"{args.prompt_domains} validation windows" if args.prompt_domains else "arbitrary token ids",
         "arrivals": f"Poisson, {args.arrival_rate:g} requests/s" if args.arrival_rate > 0 else "all at once",
         "planner_overrides": json.loads(args.planner),
+        "history_requests": args.history_requests,
         "budget": {"arena_pages": budget_pages, "page_bytes": shape["page_bytes"],
                    "expert_pages_at_8_bits": shape["weight_pages_8bit"], "kv_pages_per_sequence": seq_pages,
                    "kv_seqs_next_to_8_bit_experts": args.kv_seqs,
@@ -207,16 +233,19 @@ def print_table(args: argparse.Namespace, shape: dict, budget_pages: int, seq_pa
           f"(8-bit experts {shape['weight_pages_8bit']} + KV of {args.kv_seqs} x {seq_pages}); "
           f"{args.requests} requests x ({args.prompt_len} + {args.max_tokens}) tokens, {result['arrivals']}")
     print(f"{'case':13} {'tok/s':>8} {'s':>7} {'ttft med':>8} {'ttft p90':>8} {'preempt':>7} {'run mean':>8} "
-          f"{'peak':>5} {'bits mean':>9} {'bits min':>8} {'recover s':>9} {'KL deep':>8} {'KL served':>9}")
+          f"{'peak':>5} {'bits mean':>9} {'bits min':>8} {'recover s':>9} {'KL deep':>8} {'KL served':>9} "
+          f"{'on text':>8}")
     for r in result["rows"]:
         rec = r.get("recovery_seconds")
         kl = r.get("quality_at_deepest", {}).get("kl")
         served = r.get("served_kl")
+        on_text = r.get("served_kl_on_served_text")
         print(f"{r['case']:13} {r['tok_per_s']:8.1f} {r['seconds']:7.2f} {r['first_token_s_median']:8.2f} "
               f"{r['first_token_s_p90']:8.2f} {r['preemptions']:7d} "
               f"{r['mean_running']:8.1f} {r['peak_running']:5d} {r['mean_expert_bits']:9.2f} "
               f"{r['min_expert_bits']:8.2f} {'-' if rec is None else f'{rec:.2f}':>9} "
-              f"{'-' if kl is None else f'{kl:.4f}':>8} {'-' if served is None else f'{served:.4f}':>9}")
+              f"{'-' if kl is None else f'{kl:.4f}':>8} {'-' if served is None else f'{served:.4f}':>9} "
+              f"{'-' if on_text is None else f'{on_text:.4f}':>8}")
 
 
 if __name__ == "__main__":

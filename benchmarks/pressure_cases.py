@@ -54,6 +54,7 @@ OUTPUT_TIMEOUT_S = 900.0
 FIRST_PLAN_TIMEOUT_S = 60.0
 POLL_S = 0.05
 TELEMETRY_INTERVAL_MS = 250
+HISTORY_SETTLE_S = 2.0  # > the controlplane's plan_min_interval_s (1 s) plus a telemetry report
 ADMIN_TOKEN = "memory-pressure-benchmark"  # the controlplane serves no Admin without one; nobody calls it
 ARRIVAL_SEED = 0  # every case sees the same arrival times
 PROMPT_SPLIT = "validation"  # prompts from the corpus never come from the split quality is measured on
@@ -97,6 +98,7 @@ class Burst:
     seconds: float  # from the first submission until the last request finished
     tokens: int  # generated
     first_token_s: list[float]  # per request, from its submission to its first output
+    sequences: list[list[int]]  # per request, prompt then generated token ids
 
 
 def arrival_gaps(n: int, rate_per_s: float, seed: int) -> list[float]:
@@ -111,17 +113,20 @@ def arrival_gaps(n: int, rate_per_s: float, seed: int) -> list[float]:
 def run_requests(engine, tag: str, n: int, length: int, max_tokens: int, prompts: Prompts,
                  gaps: list[float] | None = None) -> Burst:
     """Submits n requests (at once, or after ``gaps``) and waits for all of them."""
-    sinks = []
+    sinks, sequences = [], []
     start = time.perf_counter()
     for i, gap in enumerate(gaps or [0.0] * n):
         if gap:
             time.sleep(gap)
         sink = TimedSink()
-        engine.add_request(f"{tag}-{i}", prompts(i, length), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                           sink)
+        sequences.append(prompts(i, length))
+        engine.add_request(f"{tag}-{i}", sequences[-1], SamplingParams(max_tokens=max_tokens, ignore_eos=True), sink)
         sinks.append(sink)
-    tokens = sum(len(o.new_token_ids) for s in sinks for o in s.outputs(timeout=OUTPUT_TIMEOUT_S))
-    return Burst(time.perf_counter() - start, tokens, [s.first_output_at - s.submitted_at for s in sinks])
+    for sink, sequence in zip(sinks, sequences):
+        for output in sink.outputs(timeout=OUTPUT_TIMEOUT_S):
+            sequence.extend(output.new_token_ids)
+    tokens = sum(len(seq) for seq in sequences) - n * length
+    return Burst(time.perf_counter() - start, tokens, [s.first_output_at - s.submitted_at for s in sinks], sequences)
 
 
 @dataclass
@@ -213,6 +218,20 @@ def warm_up(engine, largest: int, prompts: Prompts) -> None:
         run_requests(engine, f"warm{n}", n, WARMUP_PROMPT_LEN, WARMUP_MAX_TOKENS, prompts)
 
 
+def run_history(engine, args: argparse.Namespace, prompts: Prompts) -> None:
+    """Serves ``--history-requests`` requests in groups that fit next to 8-bit experts, so that the
+    controlplane's activity table has the workload's routing before the timed load (a server that
+    has run a while), then lets a plan built on it arrive."""
+    if not args.history_requests:
+        return
+    group = max(1, args.kv_seqs // 2)
+    for start in range(0, args.history_requests, group):
+        n = min(group, args.history_requests - start)
+        run_requests(engine, f"history{start}", n, args.prompt_len, args.max_tokens,
+                     lambda i, length: prompts(start + i, length))
+    time.sleep(HISTORY_SETTLE_S)
+
+
 def wait_for_plan(dataplane: Dataplane) -> None:
     deadline = time.perf_counter() + FIRST_PLAN_TIMEOUT_S
     while dataplane.plans.get() is None:
@@ -249,11 +268,14 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     trace = trace_steps(engine, dataplane.controller.store)
     prompts = synthetic_prompts(engine.model_info.vocab_size)
     if args.prompt_domains:
-        prompts = corpus_prompts(args.tokens_dir, args.prompt_domains.split(","), args.requests, args.prompt_len)
+        prompts = corpus_prompts(args.tokens_dir, args.prompt_domains.split(","),
+                                 args.requests + args.history_requests + args.requests, args.prompt_len)
     dataplane.start()
     if case in PLANNED:
         wait_for_plan(dataplane)
-    warm_up(engine, args.requests, prompts)
+    # Warm-up and history take prompts past the burst's (indices offset), so none shares its cached prefix.
+    warm_up(engine, args.requests, lambda i, n: prompts(args.requests + args.history_requests + i, n))
+    run_history(engine, args, lambda i, n: prompts(args.requests + i, n))
     before = engine.stats()
     trace.clear()
     gaps = arrival_gaps(args.requests, args.arrival_rate, ARRIVAL_SEED)
@@ -280,6 +302,8 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
         "served_block_bits": burst.served_states(after.generated_tokens_total, args.served_states),
         "weight_pages_by_bits_after_burst": after.arena.weight_pages_by_bits,
     }
+    if case == "static-8":  # the 8-bit model's own text: what the other cases' states are scored on too
+        row["served_token_ids"] = run.sequences
     if case in PLANNED:
         row["plans_received"] = dataplane.plans.received_total
     if case == "planned-floor":
