@@ -25,7 +25,11 @@ the load rises above and falls below what 8-bit experts leave room for. Cases:
 
 ``--prompt-domains`` takes the prompts from the corpus's validation split
 (``--tokens-dir``), so that the routing the controlplane plans from is that of
-real text; otherwise prompts are arbitrary token ids. With a checkpoint and
+real text; otherwise prompts are arbitrary token ids. ``--history-requests``
+serves that many requests first, in groups that fit next to 8-bit experts, so
+that the controlplane's activity already holds the workload (a server that
+has run a while); ``--planner`` overrides PlannerConfig fields (JSON) for the
+planned cases. With a checkpoint and
 ``--quality-windows N``, each case's deepest state (every block's bits where
 its mean bits were lowest during the burst) is scored afterwards on N test
 windows per domain: KL to the all-8-bit model and perplexity
