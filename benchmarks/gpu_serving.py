@@ -1,5 +1,5 @@
-"""Serving on the GPU: the weight store's CUDA path and the engine under
-memory pressure (static precision vs the dynamic precision ladder).
+"""Serving on the GPU: the weight store's CUDA path and the engine's decode
+throughput on the default model.
 
 One command, writes JSON (``--out``) and prints a short table last:
 
@@ -11,9 +11,8 @@ Parts:
    promotion bandwidth (host -> arena).
 2. Engine decode throughput on the default model (bf16), paged experts at
    8 bits through the plain-torch path (no fused kernel) vs dense experts.
-3. A memory-pressure scenario: an arena where 8-bit experts leave KV room for
-   a few sequences only; N concurrent requests; static 8-bit (preempts),
-   static 4-bit, and dynamic precision: tok/s, preemptions, final bits.
+(The memory-pressure scenario this script's third part once ran, in
+serving_h200.json, is benchmarks/memory_pressure.py now.)
 Runs on the CPU too (for a dry run), with smaller counts.
 """
 
@@ -122,36 +121,6 @@ def part_throughput(device: str, batches: list[int], max_tokens: int) -> list[di
     return rows
 
 
-def part_pressure(device: str, requests: int, max_tokens: int) -> list[dict]:
-    probe = build(DataplaneConfig(model_path=str(MODEL), device=device, max_arena_pages=4096))
-    weight_pages = sum(probe.engine.arena.snapshot().weight_pages_by_bits.values())
-    tokens_per_seq = PROMPT_LEN + max_tokens
-    kv_pages_per_seq = -(-tokens_per_seq // 16)
-    spare = 3 * kv_pages_per_seq  # KV for three sequences next to 8-bit experts
-    del probe
-    rows = []
-    # Kernels are compiled by part_throughput's warm-up (same process); the
-    # dynamic case runs first so that no compile time can favour it.
-    cases = [("dynamic", dict(dynamic_precision=True, initial_expert_bits=8, min_residence_ms=0)),
-             ("static-4bit", dict(dynamic_precision=False, initial_expert_bits=4)),
-             ("static-8bit", dict(dynamic_precision=False, initial_expert_bits=8))]
-    for name, opts in cases:
-        built = build(DataplaneConfig(model_path=str(MODEL), device=device, max_arena_pages=weight_pages + spare,
-                                      **opts))
-        engine = built.engine
-        engine.start()
-        try:
-            seconds, tokens = run_requests(engine, requests, max_tokens)
-            stats = engine.stats()
-            rows.append({"case": name, "requests": requests, "tokens": tokens, "seconds": seconds,
-                         "tok_per_s": tokens / seconds, "preemptions": stats.preemptions_total,
-                         "weight_pages_by_bits_after": stats.arena.weight_pages_by_bits,
-                         "arena_pages": stats.arena.total_pages})
-        finally:
-            engine.stop()
-    return rows
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
@@ -170,7 +139,6 @@ def main() -> int:
     }
     result["store"] = part_store(args.device)
     result["throughput"] = part_throughput(args.device, batches, 64 if on_gpu else 8)
-    result["pressure"] = part_pressure(args.device, 24 if on_gpu else 6, 128 if on_gpu else 24)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str))
     print(f"\nstore: {result['store']['bytes_promoted'] / 1e6:.1f} MB promoted in "
@@ -180,9 +148,6 @@ def main() -> int:
     print(f"{'experts':8} {'batch':>5} {'tok/s':>9}")
     for row in result["throughput"]:
         print(f"{row['experts']:8} {row['batch']:5d} {row['tok_per_s']:9.1f}")
-    print(f"{'pressure case':14} {'tok/s':>9} {'preempt':>8}  bits after")
-    for row in result["pressure"]:
-        print(f"{row['case']:14} {row['tok_per_s']:9.1f} {row['preemptions']:8d}  {row['weight_pages_by_bits_after']}")
     return 0
 
 

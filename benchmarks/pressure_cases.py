@@ -133,7 +133,6 @@ def run_requests(engine, tag: str, n: int, length: int, max_tokens: int, prompts
 class StepTrace:
     """Per engine-loop iteration, recorded on the engine thread (after the controller ran)."""
 
-    times: list[float] = field(default_factory=list)
     mean_bits: list[float] = field(default_factory=list)  # over expert weights
     running: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)  # tokens generated before this iteration (engine total)
@@ -141,7 +140,7 @@ class StepTrace:
     states: list[list[int]] = field(default_factory=list)  # distinct block bits, in order of appearance
 
     def clear(self) -> None:
-        for values in (self.times, self.mean_bits, self.running, self.generated, self.state_ids, self.states):
+        for values in (self.mean_bits, self.running, self.generated, self.state_ids, self.states):
             values.clear()
 
     def deepest_state(self) -> list[int]:
@@ -182,7 +181,6 @@ def trace_steps(engine, store) -> StepTrace:
         if not trace.states or trace.states[-1] != bits:
             trace.states.append(bits)
         trace.state_ids.append(len(trace.states) - 1)
-        trace.times.append(time.perf_counter())
         trace.mean_bits.append(sum(w * b for w, b in zip(weights, bits)) / total)
         trace.running.append(len(engine.scheduler.running))
         trace.generated.append(engine.stats().generated_tokens_total)
@@ -281,9 +279,7 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     gaps = arrival_gaps(args.requests, args.arrival_rate, ARRIVAL_SEED)
     run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens, prompts, gaps)
     after = engine.stats()
-    burst = StepTrace(*(list(values) for values in (trace.times, trace.mean_bits, trace.running, trace.generated,
-                                                     trace.state_ids, trace.states)))
-    row = {
+    row = {  # read from the trace before the trickle (recover) adds iterations to it
         "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
         "requests": args.requests, "tokens": run.tokens, "seconds": run.seconds,
         "tok_per_s": run.tokens / run.seconds,
@@ -293,13 +289,13 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
         else run.first_token_s[0],
         "first_token_s_max": max(run.first_token_s),
         "preemptions": after.preemptions_total - before.preemptions_total,
-        "engine_iterations": len(burst.times),
-        "mean_running": statistics.fmean(burst.running) if burst.running else 0.0,
-        "peak_running": max(burst.running, default=0),
-        "mean_expert_bits": statistics.fmean(burst.mean_bits) if burst.mean_bits else 0.0,
-        "min_expert_bits": min(burst.mean_bits, default=0.0),
-        "deepest_block_bits": burst.deepest_state(),
-        "served_block_bits": burst.served_states(after.generated_tokens_total, args.served_states),
+        "engine_iterations": len(trace.state_ids),
+        "mean_running": statistics.fmean(trace.running) if trace.running else 0.0,
+        "peak_running": max(trace.running, default=0),
+        "mean_expert_bits": statistics.fmean(trace.mean_bits) if trace.mean_bits else 0.0,
+        "min_expert_bits": min(trace.mean_bits, default=0.0),
+        "deepest_block_bits": trace.deepest_state(),
+        "served_block_bits": trace.served_states(after.generated_tokens_total, args.served_states),
         "weight_pages_by_bits_after_burst": after.arena.weight_pages_by_bits,
     }
     if case == "static-8":  # the 8-bit model's own text: what the other cases' states are scored on too
