@@ -68,7 +68,7 @@ def planner_plan(shape: ModelShape, table: SensitivityTable, activity: ActivityS
     if not ladder.budget_feasible:
         raise ValueError(f"budget {budget} is below what the ladder can reach")
     fitted = apply_rungs(ladder.start_bits, ladder.demotions[:ladder.budget_rungs])
-    bits = apply_rungs(fitted, ladder.promotions)
+    bits = apply_rungs(fitted, ladder.promotions[:ladder.corrective_promotions + ladder.budget_promotions])
     assert shape.expert_bytes(bits) <= budget
     return bits, ladder
 

@@ -2,7 +2,7 @@
 
 With a budget, a ladder's demotions start with a *prefix* that brings the
 expert bytes within the budget; the promotions then spend what the prefix
-freed beyond it. Two ways to choose the prefix:
+freed beyond it (planner.build_ladder completes both lists after them). Two ways to choose the prefix:
 
 * greedy: the first rungs of the greedy walk (planner.greedy_walk) until the
   bytes fit. The walk is optimal only when every block's steps are convex in
@@ -44,7 +44,6 @@ class BudgetFit:
     """How the ladder reaches its budget state."""
 
     prefix: list[Rung]  # demotions from T to the budget state
-    continuation: list[Rung]  # greedy demotions after the prefix
     promotions: list[Rung]  # greedy promotions from the budget state that keep the budget
     fitted_bytes: int  # expert bytes after the prefix
     feasible: bool  # False: the prefix could not reach the budget
@@ -64,13 +63,13 @@ def kept_promotions(promotions: list[Rung], room: int) -> list[Rung]:
     return promotions[:kept]
 
 
-def _finish(cost: RungCost, shape: ModelShape, start: np.ndarray, prefix: list[Rung], continuation: list[Rung],
+def _finish(cost: RungCost, shape: ModelShape, start: np.ndarray, prefix: list[Rung],
             floors: np.ndarray, pins: np.ndarray, budget: int, anchor: str) -> BudgetFit:
     fitted = apply_rungs(start, prefix)
     fitted_bytes = shape.expert_bytes(fitted)
     ups = greedy_walk(chains(cost, shape, fitted, floors, pins, down=False), descending=True)
     ups = kept_promotions(ups, budget - fitted_bytes)
-    return BudgetFit(prefix, continuation, ups, fitted_bytes, fitted_bytes <= budget, anchor,
+    return BudgetFit(prefix, ups, fitted_bytes, fitted_bytes <= budget, anchor,
                      cost.state_cost(apply_rungs(fitted, ups)))
 
 
@@ -82,7 +81,7 @@ def greedy_fit(cost: RungCost, shape: ModelShape, start: np.ndarray, demotions: 
     while fitted_bytes > budget and n < len(demotions):
         fitted_bytes -= demotions[n].bytes_delta
         n += 1
-    return _finish(cost, shape, start, demotions[:n], demotions[n:], floors, pins, budget, GREEDY)
+    return _finish(cost, shape, start, demotions[:n], floors, pins, budget, GREEDY)
 
 
 def uniform_level(shape: ModelShape, start: np.ndarray, floors: np.ndarray, pins: np.ndarray,
@@ -111,8 +110,7 @@ def uniform_fit(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np
         path = allowed[allowed.index(a):allowed.index(b) + 1]
         steps.append([cost.rung(layer, expert, proj, x, y) for x, y in zip(path, path[1:])])
     prefix = greedy_walk(steps, descending=False)
-    continuation = greedy_walk(chains(cost, shape, state, floors, pins, down=True), descending=False)
-    return _finish(cost, shape, start, prefix, continuation, floors, pins, budget, f"uniform-{view}")
+    return _finish(cost, shape, start, prefix, floors, pins, budget, f"uniform-{view}")
 
 
 def fit_budget(cost: RungCost, shape: ModelShape, start: np.ndarray, demotions: list[Rung],

@@ -5,19 +5,18 @@ own; this model is the reference), over a byte-level memory model
 free = pool - kv - expert weights:
 
 * A rung applies only while its block is at the rung's from_bits (a stale
-  rung is skipped). A block that changed less than min_residence_ms ago is
-  *resident*: it is never promoted, and demoted only when no other rung
-  applies (residence must not cause a preemption or break the budget).
+  rung is skipped). The plan's lists are complete (planner.py: every bits a
+  block can hold has its next rung in each list), so the first applicable
+  rung is always the plan's choice, whichever way the walk has moved.
 * Pressure (free < low_watermark * pool, or expert bytes above the plan's
-  memory budget): first undo the most recent promotion applied under this
-  plan (its benefit per byte is the smallest), else apply the first
-  applicable demotion; repeat until the pressure is gone or nothing applies.
-* Room (free > high_watermark * pool): first undo the most recent demotion
-  applied under this plan, else apply the first applicable promotion; only
-  while free stays >= high_watermark * pool after the step, the budget holds,
-  and the promotion byte rate allows it (a token bucket of one second; a
-  rate of 0 means no limit).
-* A new plan resets the undo stack.
+  memory budget): apply the first applicable demotion; repeat until the
+  pressure is gone or nothing applies. Demotions never wait.
+* Room (free > high_watermark * pool): apply the first applicable
+  promotion, only while free stays >= high_watermark * pool after the step,
+  the budget holds, and the promotion byte rate allows it (a token bucket of
+  one second; a rate of 0 means no limit). A block demoted less than
+  min_residence_ms ago is *resident*: when the first applicable promotion is
+  a resident block's, the walk waits (nothing behind it climbs past it).
 * Corrective rungs (PrecisionPlan.corrective_*): the pins below the current
   bits apply when the plan arrives; at the start of every step the
   corrective promotions apply in order while the free bytes cover them
@@ -25,7 +24,8 @@ free = pool - kv - expert weights:
   not fit. No demotion goes below the plan's floor_bits.
 
 The gap between the watermarks plus the residence time are the hysteresis:
-a load oscillating inside the band causes no transitions at all.
+a load oscillating inside the band causes no transitions at all, and a block
+goes back up at most once per residence time after a demotion.
 """
 
 from __future__ import annotations
@@ -42,13 +42,6 @@ from pagedweight.v1 import telemetry_pb2
 MS_PER_S = 1000.0
 # The promotion token bucket holds this many seconds of the byte rate.
 BUCKET_SECONDS = 1.0
-
-
-def reverse(rung: Rung) -> Rung:
-    """The same transition undone: the bytes change sign; the quality stays
-    (a demotion's cost is its reversal's benefit)."""
-    return Rung(rung.layer, rung.expert, rung.proj, rung.to_bits, rung.from_bits, -rung.bytes_delta,
-                rung.quality_delta)
 
 
 @dataclass
@@ -72,13 +65,12 @@ class LadderWalker:
         self.weight_bytes = shape.expert_bytes(self.bits)
         self.quality_cost = 0.0  # sum of applied rung costs (TelemetryReport.predicted_quality_cost)
         self.stats = WalkStats()
-        self._changed_ms = np.full(self.bits.shape, -math.inf)  # [L, E, 3] last change time
+        self._demoted_ms = np.full(self.bits.shape, -math.inf)  # [L, E, 3] last demotion time
         self._plan: telemetry_pb2.PrecisionPlan | None = None
         self._demotions: list[Rung] = []
         self._promotions: list[Rung] = []
         self._corrective: list[Rung] = []  # corrective promotions not applied yet, in plan order
         self._floors: np.ndarray | None = None  # [L, E, 3] the plan's floor_bits
-        self._applied: list[Rung] = []  # undo stack of this plan
         self._tokens = 0.0
         self._last_ms: float | None = None
 
@@ -90,7 +82,6 @@ class LadderWalker:
         self._promotions = promotions[plan.corrective_promotions:]
         self._floors = (np.asarray(plan.floor_bits, dtype=np.int64).reshape(self.bits.shape)
                         if len(plan.floor_bits) == self.bits.size else None)  # [L, E, 3]
-        self._applied = []
         self._tokens = float(plan.promotion_bytes_per_s) * BUCKET_SECONDS
         for r in self._demotions[:plan.corrective_demotions]:
             if self.bits[r.layer, r.expert, r.proj] > r.to_bits:
@@ -101,10 +92,10 @@ class LadderWalker:
         old = int(self.bits[layer, expert, proj])
         self.weight_bytes += self.shape.bytes_at(proj, bits) - self.shape.bytes_at(proj, old)
         self.bits[layer, expert, proj] = bits
-        self._changed_ms[layer, expert, proj] = now_ms
         if bits > old:
             self.stats.promotions += 1
         else:
+            self._demoted_ms[layer, expert, proj] = now_ms
             self.stats.demotions += 1
 
     def _apply_corrective(self, now_ms: float, kv_bytes: int) -> None:
@@ -118,42 +109,30 @@ class LadderWalker:
                 self._set(r.layer, r.expert, r.proj, r.to_bits, now_ms)
             self._corrective.pop(0)
 
-    def _may_change(self, r: Rung, now_ms: float, strict: bool) -> bool:
+    def _applies(self, r: Rung) -> bool:
         if self.bits[r.layer, r.expert, r.proj] != r.from_bits:
             return False
         below_floor = self._floors is not None and r.to_bits < self._floors[r.layer, r.expert, r.proj]
-        if r.to_bits < r.from_bits and below_floor:
-            return False
-        settled = now_ms - self._changed_ms[r.layer, r.expert, r.proj] >= self._plan.min_residence_ms
-        return settled or not strict
+        return not (r.to_bits < r.from_bits and below_floor)
 
-    def _apply(self, r: Rung, now_ms: float, undo: bool) -> None:
+    def _apply(self, r: Rung, now_ms: float) -> None:
         self.bits[r.layer, r.expert, r.proj] = r.to_bits
-        self._changed_ms[r.layer, r.expert, r.proj] = now_ms
         self.weight_bytes -= r.bytes_delta
         if r.bytes_delta > 0:
+            self._demoted_ms[r.layer, r.expert, r.proj] = now_ms
             self.quality_cost += r.quality_delta
             self.stats.demotions += 1
         else:
             self.quality_cost -= r.quality_delta
             self.stats.promotions += 1
             self._tokens -= -r.bytes_delta
-        if undo:
-            self._applied.pop()
-        else:
-            self._applied.append(r)
 
-    def _next(self, demote: bool, now_ms: float, strict: bool = True) -> tuple[Rung, bool] | None:
-        """The next rung in the given direction and whether it undoes one;
-        strict=False lets resident blocks move too."""
-        if self._applied and (self._applied[-1].bytes_delta < 0) == demote:
-            undo = reverse(self._applied[-1])
-            if self._may_change(undo, now_ms, strict):
-                return undo, True
-        for r in self._demotions if demote else self._promotions:
-            if self._may_change(r, now_ms, strict):
-                return r, False
-        return None
+    def _next(self, demote: bool) -> Rung | None:
+        """The first applicable rung of the list in the given direction."""
+        return next((r for r in (self._demotions if demote else self._promotions) if self._applies(r)), None)
+
+    def _resident(self, r: Rung, now_ms: float) -> bool:
+        return now_ms - self._demoted_ms[r.layer, r.expert, r.proj] < self._plan.min_residence_ms
 
     def free_bytes(self, kv_bytes: int) -> int:
         return self.pool_bytes - kv_bytes - self.weight_bytes
@@ -177,22 +156,21 @@ class LadderWalker:
             return self.free_bytes(kv_bytes) < low or (budget > 0 and self.weight_bytes > budget)
 
         while pressed():
-            nxt = self._next(True, now_ms) or self._next(True, now_ms, strict=False)
-            if nxt is None:
+            rung = self._next(True)
+            if rung is None:
                 break
-            self._apply(nxt[0], now_ms, undo=nxt[1])
+            self._apply(rung, now_ms)
         if self.free_bytes(kv_bytes) < 0:
             self.stats.stalls += 1
             return
         while self.free_bytes(kv_bytes) > high:
-            nxt = self._next(False, now_ms)
-            if nxt is None:
+            rung = self._next(False)
+            if rung is None or self._resident(rung, now_ms):
                 break
-            rung, undo = nxt
             need = -rung.bytes_delta
             if self.free_bytes(kv_bytes) - need < high or (budget > 0 and self.weight_bytes + need > budget):
                 break
             rate = plan.promotion_bytes_per_s
             if rate > 0 and self._tokens < min(need, rate * BUCKET_SECONDS):
                 break
-            self._apply(rung, now_ms, undo=undo)
+            self._apply(rung, now_ms)

@@ -26,13 +26,25 @@ is one step of the block's allowed chain: the supported views between its
 floor and the ceiling, plus 0 when its floor is 0 (host-only is the last
 rung).
 
+Each list is complete (rungs.both_ways): besides the chains from the start
+state it holds, merged by the same key, the chains on the other side of it
+(demotions from the ceiling down to a block's start bits, promotions from its
+floor up to them). The dataplane walks a plan in both directions: a block it
+demoted under pressure must find its way back up at the price of that step,
+not wait for the next plan while other blocks climb past it. Without them a
+walk that went down and partly up again strands blocks at 3 bits next to
+blocks at 6 (measured on the default model: at the same bytes, 0.0234
+predicted against the plan's own optimum 0.0143; benchmarks/NOTES.md,
+session 40).
+
 The ladder starts from the dataplane's current bits with two corrections,
 whose rungs are *mandatory* and lead their lists (one direct rung per block):
 pinned experts go to their pin bits (pins never appear otherwise), blocks
 below their floor go up to it. From that state T the greedy demotions follow;
 with a memory budget, the first budget_rungs of them bring the expert bytes
 within the budget, and the promotions start after them and stop before the
-budget would be exceeded. With uniform_guard (controlplane/budget_guard.py)
+budget would be exceeded (budget_promotions of them; the complete list
+follows). With uniform_guard (controlplane/budget_guard.py)
 the budget prefix may instead be the walk to the best uniform view that
 fits, unless the greedy state is predicted cheaper by more than
 uniform_guard_margin.
@@ -57,6 +69,7 @@ from controlplane.rungs import (  # noqa: F401 (re-exported: the planner's publi
     RungCost,
     apply_rungs,
     block_chain,
+    both_ways,
     chains,
     expert_importance,
     greedy_walk,
@@ -73,6 +86,7 @@ class Ladder:
     start_bytes: int  # expert bytes at T
     budget_bytes: int  # 0 = none
     budget_rungs: int  # greedy demotions (after the mandatory ones) needed to fit the budget
+    budget_promotions: int  # promotions (after the mandatory ones) that spend what the budget rungs freed beyond it
     budget_feasible: bool  # False: floors and pins keep the bytes above the budget
     floor_bits: np.ndarray  # [L, E, 3] minimum bits per block: floors, and pins at their bits
     corrective_demotions: int  # leading demotions that lower pinned blocks to their pin
@@ -139,17 +153,22 @@ def build_ladder(inputs: PlanInputs, cfg: PlannerConfig) -> Ladder:
         rung = cost.rung(int(layer), int(expert), int(proj), a, b)
         (mandatory_down if b < a else mandatory_up).append(rung)
 
-    demotions = greedy_walk(chains(cost, shape, target, floors, pins, down=True), descending=False)
     start_bytes = shape.expert_bytes(target)
     budget = inputs.constraints.budget_bytes
     if budget > 0:
-        fit = fit_budget(cost, shape, target, demotions, floors, pins, budget, cfg.uniform_guard,
+        greedy = greedy_walk(chains(cost, shape, target, floors, pins, down=True), descending=False)
+        fit = fit_budget(cost, shape, target, greedy, floors, pins, budget, cfg.uniform_guard,
                          cfg.uniform_guard_margin)
-        demotions, promotions = fit.prefix + fit.continuation, fit.promotions
-        budget_rungs, feasible, anchor, predicted = len(fit.prefix), fit.feasible, fit.anchor, fit.predicted_cost
+        fitted = apply_rungs(target, fit.prefix)  # the budget state
+        demotions = both_ways(cost, shape, fitted, floors, pins, down=True, head=fit.prefix)
+        promotions = both_ways(cost, shape, apply_rungs(fitted, fit.promotions), floors, pins, down=False,
+                               head=fit.promotions)
+        budget_rungs, budget_promotions = len(fit.prefix), len(fit.promotions)
+        feasible, anchor, predicted = fit.feasible, fit.anchor, fit.predicted_cost
     else:
-        promotions = greedy_walk(chains(cost, shape, target, floors, pins, down=False), descending=True)
-        budget_rungs, feasible, anchor, predicted = 0, True, "greedy", 0.0
+        demotions = both_ways(cost, shape, target, floors, pins, down=True)
+        promotions = both_ways(cost, shape, target, floors, pins, down=False)
+        budget_rungs, budget_promotions, feasible, anchor, predicted = 0, 0, True, "greedy", 0.0
     return Ladder(
         start_bits=target,
         demotions=tuple(mandatory_down + demotions),
@@ -157,6 +176,7 @@ def build_ladder(inputs: PlanInputs, cfg: PlannerConfig) -> Ladder:
         start_bytes=start_bytes,
         budget_bytes=budget,
         budget_rungs=budget_rungs,
+        budget_promotions=budget_promotions,
         budget_feasible=feasible,
         floor_bits=np.broadcast_to(np.where(pins != NOT_PINNED, pins, floors)[:, :, None], current.shape).copy(),
         corrective_demotions=len(mandatory_down),

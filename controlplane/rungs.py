@@ -157,27 +157,35 @@ def _ratio(rung: Rung) -> float:
 def greedy_walk(chains: list[list[Rung]], descending: bool) -> list[Rung]:
     """Merges per-block rung chains by dQ/dM (ascending, or descending for
     promotions) with a priority queue; a chain's rung is queued only after its
-    predecessor is emitted. Ties break by (layer, expert, proj)."""
-    sign = -1.0 if descending else 1.0
+    predecessor is emitted. Ties break by (layer, expert, proj), ascending for
+    demotions and descending for promotions, so that with convex costs the
+    promotions undo the demotions last in, first out."""
+    sign = -1 if descending else 1
     heap: list[tuple[float, int, int, int, int, int]] = []
+
+    def push(c: int, i: int) -> None:
+        r = chains[c][i]
+        heapq.heappush(heap, (sign * _ratio(r), sign * r.layer, sign * r.expert, sign * r.proj, c, i))
+
     for c, chain in enumerate(chains):
         if chain:
-            r = chain[0]
-            heapq.heappush(heap, (sign * _ratio(r), r.layer, r.expert, r.proj, c, 0))
+            push(c, 0)
     out: list[Rung] = []
     while heap:
         _, _, _, _, c, i = heapq.heappop(heap)
         out.append(chains[c][i])
         if i + 1 < len(chains[c]):
-            r = chains[c][i + 1]
-            heapq.heappush(heap, (sign * _ratio(r), r.layer, r.expert, r.proj, c, i + 1))
+            push(c, i + 1)
     return out
 
 
 def chains(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndarray,
-           pins: np.ndarray, down: bool) -> list[list[Rung]]:
+           pins: np.ndarray, down: bool, returning: bool = False) -> list[list[Rung]]:
     """Per-block chains of single steps from start bits, down to the floor or
-    up to the ceiling; pinned experts have none."""
+    up to the ceiling; pinned experts have none. returning=True gives the
+    other side instead: the steps that lead back to start bits from the far
+    end (down: from the ceiling; up: from the floor), which a walk needs once
+    it has moved a block past start the other way."""
     out: list[list[Rung]] = []
     for layer in range(shape.num_layers):
         for expert in range(shape.num_experts):
@@ -190,9 +198,26 @@ def chains(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndar
                 bits = int(start[layer, expert, proj])
                 if bits not in allowed:
                     continue
-                path = allowed[allowed.index(bits):]
+                at = allowed.index(bits)
+                path = allowed[:at + 1] if returning else allowed[at:]
                 out.append([cost.rung(layer, expert, proj, a, b) for a, b in zip(path, path[1:])])
     return out
+
+
+def both_ways(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndarray, pins: np.ndarray,
+              down: bool, head: list[Rung] = ()) -> list[Rung]:
+    """The complete list of one direction from start: the greedy walk of the
+    chains from start merged, by the same key, with the returning chains
+    (chains(returning=True)), after ``head``; rungs equal to one in head are
+    left out (the earlier copy always applies first). Every bits a block can
+    hold between its floor and the ceiling then has its next rung in the
+    list, so a walker that promoted or demoted a block under this plan can
+    take it back at the price the plan gives that step; the rungs from start
+    keep the order of the plain greedy walk."""
+    merged = greedy_walk(chains(cost, shape, start, floors, pins, down)
+                         + chains(cost, shape, start, floors, pins, down, returning=True), descending=not down)
+    seen = {(r.layer, r.expert, r.proj, r.from_bits, r.to_bits) for r in head}
+    return list(head) + [r for r in merged if (r.layer, r.expert, r.proj, r.from_bits, r.to_bits) not in seen]
 
 
 def apply_rungs(bits: np.ndarray, rungs: list[Rung]) -> np.ndarray:

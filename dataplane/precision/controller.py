@@ -13,6 +13,16 @@ it. It runs on the engine thread (the weight store is single-threaded):
   while they stay over the high watermark, within the residence time and the
   promotion byte rate (hysteresis against thrashing).
 
+Both directions keep the ladder's order. Demotions never wait: the first
+applicable rung is the cheapest quality per page, and taking a later one
+because the block in front moved a moment ago strands other blocks at lower
+bits (measured: 3-bit blocks beside 6-bit ones, 18-40 % above the plan's own
+optimum at the same pages; benchmarks/NOTES.md, session 40). A promotion
+waits while its block was demoted less than the residence time ago, and then
+nothing behind it climbs past it (the same stranding the other way round).
+So a block flips from a demotion back up at most once per residence time,
+which bounds its transitions under any load.
+
 No demotion ever takes a block below the plan's floor_bits. The ladder is
 walked by RungWalkers (dataplane/precision/walker.py): amortized O(1) per
 rung instead of a rescan from the top for every step.
@@ -73,7 +83,7 @@ class PrecisionController:
         self._corrective_at = 0  # next corrective promotion to apply
         self._known_bits: list[int] = store.block_bits()  # what the walkers last saw
         self._incoming: telemetry_pb2.PrecisionPlan | None = None
-        self._changed_at = [float("-inf")] * store.num_blocks
+        self._demoted_at = [float("-inf")] * store.num_blocks  # clock of each block's last demotion
         self._bucket_bytes = 0.0
         self._bucket_at = clock()
         self._quality_cost = 0.0
@@ -139,7 +149,7 @@ class PrecisionController:
                         ladder.plan_id, len(self._floors), self.store.num_blocks)
             self._floors = None
         self._down = RungWalker(ladder.demotions, self._demotion_applies, self._is_pending, self._ready_at,
-                                self.clock)
+                                self.clock)  # queried with honour_residence=False: demotions never wait
         self._up = RungWalker(ladder.promotions, self._promotion_applies, self._is_pending, self._ready_at,
                               self.clock)
         self._corrective_at = 0
@@ -169,7 +179,6 @@ class PrecisionController:
                 self.store.promote(block, rung.to_bits)
             except OutOfPages:
                 return
-            self._changed_at[block] = self.clock()
             self._quality_cost = max(0.0, self._quality_cost - rung.quality_delta)
             self._corrective_at += 1
 
@@ -186,14 +195,14 @@ class PrecisionController:
         self._known_bits = bits
 
     def _changed(self, block: int) -> None:
-        self._changed_at[block] = self.clock()
         self._known_bits[block] = self.store.bits(block)
         if self._down is not None and self._up is not None:
             self._down.block_changed(block)
             self._up.block_changed(block)
 
     def _ready_at(self, block: int) -> float:
-        return self._changed_at[block] + self.limits.min_residence_s
+        """When the block may be promoted: the residence time after its last demotion."""
+        return self._demoted_at[block] + self.limits.min_residence_s
 
     def _resident_long_enough(self, block: int) -> bool:
         return self.clock() >= self._ready_at(block)
@@ -211,36 +220,39 @@ class PrecisionController:
 
     def _demote(self, rung: Rung) -> None:
         self.store.demote(rung.block, rung.to_bits)
+        self._demoted_at[rung.block] = self.clock()
         self._changed(rung.block)
         self._quality_cost += rung.quality_delta
 
     def _demote_next(self) -> bool:
-        """Applies the first applicable demotion of a resident block, else the
-        first applicable one at all; False when none is left."""
+        """Applies the first applicable demotion (module doc: demotions never
+        wait); False when none is left."""
         if self._down is not None:
-            rung = self._down.first(honour_residence=True) or self._down.first(honour_residence=False)
+            rung = self._down.first(honour_residence=False)
             if rung is None:
                 return False
             self._demote(rung)
             return True
-        return self._fallback_demote(ignore_residence=False) or self._fallback_demote(ignore_residence=True)
+        return self._fallback_demote()
 
-    def _fallback_demote(self, ignore_residence: bool) -> bool:
+    def _fallback_demote(self) -> bool:
         """No plan yet: the first applicable rung of the local fallback ladder."""
         for rung in self._fallback_demotions():
             if self.store.bits(rung.block) != rung.from_bits or rung.to_bits >= rung.from_bits:
                 continue
             if self.store.pending_bits(rung.block) is not None:
                 continue
-            if not ignore_residence and not self._resident_long_enough(rung.block):
-                continue
             self._demote(rung)
             return True
         return False
 
     def _next_promotion(self) -> Rung | None:
+        """The plan's best applicable promotion, None while its block is
+        inside its residence time (module doc); without a plan, the first
+        fallback promotion of a block that may climb."""
         if self._up is not None:
-            return self._up.first(honour_residence=True)
+            rung = self._up.first(honour_residence=False)
+            return rung if rung is not None and self._resident_long_enough(rung.block) else None
         for rung in self._fallback_promotions():
             block = rung.block
             if self.store.bits(block) != rung.from_bits or rung.to_bits <= rung.from_bits:
@@ -267,7 +279,6 @@ class PrecisionController:
             except OutOfPages:
                 return False
             self._bucket_bytes -= nbytes
-            self._changed_at[block] = self.clock()
             self._quality_cost = max(0.0, self._quality_cost - rung.quality_delta)
             return True
         return False

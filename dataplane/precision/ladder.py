@@ -36,7 +36,7 @@ class WalkLimits:
 
     low_watermark: float  # demote while free pages / total < this
     high_watermark: float  # promote only while free pages / total stays > this
-    min_residence_s: float  # a block keeps its bits at least this long (promotions)
+    min_residence_s: float  # a demoted block is not promoted again for this long
     promotion_bytes_per_s: int  # 0 = unlimited
 
     def __post_init__(self) -> None:
@@ -69,7 +69,7 @@ class Ladder:
 
 
 def ladder_from_plan(plan: telemetry_pb2.PrecisionPlan, num_experts: int, defaults: WalkLimits) -> Ladder:
-    """Converts a PrecisionPlan; plan fields left at 0 fall back to ``defaults``.
+    """Converts a PrecisionPlan; walk limits the plan leaves unset fall back to ``defaults``.
     The controller checks floor_bits against its block count."""
 
     def rung(step: telemetry_pb2.PrecisionStep) -> Rung:
@@ -79,13 +79,15 @@ def ladder_from_plan(plan: telemetry_pb2.PrecisionPlan, num_experts: int, defaul
         block = (step.block.layer * num_experts + step.block.expert) * 3 + proj
         return Rung(block, step.from_bits, step.to_bits, abs(step.quality_delta))
 
-    low = plan.low_watermark or defaults.low_watermark
-    high = plan.high_watermark or defaults.high_watermark
+    def limit(field: str, default):
+        return getattr(plan, field) if plan.HasField(field) else default
+
+    low = limit("low_watermark", defaults.low_watermark)
     limits = WalkLimits(
         low_watermark=low,
-        high_watermark=max(high, low),
-        min_residence_s=plan.min_residence_ms / 1000.0 if plan.min_residence_ms else defaults.min_residence_s,
-        promotion_bytes_per_s=plan.promotion_bytes_per_s or defaults.promotion_bytes_per_s,
+        high_watermark=max(limit("high_watermark", defaults.high_watermark), low),
+        min_residence_s=limit("min_residence_ms", defaults.min_residence_s * 1000.0) / 1000.0,
+        promotion_bytes_per_s=limit("promotion_bytes_per_s", defaults.promotion_bytes_per_s),
     )
     demotions = tuple(rung(s) for s in plan.demotions)
     promotions = tuple(rung(s) for s in plan.promotions)

@@ -128,7 +128,7 @@ def flat_inputs(table: SensitivityTable, budget: int, floors=(), pins=()) -> Pla
 
 def budget_state(ladder) -> np.ndarray:
     fitted = apply_rungs(ladder.start_bits, ladder.demotions[:ladder.budget_rungs])
-    return apply_rungs(fitted, ladder.promotions)
+    return apply_rungs(fitted, ladder.promotions[:ladder.budget_promotions])
 
 
 def test_guard_keeps_the_uniform_state_when_greedy_is_predicted_worse():

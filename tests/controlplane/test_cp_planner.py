@@ -25,6 +25,23 @@ def random_table(seed: int) -> SensitivityTable:
     return SensitivityTable(np.concatenate([views[..., :1], views], axis=-1), "random", False)
 
 
+def convex_random_table(seed: int) -> SensitivityTable:
+    """Convex in bytes for every block, with random prices: the cost per
+    byte of each step down grows from 8->6 to 3->2, no two blocks alike."""
+    shape = make_shape()
+    rng = np.random.default_rng(seed)
+    price = np.cumsum(rng.exponential(1.0, size=(L, E, 3, len(VIEWS) - 1)), axis=-1)  # [L, E, 3, 4] per byte, 8->6 first
+    cost = np.zeros((L, E, 3, len(BITS_AXIS)))
+    for proj in range(3):
+        down = list(reversed(VIEWS))
+        freed = np.array([shape.bytes_at(proj, a) - shape.bytes_at(proj, b) for a, b in zip(down, down[1:])])
+        at_view = np.cumsum(price[:, :, proj] * freed, axis=-1)  # [L, E, 4] cost at 6, 4, 3, 2
+        for i, bits in enumerate(down[1:]):
+            cost[:, :, proj, BITS_AXIS.index(bits)] = at_view[..., i]
+    cost[..., 0] = cost[..., BITS_AXIS.index(VIEWS[0])]
+    return SensitivityTable(cost, "convex random", False)
+
+
 def ratio(r: Rung) -> float:
     return r.quality_delta / abs(r.bytes_delta)
 
@@ -93,17 +110,55 @@ def test_rungs_of_a_block_are_single_steps_in_order():
     current = np.random.default_rng(0).choice(VIEWS, size=(L, E, 3))
     ladder = build_ladder(make_inputs(table=random_table(1), current=current), CFG)
     chain = block_chain(make_shape(), 2)
+    up = chain[::-1]
     for (layer, expert, proj), rungs in chains_by_block(ladder.demotions).items():
-        path = [rungs[0].from_bits] + [r.to_bits for r in rungs]
-        assert path == list(chain[chain.index(current[layer, expert, proj]):])
+        at = int(current[layer, expert, proj])
+        # From the current bits down to the floor in order, and the way back
+        # down from the ceiling to them, also in order: every view but the
+        # floor has exactly one rung.
+        below = [r for r in rungs if r.from_bits <= at]
+        above = [r for r in rungs if r.from_bits > at]
+        assert [at] + [r.to_bits for r in below] == list(chain[chain.index(at):])
+        assert [r.from_bits for r in above] == list(chain[:chain.index(at)])
+        assert [r.to_bits for r in above] == list(chain[1:chain.index(at) + 1])
     for (layer, expert, proj), rungs in chains_by_block(ladder.promotions).items():
-        path = [rungs[0].from_bits] + [r.to_bits for r in rungs]
-        up = chain[::-1]
-        assert path == list(up[up.index(current[layer, expert, proj]):])
-    blocks = {tuple(int(i) for i in idx) for idx in np.argwhere(current > 2)}
-    assert set(chains_by_block(ladder.demotions)) == blocks
-    blocks = {tuple(int(i) for i in idx) for idx in np.argwhere(current < 8)}
-    assert set(chains_by_block(ladder.promotions)) == blocks
+        at = int(current[layer, expert, proj])
+        above = [r for r in rungs if r.from_bits >= at]
+        below = [r for r in rungs if r.from_bits < at]
+        assert [at] + [r.to_bits for r in above] == list(up[up.index(at):])
+        assert [r.from_bits for r in below] == list(up[:up.index(at)])
+        assert [r.to_bits for r in below] == list(up[1:up.index(at) + 1])
+    every = {(layer, expert, proj) for layer in range(L) for expert in range(E) for proj in range(3)}
+    assert set(chains_by_block(ladder.demotions)) == every == set(chains_by_block(ladder.promotions))
+
+
+def first_applicable(rungs, bits):
+    return next((r for r in rungs if bits[r.layer, r.expert, r.proj] == r.from_bits), None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_walk_down_and_back_up_stays_on_the_greedy_path(seed):
+    """The dataplane takes the first applicable rung of a list. Walking k
+    demotions and then m promotions under one plan must land where k - m
+    demotions land (convex costs): a block demoted under pressure comes back
+    first, rather than other blocks climbing past it."""
+    rng = np.random.default_rng(seed)
+    ladder = build_ladder(make_inputs(table=convex_random_table(seed), act=activity(rng.integers(1, 100, size=(L, E)))),
+                          CFG)
+    walks = []
+    for k in range(0, len(ladder.demotions) + 1, 5):
+        bits = ladder.start_bits.copy()
+        for _ in range(k):
+            r = first_applicable(ladder.demotions, bits)
+            bits[r.layer, r.expert, r.proj] = r.to_bits
+        walks.append(bits)
+    for k, down in enumerate(walks):
+        for m in range(k + 1):
+            bits = down.copy()
+            for _ in range(5 * m):
+                r = first_applicable(ladder.promotions, bits)
+                bits[r.layer, r.expert, r.proj] = r.to_bits
+            np.testing.assert_array_equal(bits, walks[k - m])
 
 
 def test_floors_take_the_max_applicable():
@@ -172,8 +227,9 @@ def test_memory_budget_start_point():
     k = ladder.budget_rungs
     assert ladder.budget_feasible and k > 0
     assert full - freed[k - 1] <= budget < full - (freed[k - 2] if k > 1 else 0)
-    # Promotions start after the budget rungs and never exceed the budget.
-    assert full - freed[k - 1] - sum(r.bytes_delta for r in ladder.promotions) <= budget
+    # The budget's promotions follow the mandatory ones and never exceed the budget.
+    kept = ladder.promotions[ladder.corrective_promotions:ladder.corrective_promotions + ladder.budget_promotions]
+    assert full - freed[k - 1] - sum(r.bytes_delta for r in kept) <= budget
     # Floors can make a budget unreachable.
     ladder = build_ladder(make_inputs(budget=budget, floors=(Floor(None, None, 8),)), CFG)
     assert not ladder.budget_feasible and ladder.demotions == ()

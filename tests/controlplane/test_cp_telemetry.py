@@ -12,7 +12,7 @@ import pytest
 from controlplane import sensitivity
 from controlplane.server import ControlplaneServer
 from controlplane.store import Floor
-from pagedweight.v1 import admin_pb2, telemetry_pb2
+from pagedweight.v1 import admin_pb2, common_pb2, telemetry_pb2
 from tests.controlplane.cp_helpers import FakeDataplane, make_config, make_hello, make_report, table_message
 
 L, E = 2, 4
@@ -47,10 +47,12 @@ def test_hello_welcome_plan_and_status(server, admin, dataplanes):
     assert (plan.low_watermark, plan.high_watermark) == (cfg.low_watermark, cfg.high_watermark)
     assert plan.min_residence_ms == cfg.min_residence_ms
     assert plan.promotion_bytes_per_s == cfg.promotion_bytes_per_s
-    # Before any report every block is assumed at 8 bits: demotions only,
-    # each block walking 8->6->4->3->2 (default floor 2: no host-only rung).
-    assert len(plan.demotions) == L * E * 3 * 4 and len(plan.promotions) == 0
+    # Before any report every block is assumed at 8 bits: each block walks
+    # 8->6->4->3->2 (default floor 2: no host-only rung), and the promotions
+    # are the way back up, 2->3->4->6->8.
+    assert len(plan.demotions) == L * E * 3 * 4 and len(plan.promotions) == L * E * 3 * 4
     assert all(s.to_bits >= 2 for s in plan.demotions)
+    assert all(s.to_bits > s.from_bits for s in plan.promotions)
 
     bits = np.full((L, E, 3), 8)
     bits[0, 1, :] = 4
@@ -58,9 +60,11 @@ def test_hello_welcome_plan_and_status(server, admin, dataplanes):
     dp.report(make_report(1, routed, bits, free_pages=7, total_pages=50))
     plan2 = dp.recv_plan()  # the reported bits differ from the plan's basis
     assert plan2.plan_id > plan.plan_id
-    assert {(s.from_bits, s.to_bits) for s in plan2.promotions if s.block.layer == 0 and s.block.expert == 1} == {
-        (4, 6), (6, 8)
-    }
+    # The block at 4 bits climbs 4->6->8 and has its way back up from below.
+    assert [(s.from_bits, s.to_bits) for s in plan2.promotions
+            if (s.block.layer, s.block.expert, s.block.projection) == (0, 1, common_pb2.PROJECTION_GATE)] == [
+        (2, 3), (3, 4), (4, 6), (6, 8)
+    ]
     st = status_of(admin)
     assert st.connected and st.model_name == "tiny-moe" and (st.num_layers, st.num_experts) == (L, E)
     assert list(st.block_bits) == bits.reshape(-1).tolist()

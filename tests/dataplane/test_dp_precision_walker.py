@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dataplane.precision.controller import PrecisionController
-from dataplane.precision.ladder import Rung, WalkLimits
+from dataplane.precision.ladder import Rung, WalkLimits, ladder_from_plan
 from dataplane.precision.walker import RungWalker
 from dataplane.weights.store import WeightCounters
 from pagedweight.v1 import common_pb2, telemetry_pb2
@@ -177,7 +177,8 @@ def test_controller_walks_a_huge_ladder_in_linear_time(residence_s):
 
 
 def test_controller_keeps_the_plan_order_with_residence():
-    """Resident blocks' rungs first, then (ladder exhausted) the first rung at all."""
+    """Demotions never wait: a block demoted a moment ago still takes its
+    next rung when that rung is first in the ladder."""
     arena = FakeArena(num_pages=100)
     store = FakeStore(arena, 6)
     clock = [0.0]
@@ -190,5 +191,41 @@ def test_controller_keeps_the_plan_order_with_residence():
         before = store.block_bits()
         ctl.reclaim(1)
         order += [(b, before[b], store.bits(b)) for b in range(6) if before[b] != store.bits(b)]
-    # block 0 at 6 is inside its residence: block 1 goes first, then block 0 anyway.
-    assert order == [(0, 8, 6), (1, 8, 6), (0, 6, 4), (0, 4, 3)]
+    assert order == [(0, 8, 6), (0, 6, 4), (1, 8, 6), (0, 4, 3)]
+
+
+def test_promotions_wait_for_the_best_rung_instead_of_climbing_past_it():
+    """The best promotion's block was demoted inside the residence time: the
+    controller waits for it rather than promote a block behind it."""
+    arena = FakeArena(num_pages=100)
+    store = FakeStore(arena, 6)
+    clock = [0.0]
+    ctl = PrecisionController(store, arena, num_experts=2, defaults=WalkLimits(0.0, 0.1, 5.0, 0),
+                              clock=lambda: clock[0])
+    ctl.set_plan(telemetry_pb2.PrecisionPlan(plan_id=1, min_residence_ms=5000,
+                                             demotions=[step(1, 8, 6, 2), step(0, 8, 6, 2), step(0, 6, 4, 2)],
+                                             promotions=[step(0, 4, 6, 2), step(0, 6, 8, 2), step(1, 6, 8, 2)]))
+    clock[0] = 1.0
+    ctl.reclaim(1)  # block 1: 8 -> 6 at t = 1
+    clock[0] = 4.0
+    ctl.reclaim(3)  # block 0: 8 -> 6 -> 4 at t = 4
+    assert (store.bits(0), store.bits(1)) == (4, 6)
+    arena.free_pages = 80  # the load is gone: room for every promotion
+    clock[0] = 6.5  # block 1 may climb, block 0 (first in line) may not yet
+    ctl.on_step()
+    store.poll()
+    assert (store.bits(0), store.bits(1)) == (4, 6)
+    clock[0] = 9.5
+    for _ in range(3):
+        ctl.on_step()
+        store.poll()
+    assert (store.bits(0), store.bits(1)) == (8, 8)
+
+
+def test_plan_limits_set_to_zero_are_kept_and_unset_ones_fall_back():
+    defaults = WalkLimits(0.05, 0.15, 2.0, 1000)
+    zero = telemetry_pb2.PrecisionPlan(plan_id=1, low_watermark=0.0, high_watermark=0.0, min_residence_ms=0,
+                                       promotion_bytes_per_s=0)
+    assert ladder_from_plan(zero, 2, defaults).limits == WalkLimits(0.0, 0.0, 0.0, 0)
+    unset = telemetry_pb2.PrecisionPlan(plan_id=2, high_watermark=0.3)
+    assert ladder_from_plan(unset, 2, defaults).limits == WalkLimits(0.05, 0.3, 2.0, 1000)
