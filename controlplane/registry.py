@@ -8,7 +8,8 @@ that reconnects before the old stream is noticed dead is not locked out.
 
 Plans are computed by the stream's own thread in wait_plan: a record becomes
 *dirty* when an input of its plan moves (first connection, floors/pins/budget,
-the dataplane's reported bits, an activity shift above the threshold), and
+the first reported bits or bits below a floor, an activity shift above the
+threshold; not the dataplane's own walk, which its complete plan covers), and
 wait_plan returns a fresh plan once the record is dirty and at least
 plan_min_interval_s passed since the previous plan (the first plan of a
 session goes out at once). Thread-safe: one condition guards every record.
@@ -83,6 +84,7 @@ class DataplaneRecord:
     last_ladder: Ladder | None = None
     last_plan_at: float = -math.inf
     plan_basis_bits: np.ndarray | None = None  # current_bits the last plan started from
+    plan_basis_reported: bool = False  # the last plan started from reported bits, not the assumption
     plan_importance: np.ndarray | None = None  # [L, E] importance rows (sum 1) of the last plan
 
 
@@ -156,10 +158,27 @@ class DataplaneRegistry:
     def _plan_inputs_moved(self, rec: DataplaneRecord) -> bool:
         if rec.plan_basis_bits is None or rec.plan_importance is None:
             return True
-        if not np.array_equal(rec.current_bits, rec.plan_basis_bits):
+        if self._bits_need_plan(rec):
             return True
         now = normalize_rows(expert_importance(rec.activity.snapshot(), self._cfg.planner))
         return total_variation(now, rec.plan_importance) > self._cfg.activity_shift_threshold
+
+    @staticmethod
+    def _bits_need_plan(rec: DataplaneRecord) -> bool:
+        """Whether the reported bits call for a new plan. The dataplane's own
+        walk does not: the plan's lists are complete (planner.py), so they
+        hold every rung it can take from any bits it walked to, and
+        re-planning would only make the engine thread adopt the same ladder
+        again. A new plan is needed when the last one started from the
+        full-precision assumption (no report yet) or a block fell below the
+        floor it was planned with (its correction is a mandatory rung; blocks
+        already below it at the plan's start have theirs in that plan)."""
+        if np.array_equal(rec.current_bits, rec.plan_basis_bits):
+            return False
+        if not rec.plan_basis_reported or rec.last_ladder is None:
+            return True
+        floor = rec.last_ladder.floor_bits  # [L, E, 3]
+        return bool(np.any((rec.current_bits < floor) & (rec.plan_basis_bits >= floor)))
 
     def fail(self, session: Session, code: grpc.StatusCode, message: str) -> None:
         """Marks the session broken; its wait_plan raises SessionFailed."""
@@ -212,6 +231,7 @@ class DataplaneRegistry:
                 self._cond.wait(min(ready_at, deadline) - now)
             rec.dirty = False
             rec.last_plan_at = now
+            basis_reported = rec.bits_reported
             inputs = PlanInputs(
                 shape=rec.shape,
                 sensitivity=rec.table,
@@ -231,6 +251,7 @@ class DataplaneRegistry:
                 raise SessionEnded()
             rec.last_plan, rec.last_ladder = plan, ladder
             rec.plan_basis_bits = inputs.current_bits
+            rec.plan_basis_reported = basis_reported
             rec.plan_importance = normalize_rows(expert_importance(inputs.activity, self._cfg.planner))
         return plan
 

@@ -27,8 +27,9 @@ No demotion ever takes a block below the plan's floor_bits. The ladder is
 walked by RungWalkers (dataplane/precision/walker.py): amortized O(1) per
 rung instead of a rescan from the top for every step.
 
-The telemetry thread only calls ``set_plan`` and the ``PrecisionReporter``
-methods, which read a snapshot guarded by a lock. When the controlplane is
+The telemetry thread only calls ``set_plan`` (which converts and indexes the
+plan there, off the decode loop) and the ``PrecisionReporter`` methods, which
+read a snapshot guarded by a lock. When the controlplane is
 away the last ladder stays in force (fail-static); before any plan arrives a
 local fallback ladder (least recently used blocks first, one view at a time)
 is used so the dataplane can still trade precision for KV on its own.
@@ -41,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from dataplane.memory.arena import Arena, OutOfPages
 from dataplane.precision.ladder import Ladder, Rung, WalkLimits, ladder_from_plan
@@ -58,6 +60,15 @@ DEFAULT_LIMITS = WalkLimits(
 MAX_PROMOTIONS_PER_STEP = 4
 
 log = logging.getLogger(__name__)
+
+
+class _PreparedPlan(NamedTuple):
+    """A plan converted and indexed off the engine thread (set_plan)."""
+
+    ladder: Ladder
+    floors: tuple[int, ...] | None  # the plan's floor_bits, None when absent or of the wrong size
+    down: RungWalker
+    up: RungWalker
 
 
 class PrecisionController:
@@ -82,7 +93,7 @@ class PrecisionController:
         self._floors: tuple[int, ...] | None = None  # minimum bits per block, from the plan
         self._corrective_at = 0  # next corrective promotion to apply
         self._known_bits: list[int] = store.block_bits()  # what the walkers last saw
-        self._incoming: telemetry_pb2.PrecisionPlan | None = None
+        self._incoming: _PreparedPlan | None = None
         self._demoted_at = [float("-inf")] * store.num_blocks  # clock of each block's last demotion
         self._bucket_bytes = 0.0
         self._bucket_at = clock()
@@ -94,9 +105,37 @@ class PrecisionController:
 
     # -- inputs (any thread) ---------------------------------------------------
     def set_plan(self, plan: telemetry_pb2.PrecisionPlan) -> None:
-        """Hands a new plan to the engine thread (the telemetry client's callback)."""
+        """Prepares a new plan and hands it to the engine thread (the
+        telemetry client's callback). The preparation (converting the steps,
+        indexing them for the walkers: ~0.1 s for a 35k-rung plan) runs here,
+        not on the engine thread between decode steps. A plan that names
+        blocks this model does not have is logged and dropped; the last
+        ladder stays in force."""
+        try:
+            prepared = self._prepare(plan)
+        except ValueError as exc:
+            log.warning("plan %d dropped: %s", plan.plan_id, exc)
+            return
         with self._lock:
-            self._incoming = plan
+            self._incoming = prepared
+
+    def _prepare(self, plan: telemetry_pb2.PrecisionPlan) -> _PreparedPlan:
+        """The ladder and its walkers; touches no store state (any thread)."""
+        ladder = ladder_from_plan(plan, self.num_experts, self.defaults)
+        num_blocks = self.store.num_blocks
+        outside = [r for r in (*ladder.demotions, *ladder.promotions, *ladder.corrective_promotions)
+                   if not 0 <= r.block < num_blocks]
+        if outside:
+            raise ValueError(f"{len(outside)} steps name blocks outside the model's {num_blocks}")
+        floors = ladder.floor_bits
+        if floors is not None and len(floors) != num_blocks:
+            log.warning("plan %d: floor_bits has %d entries for %d blocks; ignored",
+                        ladder.plan_id, len(floors), num_blocks)
+            floors = None
+        down = RungWalker(ladder.demotions, self._demotion_applies, self._is_pending, self._ready_at,
+                          self.clock)  # queried with honour_residence=False: demotions never wait
+        up = RungWalker(ladder.promotions, self._promotion_applies, self._is_pending, self._ready_at, self.clock)
+        return _PreparedPlan(ladder, floors, down, up)
 
     @property
     def limits(self) -> WalkLimits:
@@ -138,22 +177,12 @@ class PrecisionController:
     # -- plans and corrections -------------------------------------------------------
     def _adopt_plan(self) -> None:
         with self._lock:
-            plan, self._incoming = self._incoming, None
-        if plan is None:
+            prepared, self._incoming = self._incoming, None
+        if prepared is None:
             return
-        ladder = ladder_from_plan(plan, self.num_experts, self.defaults)
-        self._ladder = ladder
-        self._floors = ladder.floor_bits
-        if self._floors is not None and len(self._floors) != self.store.num_blocks:
-            log.warning("plan %d: floor_bits has %d entries for %d blocks; ignored",
-                        ladder.plan_id, len(self._floors), self.store.num_blocks)
-            self._floors = None
-        self._down = RungWalker(ladder.demotions, self._demotion_applies, self._is_pending, self._ready_at,
-                                self.clock)  # queried with honour_residence=False: demotions never wait
-        self._up = RungWalker(ladder.promotions, self._promotion_applies, self._is_pending, self._ready_at,
-                              self.clock)
+        self._ladder, self._floors, self._down, self._up = prepared
         self._corrective_at = 0
-        for rung in ladder.corrective_demotions:  # pins below the current bits: at once
+        for rung in self._ladder.corrective_demotions:  # pins below the current bits: at once
             if self.store.bits(rung.block) > rung.to_bits:
                 self._demote(rung)
 

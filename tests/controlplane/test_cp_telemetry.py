@@ -160,6 +160,33 @@ def test_activity_shift_replans_and_stable_activity_does_not(server, dataplanes)
     assert order.index((1, 3)) > order.index((1, 0))
 
 
+def test_the_dataplanes_own_walk_does_not_replan_but_a_block_below_its_floor_does(server, admin, dataplanes):
+    dp, plan = connect(dataplanes)
+    even = np.full((L, E), 10)
+    bits = np.full((L, E, 3), 8)
+    bits[1, 1, :] = 6
+    dp.report(make_report(1, even, bits))  # the first reported bits differ from the assumption: a plan from them
+    first = dp.recv_plan()
+    assert first.plan_id > plan.plan_id
+    bits[0, 0, :] = 4
+    bits[1, 2, 1] = 3
+    dp.report(make_report(2, even, bits))  # walked down the plan: it still covers these bits
+    with pytest.raises(queue.Empty):
+        dp.recv(timeout=0.5)
+    stub, md = admin
+    stub.SetQualityFloor(admin_pb2.SetQualityFloorRequest(
+        floor=admin_pb2.QualityFloor(scope=admin_pb2.FloorScope(layer=1), min_bits=6)), metadata=md)
+    floored = dp.recv_plan()
+    assert floored.plan_id > first.plan_id and floored.corrective_promotions == 1
+    dp.report(make_report(3, even, bits))  # its correction waits for pages: the plan holds it already
+    with pytest.raises(queue.Empty):
+        dp.recv(timeout=0.5)
+    bits[1, 0, 0] = 4  # fell below the floor the plan was made with: correct it
+    dp.report(make_report(4, even, bits))
+    again = dp.recv_plan()
+    assert again.plan_id > floored.plan_id and again.corrective_promotions == 2
+
+
 def test_plans_are_rate_limited(db_path):
     srv = ControlplaneServer(make_config(db_path, plan_min_interval_s=1.0)).start()
     dp = FakeDataplane(srv.address)
