@@ -33,9 +33,8 @@ floor up to them). The dataplane walks a plan in both directions: a block it
 demoted under pressure must find its way back up at the price of that step,
 not wait for the next plan while other blocks climb past it. Without them a
 walk that went down and partly up again strands blocks at 3 bits next to
-blocks at 6 (measured on the default model: at the same bytes, 0.0234
-predicted against the plan's own optimum 0.0143; benchmarks/NOTES.md,
-session 40).
+blocks at 6 (measured live on the default model: 18-40 % above the plan's
+own predicted optimum at the same pages; benchmarks/NOTES.md, session 40).
 
 The ladder starts from the dataplane's current bits with two corrections,
 whose rungs are *mandatory* and lead their lists (one direct rung per block):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -205,7 +205,7 @@ def chains(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndar
 
 
 def both_ways(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndarray, pins: np.ndarray,
-              down: bool, head: list[Rung] = ()) -> list[Rung]:
+              down: bool, head: Sequence[Rung] = ()) -> list[Rung]:
     """The complete list of one direction from start: the greedy walk of the
     chains from start merged, by the same key, with the returning chains
     (chains(returning=True)), after ``head``; rungs equal to one in head are
