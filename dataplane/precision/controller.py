@@ -109,8 +109,8 @@ class PrecisionController:
         telemetry client's callback). The preparation (converting the steps,
         indexing them for the walkers: ~0.1 s for a 35k-rung plan) runs here,
         not on the engine thread between decode steps. A plan that names
-        blocks this model does not have is logged and dropped; the last
-        ladder stays in force."""
+        blocks this model does not have, or bits it does not serve, is logged
+        and dropped; the last ladder stays in force."""
         try:
             prepared = self._prepare(plan)
         except ValueError as exc:
@@ -123,10 +123,14 @@ class PrecisionController:
         """The ladder and its walkers; touches no store state (any thread)."""
         ladder = ladder_from_plan(plan, self.num_experts, self.defaults)
         num_blocks = self.store.num_blocks
-        outside = [r for r in (*ladder.demotions, *ladder.promotions, *ladder.corrective_promotions)
-                   if not 0 <= r.block < num_blocks]
+        steps = (*ladder.demotions, *ladder.promotions, *ladder.corrective_promotions)
+        outside = [r for r in steps if not 0 <= r.block < num_blocks]
         if outside:
             raise ValueError(f"{len(outside)} steps name blocks outside the model's {num_blocks}")
+        known = {HOST_ONLY_BITS, *VIEW_BITS}
+        unknown = sorted({b for r in steps for b in (r.from_bits, r.to_bits)} - known)
+        if unknown:
+            raise ValueError(f"steps with bits {unknown}; this dataplane serves {sorted(known)}")
         floors = ladder.floor_bits
         if floors is not None and len(floors) != num_blocks:
             log.warning("plan %d: floor_bits has %d entries for %d blocks; ignored",

@@ -231,11 +231,12 @@ def test_plan_limits_set_to_zero_are_kept_and_unset_ones_fall_back():
     assert ladder_from_plan(unset, 2, defaults).limits == WalkLimits(0.05, 0.3, 2.0, 1000)
 
 
-def test_a_plan_naming_blocks_outside_the_model_is_dropped_and_the_last_one_stays():
+def test_a_plan_naming_unknown_blocks_or_bits_is_dropped_and_the_last_one_stays():
     arena = FakeArena(num_pages=100)
     store = FakeStore(arena, 6)  # 2 experts x 1 layer x 3 projections
     ctl = PrecisionController(store, arena, num_experts=2, defaults=WalkLimits(0.0, 0.5, 0.0, 0))
     ctl.set_plan(telemetry_pb2.PrecisionPlan(plan_id=1, demotions=[step(4, 8, 6, 2)]))
     ctl.set_plan(telemetry_pb2.PrecisionPlan(plan_id=2, demotions=[step(9, 8, 6, 2)]))  # layer 1 does not exist
+    ctl.set_plan(telemetry_pb2.PrecisionPlan(plan_id=3, demotions=[step(4, 8, 5, 2)]))  # no 5-bit view
     assert ctl.reclaim(1) == 2 and store.bits(4) == 6
     assert ctl.plan_id == 1
