@@ -17,6 +17,10 @@ from tools.make_random_checkpoint import make_random_checkpoint
 
 # Small pool: a few hundred blocks is plenty for these tests and quick to allocate.
 TEST_ARENA_BYTES = 8 << 20
+# On a GPU an engine without a budget takes this fraction of the free memory
+# (the default 0.9 let the first engine of a test leave none for the next:
+# "no memory left for even one KV block" on an H100, session 40).
+TEST_GPU_MEMORY_FRACTION = 0.05
 
 # How far one token's log-probability may move between two correct paths of the engine (batched
 # or alone, graph or eager, cached or recomputed K/V, against a float32 peer), by the dtype the
@@ -47,6 +51,7 @@ def make_engine(random_ckpt) -> Iterator[Callable[..., Engine]]:
         fields = {
             "model_path": str(random_ckpt),
             "cpu_arena_bytes": TEST_ARENA_BYTES,
+            "gpu_memory_utilization": TEST_GPU_MEMORY_FRACTION,
             "expert_precision": "dense",
             **overrides,
         }
