@@ -20,7 +20,9 @@ the load rises above and falls below what 8-bit experts leave room for. Cases:
   ladder (no controlplane: its local fallback order) as KV demand rises, then
   climbs back while a trickle of single short requests follows the burst;
 * ``planned``: the same, following a real controlplane's ladders
-  (benchmarks/pressure_cases.py says how it is run);
+  (benchmarks/pressure_cases.py says how it is run: its own process);
+* ``planned-inline``: ``planned`` with the controlplane's server in the
+  engine's process (what sharing the GIL with it costs);
 * ``planned-floor``: ``planned`` with no block below ``--floor-bits``.
 
 ``--prompt-domains`` takes the prompts from the corpus's validation split
@@ -56,8 +58,11 @@ served KL being the mean over the quantile states, i.e. the KL of the
 average token the burst produced; when static-8 ran, the same states are also
 scored on its requests, prompt plus greedy continuation, counting the
 generated tokens: the text a server of this workload serves, where the test
-windows are the corpus's), and for the dynamic cases the seconds
-until every block was back at 8 bits during the trickle. Kernels are compiled
+windows are the corpus's), where the time went (median and p90 wall time
+of an engine iteration, the seconds spent in the precision controller's
+hook), the demotions and promotions the burst took (and their bytes), and
+for the dynamic cases the seconds until every block was back at 8 bits
+during the trickle. Kernels are compiled
 and graphs captured by a warm-up of short requests at the batch buckets before
 anything is timed.
 """
@@ -238,7 +243,7 @@ def print_table(args: argparse.Namespace, shape: dict, budget_pages: int, seq_pa
           f"{args.requests} requests x ({args.prompt_len} + {args.max_tokens}) tokens, {result['arrivals']}")
     print(f"{'case':13} {'tok/s':>8} {'s':>7} {'ttft med':>8} {'ttft p90':>8} {'preempt':>7} {'run mean':>8} "
           f"{'peak':>5} {'bits mean':>9} {'bits min':>8} {'recover s':>9} {'KL deep':>8} {'KL served':>9} "
-          f"{'on text':>8}")
+          f"{'on text':>8} {'iter ms':>7} {'ctrl s':>6} {'demote':>6} {'promote':>7}")
     for r in result["rows"]:
         rec = r.get("recovery_seconds")
         kl = r.get("quality_at_deepest", {}).get("kl")
@@ -249,7 +254,8 @@ def print_table(args: argparse.Namespace, shape: dict, budget_pages: int, seq_pa
               f"{r['mean_running']:8.1f} {r['peak_running']:5d} {r['mean_expert_bits']:9.2f} "
               f"{r['min_expert_bits']:8.2f} {'-' if rec is None else f'{rec:.2f}':>9} "
               f"{'-' if kl is None else f'{kl:.4f}':>8} {'-' if served is None else f'{served:.4f}':>9} "
-              f"{'-' if on_text is None else f'{on_text:.4f}':>8}")
+              f"{'-' if on_text is None else f'{on_text:.4f}':>8} {r['iteration_s_median'] * 1e3:7.1f} "
+              f"{r['controller_s_total']:6.2f} {r['demotions']:6d} {r['promotions']:7d}")
 
 
 if __name__ == "__main__":

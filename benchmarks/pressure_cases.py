@@ -8,9 +8,14 @@ Cases (``CASES``):
   it walks its local fallback order (least recently used blocks first, one
   view at a time);
 * ``planned``: the same controller following the ladders of a real
-  controlplane (``ControlplaneServer`` on a free port, its SQLite file in a
-  temporary folder, telemetry over gRPC): demotions by predicted quality cost
-  per byte from the model's sensitivity table and the routing it reports;
+  controlplane (``python -m controlplane`` in its own process on a free port,
+  as served, its SQLite file in a temporary folder, telemetry over gRPC):
+  demotions by predicted quality cost per byte from the model's sensitivity
+  table and the routing it reports;
+* ``planned-inline``: ``planned`` with the controlplane's server in the
+  engine's process (``ControlplaneServer``), as this benchmark ran it up to
+  session 40: its planning and telemetry handling share the engine's GIL,
+  which ``planned`` does not (the cost of that sharing is the difference);
 * ``planned-floor``: ``planned`` with the planner's default floor at
   ``--floor-bits`` (no block below it; past it the scheduler preempts), the
   operator's bound on how far a burst may take the quality down.
@@ -20,12 +25,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from controlplane.config import ControlplaneConfig, PlannerConfig
@@ -43,8 +54,9 @@ CASES = {
     "dynamic": dict(dynamic_precision=True, initial_expert_bits=8),
     "planned": dict(dynamic_precision=True, initial_expert_bits=8),
     "planned-floor": dict(dynamic_precision=True, initial_expert_bits=8),
+    "planned-inline": dict(dynamic_precision=True, initial_expert_bits=8),
 }
-PLANNED = ("planned", "planned-floor")
+PLANNED = ("planned", "planned-floor", "planned-inline")
 TOP_BITS = 8
 WARMUP_PROMPT_LEN = 16
 WARMUP_MAX_TOKENS = 4
@@ -56,6 +68,9 @@ POLL_S = 0.05
 TELEMETRY_INTERVAL_MS = 250
 HISTORY_SETTLE_S = 2.0  # > the controlplane's plan_min_interval_s (1 s) plus a telemetry report
 ADMIN_TOKEN = "memory-pressure-benchmark"  # the controlplane serves no Admin without one; nobody calls it
+CONTROLPLANE_START_TIMEOUT_S = 120.0
+CONTROLPLANE_STOP_TIMEOUT_S = 30.0
+SERVING_LINE = re.compile(r"controlplane serving on (\S+)")
 ARRIVAL_SEED = 0  # every case sees the same arrival times
 PROMPT_SPLIT = "validation"  # prompts from the corpus never come from the split quality is measured on
 
@@ -134,14 +149,21 @@ class StepTrace:
     """Per engine-loop iteration, recorded on the engine thread (after the controller ran)."""
 
     mean_bits: list[float] = field(default_factory=list)  # over expert weights
+    started_at: list[float] = field(default_factory=list)  # perf_counter when the iteration's hook ran
+    controller_s: list[float] = field(default_factory=list)  # seconds in the precision controller's hook
     running: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)  # tokens generated before this iteration (engine total)
     state_ids: list[int] = field(default_factory=list)  # index into states of this iteration's block bits
     states: list[list[int]] = field(default_factory=list)  # distinct block bits, in order of appearance
 
     def clear(self) -> None:
-        for values in (self.mean_bits, self.running, self.generated, self.state_ids, self.states):
+        for values in (self.mean_bits, self.started_at, self.controller_s, self.running, self.generated,
+                       self.state_ids, self.states):
             values.clear()
+
+    def iteration_seconds(self, end: float) -> list[float]:
+        """Each iteration's wall time: until the next one's hook (the last: until ``end``)."""
+        return [b - a for a, b in zip(self.started_at, [*self.started_at[1:], end])]
 
     def deepest_state(self) -> list[int]:
         """Every block's bits at the iteration with the lowest mean bits."""
@@ -175,8 +197,11 @@ def trace_steps(engine, store) -> StepTrace:
     inner = engine.before_step
 
     def before_step() -> None:
+        start = time.perf_counter()
         if inner is not None:
             inner()
+        trace.started_at.append(start)
+        trace.controller_s.append(time.perf_counter() - start)
         bits = store.block_bits()
         if not trace.states or trace.states[-1] != bits:
             trace.states.append(bits)
@@ -238,27 +263,68 @@ def wait_for_plan(dataplane: Dataplane) -> None:
         time.sleep(POLL_S)
 
 
+@contextmanager
+def controlplane_process(tmp: str, planner: PlannerConfig) -> Iterator[str]:
+    """``python -m controlplane`` on a free port (the planner's fields in its
+    environment, as a deployment sets them); yields its address, stops it with
+    SIGTERM."""
+    env = {**os.environ, "PW_CONTROLPLANE_PLANNER": planner.model_dump_json()}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane", "--port", "0", "--db", str(Path(tmp) / "controlplane.sqlite3"),
+         "--admin-token", ADMIN_TOKEN, "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.perf_counter() + CONTROLPLANE_START_TIMEOUT_S
+        address = None
+        while address is None:  # readline blocks until its line or EOF (the process died)
+            line = proc.stdout.readline()
+            if not line or time.perf_counter() > deadline:
+                raise RuntimeError(f"the controlplane did not start (exit code {proc.poll()})")
+            match = SERVING_LINE.search(line)
+            address = match.group(1) if match else None
+        yield address
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=CONTROLPLANE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def controlplane_inline(tmp: str, planner: PlannerConfig) -> Iterator[str]:
+    """The controlplane's server in this process (``planned-inline``)."""
+    server = ControlplaneServer(ControlplaneConfig(
+        port=0, db_path=str(Path(tmp) / "controlplane.sqlite3"), admin_tokens=(ADMIN_TOKEN,),
+        planner=planner)).start()
+    try:
+        yield server.address
+    finally:
+        server.stop()
+
+
 def run_case(args: argparse.Namespace, case: str, max_arena_pages: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        controlplane = None
-        if case in PLANNED:
-            floor = {"default_floor_bits": args.floor_bits} if case == "planned-floor" else {}
-            planner = PlannerConfig(**{"low_watermark": args.low_watermark, "high_watermark": args.high_watermark,
-                                       **floor, **json.loads(args.planner)})
-            controlplane = ControlplaneServer(ControlplaneConfig(
-                port=0, db_path=str(Path(tmp) / "controlplane.sqlite3"), admin_tokens=(ADMIN_TOKEN,),
-                planner=planner)).start()
-        extra = {} if controlplane is None else dict(controlplane=controlplane.address,
-                                                     telemetry_interval_ms=TELEMETRY_INTERVAL_MS)
-        t0 = time.perf_counter()
-        dataplane = Dataplane(config_for(args, case, max_arena_pages, **extra))
-        build_s = time.perf_counter() - t0
-        try:
-            return measure(args, case, dataplane, build_s)
-        finally:
-            dataplane.stop()
-            if controlplane is not None:
-                controlplane.stop()
+        if case not in PLANNED:
+            return run_dataplane(args, case, max_arena_pages, {})
+        floor = {"default_floor_bits": args.floor_bits} if case == "planned-floor" else {}
+        planner = PlannerConfig(**{"low_watermark": args.low_watermark, "high_watermark": args.high_watermark,
+                                   **floor, **json.loads(args.planner)})
+        serve = controlplane_inline if case == "planned-inline" else controlplane_process
+        with serve(tmp, planner) as address:
+            extra = dict(controlplane=address, telemetry_interval_ms=TELEMETRY_INTERVAL_MS)
+            return run_dataplane(args, case, max_arena_pages, extra)
+
+
+def run_dataplane(args: argparse.Namespace, case: str, max_arena_pages: int, extra: dict) -> dict:
+    t0 = time.perf_counter()
+    dataplane = Dataplane(config_for(args, case, max_arena_pages, **extra))
+    build_s = time.perf_counter() - t0
+    try:
+        return measure(args, case, dataplane, build_s)
+    finally:
+        dataplane.stop()
 
 
 def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: float) -> dict:
@@ -275,10 +341,14 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     warm_up(engine, args.requests, lambda i, n: prompts(args.requests + args.history_requests + i, n))
     run_history(engine, args, lambda i, n: prompts(args.requests + i, n))
     before = engine.stats()
+    transitions_before = replace(dataplane.controller.store.counters)
     trace.clear()
     gaps = arrival_gaps(args.requests, args.arrival_rate, ARRIVAL_SEED)
     run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens, prompts, gaps)
+    ended_at = time.perf_counter()
     after = engine.stats()
+    transitions = dataplane.controller.store.counters
+    iteration_s = trace.iteration_seconds(ended_at)
     row = {  # read from the trace before the trickle (recover) adds iterations to it
         "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
         "requests": args.requests, "tokens": run.tokens, "seconds": run.seconds,
@@ -297,6 +367,15 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
         "deepest_block_bits": trace.deepest_state(),
         "served_block_bits": trace.served_states(after.generated_tokens_total, args.served_states),
         "weight_pages_by_bits_after_burst": after.arena.weight_pages_by_bits,
+        # Where the time went: per engine iteration, and in the precision controller's hook.
+        "iteration_s_median": statistics.median(iteration_s) if iteration_s else 0.0,
+        "iteration_s_p90": statistics.quantiles(iteration_s, n=10)[-1] if len(iteration_s) > 1 else 0.0,
+        "controller_s_total": sum(trace.controller_s),
+        "controller_s_max": max(trace.controller_s, default=0.0),
+        "demotions": transitions.demotions - transitions_before.demotions,
+        "promotions": transitions.promotions - transitions_before.promotions,
+        "bytes_promoted": transitions.bytes_promoted - transitions_before.bytes_promoted,
+        "bytes_demoted": transitions.bytes_demoted - transitions_before.bytes_demoted,
     }
     if case == "static-8":  # the 8-bit model's own text: what the other cases' states are scored on too
         row["served_token_ids"] = run.sequences

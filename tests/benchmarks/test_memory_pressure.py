@@ -23,14 +23,14 @@ def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_pa
         [sys.executable, str(REPO / "benchmarks" / "memory_pressure.py"), "--preset", "mixtral-tiny",
          "--device", "cpu", "--requests", str(REQUESTS), "--prompt-len", str(PROMPT_LEN),
          "--max-tokens", str(MAX_TOKENS), "--kv-seqs", str(KV_SEQS), "--recovery-s", "30", "--out", str(out),
-         "--cases", "dynamic,planned,planned-floor,static-4,static-8", "--floor-bits", str(FLOOR_BITS)],
+         "--cases", "dynamic,planned,planned-inline,planned-floor,static-4,static-8", "--floor-bits", str(FLOOR_BITS)],
         check=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
     )
     result = json.loads(out.read_text())
     budget = result["budget"]
     assert budget["arena_pages"] == budget["expert_pages_at_8_bits"] + KV_SEQS * budget["kv_pages_per_sequence"]
     rows = {row["case"]: row for row in result["rows"]}
-    assert set(rows) == {"dynamic", "planned", "planned-floor", "static-4", "static-8"}
+    assert set(rows) == {"dynamic", "planned", "planned-inline", "planned-floor", "static-4", "static-8"}
     for row in rows.values():
         assert row["tokens"] == REQUESTS * MAX_TOKENS, row["case"]
         assert row["arena_pages"] == budget["arena_pages"]
@@ -43,16 +43,22 @@ def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_pa
         assert all(len(bits) == len(row["deepest_block_bits"]) for bits in row["served_block_bits"])
     assert {b for bits in rows["static-4"]["served_block_bits"] for b in bits} == {4}
     # Dynamic: demoted under the burst, so all requests ran at once, then back at 8 bits.
-    for case in ("dynamic", "planned"):
+    for case in ("dynamic", "planned", "planned-inline"):
         row = rows[case]
         assert row["min_expert_bits"] < 8, case
+        assert row["demotions"] > 0 and row["bytes_demoted"] > 0, case
         assert min(row["deepest_block_bits"]) < 8, case
         assert row["peak_running"] == REQUESTS, case
         assert row["preemptions"] == 0, case
         assert row["recovery_seconds"] is not None, case
         assert row["mean_expert_bits_after_trickle"] == 8, case
         assert set(row["weight_pages_by_bits_after_trickle"]) == {"8"}, case
-    assert rows["planned"]["plans_received"] >= 1
+    assert rows["planned"]["plans_received"] >= 1  # from the controlplane's own process
+    assert rows["planned-inline"]["plans_received"] >= 1
+    for case in ("static-4", "static-8"):  # no controller: no transitions, no time in it
+        assert rows[case]["demotions"] == rows[case]["promotions"] == 0, case
+    for row in rows.values():
+        assert 0 < row["iteration_s_median"] <= row["iteration_s_p90"] < row["seconds"], row["case"]
     # The floor holds: no block went below it, however many requests waited.
     floored = rows["planned-floor"]
     assert floored["plans_received"] >= 1
