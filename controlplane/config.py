@@ -41,9 +41,13 @@ class PlannerConfig(BaseModel):
 
     # Watermarks copied into every plan: demote when free pages fall below
     # low_watermark of the pool, promote only while they stay above
-    # high_watermark. The band between them is the hysteresis.
-    low_watermark: float = Field(default=0.05, ge=0.0, le=1.0)
-    high_watermark: float = Field(default=0.15, ge=0.0, le=1.0)
+    # high_watermark. The band between them is the hysteresis. None (the
+    # default) leaves them out of the plan, so each dataplane keeps its own,
+    # derived from the KV pages one of its steps can take
+    # (dataplane/precision/ladder.py step_watermarks): one fraction for every
+    # arena size held ~7 GB free on a Mixtral-8x7B arena at 15 %.
+    low_watermark: float | None = Field(default=None, ge=0.0, lt=1.0)
+    high_watermark: float | None = Field(default=None, ge=0.0, lt=1.0)
     # A block keeps its bitwidth at least this long after a change.
     min_residence_ms: int = Field(default=2000, ge=0)
     # Host-to-device bytes per second the dataplane may spend on promotions.
@@ -127,7 +131,8 @@ class PlannerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> PlannerConfig:
-        if self.low_watermark > self.high_watermark:
+        if self.low_watermark is not None and self.high_watermark is not None \
+                and self.low_watermark > self.high_watermark:
             raise ValueError("low_watermark must not exceed high_watermark")
         if self.weight_share + self.weight_prob + self.weight_demand <= 0.0:
             raise ValueError("importance weights must not all be zero")

@@ -104,7 +104,8 @@ def step_to_rung(step: telemetry_pb2.PrecisionStep) -> Rung:
 
 def ladder_to_plan(ladder: Ladder, plan_id: int, cfg: PlannerConfig) -> telemetry_pb2.PrecisionPlan:
     """The PrecisionPlan message of a ladder, with the hysteresis parameters
-    copied from the planner config."""
+    copied from the planner config (watermarks it leaves None stay unset: the
+    dataplane's own apply)."""
     return telemetry_pb2.PrecisionPlan(
         corrective_promotions=ladder.corrective_promotions,
         corrective_demotions=ladder.corrective_demotions,

@@ -75,6 +75,11 @@ class LadderWalker:
         self._last_ms: float | None = None
 
     def set_plan(self, plan: telemetry_pb2.PrecisionPlan, now_ms: float = 0.0) -> None:
+        """Adopts a plan. The simulation has no dataplane to take watermarks
+        from, so the plan must set both (PlannerConfig low/high_watermark)."""
+        unset = [f for f in ("low_watermark", "high_watermark") if not plan.HasField(f)]
+        if unset:
+            raise ValueError(f"the simulated plan leaves {', '.join(unset)} unset; the simulation needs both")
         self._plan = plan
         self._demotions = [step_to_rung(s) for s in plan.demotions]
         promotions = [step_to_rung(s) for s in plan.promotions]

@@ -86,9 +86,13 @@ class DataplaneConfig(BaseSettings):
     # Walk the precision ladder under KV pressure (False: precision stays at
     # initial_expert_bits and KV pressure preempts, the static baseline).
     dynamic_precision: bool = True
-    # Local walk limits, used until a controlplane plan sets its own.
-    low_watermark: float = Field(default=0.05, ge=0, lt=1)
-    high_watermark: float = Field(default=0.15, ge=0, lt=1)
+    # Local walk limits, used until a controlplane plan sets its own. The
+    # watermarks are fractions of the arena's pages; None (the default)
+    # derives them from the KV pages one engine step can take
+    # (dataplane/precision/ladder.py step_watermarks), which scales with the
+    # arena where a fixed fraction does not.
+    low_watermark: float | None = Field(default=None, ge=0, lt=1)
+    high_watermark: float | None = Field(default=None, ge=0, lt=1)
     min_residence_ms: int = Field(default=2000, ge=0)
     promotion_bytes_per_s: int = Field(default=0, ge=0)  # 0 = unlimited
 
@@ -159,7 +163,8 @@ class DataplaneConfig(BaseSettings):
             raise ValueError(f"controlplane must be host:port, got {self.controlplane!r}")
         if self.initial_expert_bits not in (2, 3, 4, 6, 8):
             raise ValueError(f"initial_expert_bits must be one of 2, 3, 4, 6, 8, got {self.initial_expert_bits}")
-        if self.low_watermark > self.high_watermark:
+        if self.low_watermark is not None and self.high_watermark is not None \
+                and self.low_watermark > self.high_watermark:
             raise ValueError("low_watermark must be <= high_watermark")
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
             raise ValueError(f"unknown device {self.device!r}")

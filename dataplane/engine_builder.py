@@ -28,7 +28,7 @@ from dataplane.models.synthetic import build_synthetic, synthetic_expert_blocks
 from dataplane.runner import ModelRunner
 from dataplane.sampler import Sampler
 from dataplane.precision.controller import PrecisionController
-from dataplane.precision.ladder import WalkLimits
+from dataplane.precision.ladder import WalkLimits, step_watermarks
 from dataplane.scheduler import ReclaimPages, Scheduler, SchedulerConfig
 from dataplane.weights.layout import expert_tile_bytes
 from dataplane.weights.transform import quantize_experts
@@ -243,12 +243,7 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
             store,
             arena,
             info.num_experts,
-            WalkLimits(
-                low_watermark=config.low_watermark,
-                high_watermark=config.high_watermark,
-                min_residence_s=config.min_residence_ms / 1000.0,
-                promotion_bytes_per_s=config.promotion_bytes_per_s,
-            ),
+            local_walk_limits(config, arena.num_pages),
         )
         if config.dynamic_precision:
             reclaim_pages = reclaim_pages or controller.reclaim
@@ -261,6 +256,36 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
         config, info, model, arena, plan.fixed_resident_bytes, reclaim_pages, before_step=before_step
     )
     return BuiltEngine(engine, controller)
+
+
+def step_kv_pages(config: DataplaneConfig) -> int:
+    """The most KV pages one engine step can allocate: its token budget in
+    whole blocks, plus one partly filled block for each running sequence
+    (one arena page holds one KV block, dataplane/kv_cache.py)."""
+    return blocks_for_tokens(config.max_batched_tokens, config.kv_block_size) + config.max_running_seqs
+
+
+def local_walk_limits(config: DataplaneConfig, total_pages: int) -> WalkLimits:
+    """The controller's limits until a plan sets its own: the configured
+    watermarks, or those derived from one step's KV pages where unset (a
+    derived one never crosses a configured one)."""
+    low, high = step_watermarks(step_kv_pages(config), total_pages)
+    if config.low_watermark is not None:
+        low = config.low_watermark
+        high = max(high, low)
+    if config.high_watermark is not None:
+        high = config.high_watermark
+        low = min(low, high)
+    limits = WalkLimits(
+        low_watermark=low,
+        high_watermark=high,
+        min_residence_s=config.min_residence_ms / 1000.0,
+        promotion_bytes_per_s=config.promotion_bytes_per_s,
+    )
+    log.info("local walk limits: watermarks %.4f / %.4f of %d pages (%s)", low, high, total_pages,
+             "configured" if config.low_watermark is not None and config.high_watermark is not None
+             else f"derived from {step_kv_pages(config)} KV pages a step")
+    return limits
 
 
 def decode_kernels_supported(block_size: int, spec: MixtralSpec) -> bool:

@@ -12,6 +12,14 @@ from dataclasses import dataclass
 
 from pagedweight.v1 import common_pb2, telemetry_pb2
 
+# Derived watermarks (step_watermarks): the high one is this many times the
+# low one (the band is the hysteresis, as in the old fixed 5 % / 15 %), and
+# neither goes past those old fixed values, so a small arena, where one step's
+# KV is a large share, keeps them.
+WATERMARK_BAND_RATIO = 3.0
+MAX_DERIVED_LOW_WATERMARK = 0.05
+MAX_DERIVED_HIGH_WATERMARK = 0.15
+
 # Projection enum of common.proto -> block-index projection (gate, up, down).
 _PROJ_OF_ENUM = {
     common_pb2.PROJECTION_GATE: 0,
@@ -46,6 +54,23 @@ class WalkLimits:
             )
         if self.min_residence_s < 0 or self.promotion_bytes_per_s < 0:
             raise ValueError("residence and promotion rate must be >= 0")
+
+
+def step_watermarks(step_kv_pages: int, total_pages: int) -> tuple[float, float]:
+    """(low, high) watermarks from the KV pages one engine step can take.
+
+    Demoting ahead of demand only has to keep one step's worth of pages free:
+    the scheduler reclaims on demand (``PrecisionController.reclaim``) for
+    anything past that, before it would preempt. A fixed share of the arena
+    does not scale: 15 % of a ~48 GB Mixtral-8x7B arena is ~7 GB held free,
+    i.e. experts demoted for KV that never comes. ``step_kv_pages`` is the
+    engine's worst case (engine_builder: every running sequence starting a
+    block plus the step's token budget in whole blocks).
+    """
+    if total_pages <= 0:
+        raise ValueError(f"total_pages must be > 0, got {total_pages}")
+    low = min(MAX_DERIVED_LOW_WATERMARK, max(0, step_kv_pages) / total_pages)
+    return low, min(MAX_DERIVED_HIGH_WATERMARK, WATERMARK_BAND_RATIO * low)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from controlplane.config import PlannerConfig
 from controlplane.convert import ladder_to_plan
@@ -21,6 +22,9 @@ POOL_BYTES = 400_000
 STEP_MS = 50
 PERIOD_MS = 1000
 DURATION_MS = 30_000
+
+# The simulation takes its watermarks from the plan (a dataplane would use its own).
+SIM_WATERMARKS = dict(low_watermark=0.05, high_watermark=0.15)
 
 
 def run(cfg: PlannerConfig, amplitude: int) -> tuple[LadderWalker, list[int]]:
@@ -94,7 +98,8 @@ def test_min_residence_bounds_transitions_of_a_wide_swing():
 
 
 def test_budget_is_enforced_by_the_walker():
-    cfg = PlannerConfig(uniform_guard=False)  # a greedy budget prefix: the walker stops where it fits
+    # A greedy budget prefix: the walker stops where it fits.
+    cfg = PlannerConfig(uniform_guard=False, **SIM_WATERMARKS)
     shape = make_shape()
     bits = np.full((L, E, 3), 8)
     budget = int(shape.expert_bytes(bits) * 0.7)
@@ -113,7 +118,7 @@ def test_floor_above_current_bits_is_corrected_at_once_and_kept():
     shape = make_shape()
     current = np.full((L, E, 3), 2)
     inputs = make_inputs(shape=shape, current=current, floors=(Floor(0, None, 6),))
-    cfg = PlannerConfig(min_residence_ms=10_000)
+    cfg = PlannerConfig(min_residence_ms=10_000, **SIM_WATERMARKS)
     ladder = build_ladder(inputs, cfg)
     plan = ladder_to_plan(ladder, 1, cfg)
     assert plan.corrective_promotions == E * 3 and list(plan.floor_bits) == ladder.floor_bits.reshape(-1).tolist()
@@ -127,3 +132,16 @@ def test_floor_above_current_bits_is_corrected_at_once_and_kept():
     assert np.all(walker.bits[0] == 6) and np.all(walker.bits[1] == 2)
     walker.step(now_ms=50_000.0, kv_bytes=pool)  # all memory wanted by KV: demote everything allowed
     assert np.all(walker.bits[0] == 6)
+
+
+def test_a_plan_without_watermarks_is_refused_by_the_simulation():
+    cfg = PlannerConfig()  # the default leaves the watermarks to the dataplane
+    plan = ladder_to_plan(build_ladder(make_inputs(), cfg), plan_id=1, cfg=cfg)
+    assert not plan.HasField("low_watermark") and not plan.HasField("high_watermark")
+    walker = LadderWalker(make_shape(), np.full((L, E, 3), 8), POOL_BYTES)
+    with pytest.raises(ValueError, match="low_watermark, high_watermark"):
+        walker.set_plan(plan)
+    set_cfg = PlannerConfig(low_watermark=0.02, high_watermark=0.06)
+    plan = ladder_to_plan(build_ladder(make_inputs(), set_cfg), plan_id=2, cfg=set_cfg)
+    assert (plan.low_watermark, plan.high_watermark) == (0.02, 0.06)
+    walker.set_plan(plan)

@@ -44,7 +44,9 @@ def test_hello_welcome_plan_and_status(server, admin, dataplanes):
     dp, plan = connect(dataplanes)
     assert plan.plan_id > 0
     cfg = server.cfg.planner
-    assert (plan.low_watermark, plan.high_watermark) == (cfg.low_watermark, cfg.high_watermark)
+    # The default planner leaves the watermarks to the dataplane (unset, not 0).
+    assert cfg.low_watermark is None and cfg.high_watermark is None
+    assert not plan.HasField("low_watermark") and not plan.HasField("high_watermark")
     assert plan.min_residence_ms == cfg.min_residence_ms
     assert plan.promotion_bytes_per_s == cfg.promotion_bytes_per_s
     # Before any report every block is assumed at 8 bits: each block walks

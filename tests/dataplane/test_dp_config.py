@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from dataplane.__main__ import parse_args
 from dataplane.config import GIB, DataplaneConfig
-from dataplane.engine_builder import build
+from dataplane.engine_builder import build, local_walk_limits, step_kv_pages
 from dataplane.weights.paged_experts import PagedExperts
 from dataplane.layers.linear import Linear
 from dataplane.layers.moe import SparseMoeBlock
@@ -97,3 +97,30 @@ def test_pdl_max_rows_from_the_environment_reaches_every_launching_module(monkey
     for kind in kinds:
         found = [m for m in model.modules() if isinstance(m, kind)]
         assert found and all(m.pdl == PdlPolicy(max_rows=3) for m in found), kind.__name__
+
+
+def test_unset_watermarks_are_derived_from_one_steps_kv_pages():
+    cfg = DataplaneConfig(model_path="/m", max_batched_tokens=2000, max_running_seqs=40, kv_block_size=16)
+    step = step_kv_pages(cfg)
+    assert step == 125 + 40  # 2000 tokens in blocks of 16, plus one open block per sequence
+    big = local_walk_limits(cfg, total_pages=27_136)  # a Mixtral-8x7B arena of 2 MiB pages
+    assert big.low_watermark == pytest.approx(step / 27_136)
+    assert big.high_watermark == pytest.approx(3 * step / 27_136)
+    small = local_walk_limits(cfg, total_pages=1000)  # one step is 16.5 %: the old fixed values cap it
+    assert (small.low_watermark, small.high_watermark) == (0.05, 0.15)
+    # A configured watermark is kept, and the derived one never crosses it.
+    low_only = local_walk_limits(cfg.model_copy(update={"low_watermark": 0.2}), total_pages=27_136)
+    assert (low_only.low_watermark, low_only.high_watermark) == (0.2, 0.2)
+    high_only = local_walk_limits(cfg.model_copy(update={"high_watermark": 0.001}), total_pages=27_136)
+    assert (high_only.low_watermark, high_only.high_watermark) == (0.001, 0.001)
+    both = local_walk_limits(cfg.model_copy(update={"low_watermark": 0.01, "high_watermark": 0.03}), 27_136)
+    assert (both.low_watermark, both.high_watermark) == (0.01, 0.03)
+    with pytest.raises(ValidationError):
+        DataplaneConfig(model_path="/m", low_watermark=0.2, high_watermark=0.1)
+
+
+def test_the_built_controller_walks_by_the_derived_watermarks(random_ckpt):
+    cfg = DataplaneConfig(model_path=str(random_ckpt), device="cpu", max_batched_tokens=64, max_running_seqs=4)
+    built = build(cfg)
+    assert built.precision.limits == local_walk_limits(cfg, built.engine.arena.num_pages)
+    assert 0 < built.precision.limits.low_watermark < built.precision.limits.high_watermark
