@@ -57,6 +57,7 @@ from kernels.moe_mixed import (  # noqa: E402
     run_gate_up,
 )
 from kernels.moe_tiles import choose_tiles  # noqa: E402
+from kernels.moe_tuning import MoeTuning  # noqa: E402
 from kernels.paged_attention import kv_cache_view, paged_attention_decode  # noqa: E402
 
 L2_BYTES = 60 * 2**20
@@ -94,13 +95,25 @@ def rotations(shape: MoeShape, smallest_bytes: int, cap: int) -> int:
     return max(1, min(cap, math.ceil(ROTATE_TARGET / max(1, smallest_bytes))))
 
 
+def tiles_for(shape: MoeShape, batch: int, tune: dict, sms: int | None = None):
+    """choose_tiles with a launch shape's keywords; its "tuning" entry (a
+    JSON object of MoeTuning fields, e.g. {"one_token_one_launch": true})
+    becomes the MoeTuning it takes."""
+    kwargs = dict(tune)
+    if isinstance(kwargs.get("tuning"), dict):
+        kwargs["tuning"] = MoeTuning(**kwargs["tuning"])
+    if sms is not None:
+        kwargs["num_sms"] = sms
+    return choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, **kwargs)
+
+
 def check(shape: MoeShape, weights: PagedWeights, layers: int, tune: dict | None, batch: int = 2) -> float:
     """Relative error of the kernel against the fp32 reference (mixed bits;
     B = 2 takes the tensor-core tile, B = 1 the CUDA-core one)."""
     weights.block_fields.copy_(fields_config(shape, layers, "mixed"))
     ids, tw = routing(shape, batch, "cuda")
     x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    tiles = choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, **(tune or DEFAULT_TUNE))
+    tiles = tiles_for(shape, batch, tune or DEFAULT_TUNE)
     out = fused_moe_mixed(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn, tiles)
     ref = moe_mixed_reference(x, ids, tw, weights, layers - 1, shape.experts, shape.ffn)
     err = float((out - ref).norm() / ref.norm())
@@ -124,8 +137,7 @@ TUNE_CASES = [(1, "4"), (16, "4"), (64, "4"), (1, "2")]
 def time_layer(shape, weights, layers, batch, bits, tune, route="roundrobin"):
     ids, tw = routing(shape, batch, "cuda", mode=route)
     x = torch.randn(batch, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, **tune)
+    tiles = tiles_for(shape, batch, tune, torch.cuda.get_device_properties(0).multi_processor_count)
     ws = alloc_workspace(batch, shape.top_k, shape.hidden, shape.ffn, shape.experts, tiles, "cuda")
     cfg = fields_config(shape, layers, bits)
     weights.block_fields.copy_(cfg)
@@ -323,8 +335,8 @@ def main() -> None:
     ap.add_argument("--bits", help="comma list of views: 8,6,4,3,2,mixed (= mixed2-6) or mixedA-B "
                                    "(default all of BITS; --quick: 4,2,mixed)")
     ap.add_argument("--kernels-only", action="store_true", help="skip the bf16 torch and attention rows")
-    ap.add_argument("--candidates", help="JSON list of launch shapes (choose_tiles keywords) to autotune "
-                                         "instead of TUNE_CANDIDATES")
+    ap.add_argument("--candidates", help="JSON list of launch shapes (choose_tiles keywords; \"tuning\": an "
+                                         "object of MoeTuning fields) to autotune instead of TUNE_CANDIDATES")
     ap.add_argument("--tune-cases", help="comma list of B:bits cases to autotune on (default "
                                          "1:4,16:4,64:4,1:2)")
     ap.add_argument("--routing", default="roundrobin", choices=ROUTINGS,
