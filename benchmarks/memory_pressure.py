@@ -241,7 +241,7 @@ def print_table(args: argparse.Namespace, shape: dict, budget_pages: int, seq_pa
     print(f"\n{args.model or args.preset}: arena {budget_pages} pages of {shape['page_bytes'] / 2**10:.0f} KiB "
           f"(8-bit experts {shape['weight_pages_8bit']} + KV of {args.kv_seqs} x {seq_pages}); "
           f"{args.requests} requests x ({args.prompt_len} + {args.max_tokens}) tokens, {result['arrivals']}")
-    print(f"{'case':13} {'tok/s':>8} {'s':>7} {'ttft med':>8} {'ttft p90':>8} {'preempt':>7} {'run mean':>8} "
+    print(f"{'case':14} {'tok/s':>8} {'s':>7} {'ttft med':>8} {'ttft p90':>8} {'preempt':>7} {'run mean':>8} "
           f"{'peak':>5} {'bits mean':>9} {'bits min':>8} {'recover s':>9} {'KL deep':>8} {'KL served':>9} "
           f"{'on text':>8} {'iter ms':>7} {'ctrl s':>6} {'demote':>6} {'promote':>7}")
     for r in result["rows"]:
@@ -249,7 +249,7 @@ def print_table(args: argparse.Namespace, shape: dict, budget_pages: int, seq_pa
         kl = r.get("quality_at_deepest", {}).get("kl")
         served = r.get("served_kl")
         on_text = r.get("served_kl_on_served_text")
-        print(f"{r['case']:13} {r['tok_per_s']:8.1f} {r['seconds']:7.2f} {r['first_token_s_median']:8.2f} "
+        print(f"{r['case']:14} {r['tok_per_s']:8.1f} {r['seconds']:7.2f} {r['first_token_s_median']:8.2f} "
               f"{r['first_token_s_p90']:8.2f} {r['preemptions']:7d} "
               f"{r['mean_running']:8.1f} {r['peak_running']:5d} {r['mean_expert_bits']:9.2f} "
               f"{r['min_expert_bits']:8.2f} {'-' if rec is None else f'{rec:.2f}':>9} "
