@@ -376,6 +376,15 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
         "promotions": transitions.promotions - transitions_before.promotions,
         "bytes_promoted": transitions.bytes_promoted - transitions_before.bytes_promoted,
         "bytes_demoted": transitions.bytes_demoted - transitions_before.bytes_demoted,
+        # Per iteration (rounded): seconds since the burst's first iteration, seconds in it and in the
+        # controller's hook, running requests and mean expert bits, to place a difference in time.
+        "iterations": {
+            "start_s": [round(t - trace.started_at[0], 4) for t in trace.started_at],
+            "wall_s": [round(t, 5) for t in iteration_s],
+            "controller_s": [round(t, 5) for t in trace.controller_s],
+            "running": list(trace.running),
+            "mean_bits": [round(b, 3) for b in trace.mean_bits],
+        },
     }
     if case == "static-8":  # the 8-bit model's own text: what the other cases' states are scored on too
         row["served_token_ids"] = run.sequences
