@@ -263,11 +263,21 @@ def wait_for_plan(dataplane: Dataplane) -> None:
         time.sleep(POLL_S)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5), in clock ticks
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def controlplane_process(tmp: str, planner: PlannerConfig) -> Iterator[str]:
+def controlplane_process(tmp: str, planner: PlannerConfig) -> Iterator[tuple[str, Callable[[], float | None]]]:
     """``python -m controlplane`` on a free port (the planner's fields in its
-    environment, as a deployment sets them); yields its address, stops it with
-    SIGTERM."""
+    environment, as a deployment sets them); yields its address and a reader
+    of its CPU seconds so far, stops it with SIGTERM."""
     env = {**os.environ, "PW_CONTROLPLANE_PLANNER": planner.model_dump_json()}
     proc = subprocess.Popen(
         [sys.executable, "-m", "controlplane", "--port", "0", "--db", str(Path(tmp) / "controlplane.sqlite3"),
@@ -282,7 +292,7 @@ def controlplane_process(tmp: str, planner: PlannerConfig) -> Iterator[str]:
                 raise RuntimeError(f"the controlplane did not start (exit code {proc.poll()})")
             match = SERVING_LINE.search(line)
             address = match.group(1) if match else None
-        yield address
+        yield address, lambda: process_cpu_seconds(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -293,13 +303,14 @@ def controlplane_process(tmp: str, planner: PlannerConfig) -> Iterator[str]:
 
 
 @contextmanager
-def controlplane_inline(tmp: str, planner: PlannerConfig) -> Iterator[str]:
-    """The controlplane's server in this process (``planned-inline``)."""
+def controlplane_inline(tmp: str, planner: PlannerConfig) -> Iterator[tuple[str, Callable[[], float | None]]]:
+    """The controlplane's server in this process (``planned-inline``; its CPU
+    time is not told apart from the engine's)."""
     server = ControlplaneServer(ControlplaneConfig(
         port=0, db_path=str(Path(tmp) / "controlplane.sqlite3"), admin_tokens=(ADMIN_TOKEN,),
         planner=planner)).start()
     try:
-        yield server.address
+        yield server.address, lambda: None
     finally:
         server.stop()
 
@@ -307,27 +318,29 @@ def controlplane_inline(tmp: str, planner: PlannerConfig) -> Iterator[str]:
 def run_case(args: argparse.Namespace, case: str, max_arena_pages: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         if case not in PLANNED:
-            return run_dataplane(args, case, max_arena_pages, {})
+            return run_dataplane(args, case, max_arena_pages, {}, lambda: None)
         floor = {"default_floor_bits": args.floor_bits} if case == "planned-floor" else {}
         planner = PlannerConfig(**{"low_watermark": args.low_watermark, "high_watermark": args.high_watermark,
                                    **floor, **json.loads(args.planner)})
         serve = controlplane_inline if case == "planned-inline" else controlplane_process
-        with serve(tmp, planner) as address:
+        with serve(tmp, planner) as (address, controlplane_cpu):
             extra = dict(controlplane=address, telemetry_interval_ms=TELEMETRY_INTERVAL_MS)
-            return run_dataplane(args, case, max_arena_pages, extra)
+            return run_dataplane(args, case, max_arena_pages, extra, controlplane_cpu)
 
 
-def run_dataplane(args: argparse.Namespace, case: str, max_arena_pages: int, extra: dict) -> dict:
+def run_dataplane(args: argparse.Namespace, case: str, max_arena_pages: int, extra: dict,
+                  controlplane_cpu: Callable[[], float | None]) -> dict:
     t0 = time.perf_counter()
     dataplane = Dataplane(config_for(args, case, max_arena_pages, **extra))
     build_s = time.perf_counter() - t0
     try:
-        return measure(args, case, dataplane, build_s)
+        return measure(args, case, dataplane, build_s, controlplane_cpu)
     finally:
         dataplane.stop()
 
 
-def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: float) -> dict:
+def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: float,
+            controlplane_cpu: Callable[[], float | None]) -> dict:
     engine = dataplane.engine
     trace = trace_steps(engine, dataplane.controller.store)
     prompts = synthetic_prompts(engine.model_info.vocab_size)
@@ -342,10 +355,12 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     run_history(engine, args, lambda i, n: prompts(args.requests + i, n))
     before = engine.stats()
     transitions_before = replace(dataplane.controller.store.counters)
+    controlplane_cpu_before = controlplane_cpu()
     trace.clear()
     gaps = arrival_gaps(args.requests, args.arrival_rate, ARRIVAL_SEED)
     run = run_requests(engine, "burst", args.requests, args.prompt_len, args.max_tokens, prompts, gaps)
     ended_at = time.perf_counter()
+    controlplane_cpu_after = controlplane_cpu()
     after = engine.stats()
     transitions = dataplane.controller.store.counters
     iteration_s = trace.iteration_seconds(ended_at)
@@ -376,6 +391,9 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
         "promotions": transitions.promotions - transitions_before.promotions,
         "bytes_promoted": transitions.bytes_promoted - transitions_before.bytes_promoted,
         "bytes_demoted": transitions.bytes_demoted - transitions_before.bytes_demoted,
+        # CPU seconds the controlplane's own process spent during the burst (planned cases).
+        "controlplane_cpu_s": None if controlplane_cpu_before is None or controlplane_cpu_after is None
+        else controlplane_cpu_after - controlplane_cpu_before,
         # Per iteration (rounded): seconds since the burst's first iteration, seconds in it and in the
         # controller's hook, running requests and mean expert bits, to place a difference in time.
         "iterations": {

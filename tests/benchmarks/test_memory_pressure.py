@@ -55,6 +55,8 @@ def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_pa
         assert set(row["weight_pages_by_bits_after_trickle"]) == {"8"}, case
     assert rows["planned"]["plans_received"] >= 1  # from the controlplane's own process
     assert rows["planned-inline"]["plans_received"] >= 1
+    assert rows["planned"]["controlplane_cpu_s"] >= 0  # read from its own process (ticks of 10 ms: may be 0 here)
+    assert rows["planned-inline"]["controlplane_cpu_s"] is None and rows["dynamic"]["controlplane_cpu_s"] is None
     for case in ("static-4", "static-8"):  # no controller: no transitions, no time in it
         assert rows[case]["demotions"] == rows[case]["promotions"] == 0, case
     for row in rows.values():
