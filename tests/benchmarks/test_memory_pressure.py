@@ -66,3 +66,20 @@ def test_dynamic_precision_serves_the_burst_that_static_8_bit_cannot_hold(tmp_pa
     assert floored["plans_received"] >= 1
     assert min(floored["deepest_block_bits"]) == FLOOR_BITS
     assert floored["min_expert_bits"] >= FLOOR_BITS
+
+
+def test_the_compile_warm_up_child_serves_the_burst_and_reports_its_time(tmp_path):
+    """The child that fills Triton's cache before the timed cases (run on GPUs only by the parent)."""
+    common = [sys.executable, str(REPO / "benchmarks" / "memory_pressure.py"), "--preset", "mixtral-tiny",
+              "--device", "cpu", "--requests", str(REQUESTS), "--prompt-len", str(PROMPT_LEN),
+              "--max-tokens", str(MAX_TOKENS), "--kv-seqs", str(KV_SEQS)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    probe = tmp_path / "probe.json"
+    subprocess.run([*common, "--case", "probe", "--row-out", str(probe)], check=True, cwd=REPO, env=env,
+                   capture_output=True)
+    shape = json.loads(probe.read_text())
+    pages = shape["weight_pages_8bit"] + KV_SEQS * -(-(PROMPT_LEN + MAX_TOKENS) // shape["kv_block_size"])
+    warm = tmp_path / "warm.json"
+    subprocess.run([*common, "--case", "warm", "--max-arena-pages", str(pages), "--row-out", str(warm)],
+                   check=True, cwd=REPO, env=env, capture_output=True)
+    assert json.loads(warm.read_text())["seconds"] > 0
