@@ -269,7 +269,12 @@ class WeightStore:
             raise ValueError(f"block {block} is at {self.bits(block)} bits; demote to {bits} would raise it")
         if target == have:
             return 0
-        self.block_fields[block] = target  # readers stop using the fields before they are freed
+        # Readers stop using the fields before they are freed. A slice, not an
+        # element: torch turns ``t[i] = x`` on a CUDA tensor into a blocking
+        # copy that waits for the stream (the step launched ahead: ~20 ms a
+        # demotion at Mixtral B=64 on the H100, memory_pressure_gap_h100_s41.json);
+        # a slice is an asynchronous fill, ordered after that step all the same.
+        self.block_fields[block : block + 1] = target
         self.page_table[block, target:have] = -1
         dropped = [p for f in range(target, have) for p in self._pages[block][f]]
         for f in range(target, have):
@@ -305,13 +310,20 @@ class WeightStore:
             pending.handle.wait()
             self._commit(block)
 
+    def _host_ints(self, values: list[int]) -> torch.Tensor:
+        """int32 [len(values)] on the host, pinned for a CUDA store: a copy from
+        pageable memory would wait for the stream (torch keeps a pinned
+        source alive until its non-blocking copy has run)."""
+        host = torch.tensor(values, dtype=torch.int32)
+        return host.pin_memory() if self.page_table.is_cuda else host
+
     def _commit(self, block: int) -> None:
         pending = self._pending.pop(block)
         for f, pages in pending.pages.items():
-            self.page_table[block, f, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            self.page_table[block, f, : len(pages)].copy_(self._host_ints(pages), non_blocking=True)
             self._pages[block][f] = pages
         old = self.resident_pages(block)
-        self.block_fields[block] = pending.fields  # written last: the commit point
+        self.block_fields[block : block + 1] = pending.fields  # written last: the commit point (a slice: see demote)
         self._set_fields(block, pending.fields)
         bits = bits_for_fields(pending.fields)
         if old:

@@ -195,3 +195,28 @@ def test_all_resident_follows_host_only_blocks(blocks) -> None:
     assert not store.all_resident  # in flight: not committed yet
     store.sync()
     assert store.all_resident
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_transitions_on_cuda_never_wait_for_the_stream(blocks) -> None:
+    """A demotion and a promotion's commit are taken between decode steps while
+    the step launched ahead still runs: none of their table writes may block
+    the host on the stream (torch raises in sync-debug mode "error")."""
+    arena = Arena(200, PAGE, device=torch.device("cuda"))
+    store = WeightStore(arena, blocks, initial_bits=8)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        store.demote(0, 3)
+        store.demote(1, 4)
+        store.promote(0, 6)
+        while store.pending_bits(0) is not None:
+            store.poll()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert store.block_fields.tolist()[:2] == [4, 3] and store.block_bits()[:2] == [6, 4]
+    for b in (0, 1):
+        fields = store.block_fields[b].item()
+        assert (store.page_table[b, fields:] == -1).all()
+        assert torch.equal(store.decode(b)[1], decode(blocks[b], store.bits(b)).to(store.decode(b)[1].device))

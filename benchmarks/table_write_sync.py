@@ -1,0 +1,101 @@
+"""How long the host waits when it writes one entry of a device table while
+a decode step is still running (GPU, seconds).
+
+    python benchmarks/table_write_sync.py --out benchmarks/results/table_write_sync_h100.json
+
+The weight store writes its device tables (``block_fields``, ``page_table``)
+between decode steps, while the step launched ahead still runs. torch turns
+an element assignment ``t[i] = x`` on a CUDA tensor into a blocking copy
+that waits for the stream; a slice assignment ``t[i:i+1] = x`` is a fill
+kernel queued behind the step. Here a queue of matrix products stands in for
+the step (``--busy-ms`` of GPU work, measured first); then each way of
+writing is timed on the host, ``--repeats`` times, with the queue refilled
+before each write. Writes JSON and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.provenance import git_commit  # noqa: E402
+
+MATMUL_N = 4096  # one bf16 product of this size is ~0.1-0.2 ms on an H100/H200
+TABLE_ENTRIES = 768  # Mixtral-8x7B's expert blocks
+
+
+def queue_busy_work(a: torch.Tensor, products: int) -> None:
+    for _ in range(products):
+        torch.mm(a, a)
+
+
+def products_for(a: torch.Tensor, busy_ms: float) -> int:
+    """Matrix products that keep the stream busy for about ``busy_ms``."""
+    probe = 20
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    queue_busy_work(a, probe)
+    torch.cuda.synchronize()
+    per_product_ms = (time.perf_counter() - start) * 1e3 / probe
+    return max(1, round(busy_ms / per_product_ms))
+
+
+def host_ms(write, a: torch.Tensor, products: int, repeats: int) -> list[float]:
+    """Host milliseconds of ``write()`` issued behind ``products`` queued products."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        queue_busy_work(a, products)
+        start = time.perf_counter()
+        write()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--busy-ms", type=float, default=20.0, help="GPU work queued before each write")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
+    table = torch.zeros(TABLE_ENTRIES, dtype=torch.int32, device="cuda")  # [blocks], like block_fields
+    products = products_for(a, args.busy_ms)
+    block = TABLE_ENTRIES // 2
+    ways = {
+        "element t[i] = x": lambda: table.__setitem__(block, 3),
+        "slice t[i:i+1] = x": lambda: table.__setitem__(slice(block, block + 1), 3),
+    }
+    rows = []
+    for name, write in ways.items():
+        times = host_ms(write, a, products, args.repeats)
+        rows.append({"write": name, "host_ms_median": statistics.median(times), "host_ms_max": max(times)})
+    result = {
+        "benchmark": "host wait of one device-table write behind a busy stream",
+        "command": " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": git_commit(args.commit),
+        "busy_ms": args.busy_ms, "products_queued": products, "repeats": args.repeats, "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"{result['gpu']}, torch {torch.__version__}, {args.busy_ms:g} ms of work queued before each write")
+    for r in rows:
+        print(f"{r['write']:20} host {r['host_ms_median']:8.3f} ms median {r['host_ms_max']:8.3f} ms max")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
