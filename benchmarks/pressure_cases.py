@@ -25,22 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import re
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from contextlib import contextmanager
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from controlplane.config import ControlplaneConfig, PlannerConfig
-from controlplane.server import ControlplaneServer
+from benchmarks.pressure_controlplane import controlplane_inline, controlplane_process
+from controlplane.config import PlannerConfig
 from dataplane.app import Dataplane
 from dataplane.config import DataplaneConfig
 from dataplane.engine_builder import build
@@ -69,10 +63,6 @@ FIRST_PLAN_TIMEOUT_S = 60.0
 POLL_S = 0.05
 TELEMETRY_INTERVAL_MS = 250
 HISTORY_SETTLE_S = 2.0  # > the controlplane's plan_min_interval_s (1 s) plus a telemetry report
-ADMIN_TOKEN = "memory-pressure-benchmark"  # the controlplane serves no Admin without one; nobody calls it
-CONTROLPLANE_START_TIMEOUT_S = 120.0
-CONTROLPLANE_STOP_TIMEOUT_S = 30.0
-SERVING_LINE = re.compile(r"controlplane serving on (\S+)")
 ARRIVAL_SEED = 0  # every case sees the same arrival times
 PROMPT_SPLIT = "validation"  # prompts from the corpus never come from the split quality is measured on
 
@@ -241,10 +231,11 @@ def warm_compile_cache(args: argparse.Namespace, max_arena_pages: int) -> dict:
     kernels of the burst's shapes (prefill chunks of the full token budget,
     steps that mix prefill and decode, demoted views) are compiled into
     Triton's on-disk cache, which every later case's process reads. Without
-    it the first timed case pays those compilations: in session 40 the
-    planned case, run first, lost 1.3 s in its first prefill step and 2.8 s
-    in its ninth against the fallback order run after it (H100,
-    memory_pressure_gap_h100_s41.json)."""
+    it the first timed case pays those compilations: the planned case, run
+    first, lost 1.3 s in its first prefill step and 2.8 s
+    in its ninth against the fallback order run after it (H100, session 41,
+    memory_pressure_gap_h100_s41.json; compilation is the inferred cause:
+    benchmarks/NOTES.md)."""
     start = time.perf_counter()
     dataplane = Dataplane(config_for(args, "dynamic", max_arena_pages))
     try:
@@ -287,58 +278,6 @@ def wait_for_plan(dataplane: Dataplane) -> None:
         if time.perf_counter() > deadline:
             raise RuntimeError(f"no plan from the controlplane within {FIRST_PLAN_TIMEOUT_S:g} s")
         time.sleep(POLL_S)
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a live process (Linux /proc; None elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5), in clock ticks
-    return (utime + stime) / os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def controlplane_process(tmp: str, planner: PlannerConfig) -> Iterator[tuple[str, Callable[[], float | None]]]:
-    """``python -m controlplane`` on a free port (the planner's fields in its
-    environment, as a deployment sets them); yields its address and a reader
-    of its CPU seconds so far, stops it with SIGTERM."""
-    env = {**os.environ, "PW_CONTROLPLANE_PLANNER": planner.model_dump_json()}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane", "--port", "0", "--db", str(Path(tmp) / "controlplane.sqlite3"),
-         "--admin-token", ADMIN_TOKEN, "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.perf_counter() + CONTROLPLANE_START_TIMEOUT_S
-        address = None
-        while address is None:  # readline blocks until its line or EOF (the process died)
-            line = proc.stdout.readline()
-            if not line or time.perf_counter() > deadline:
-                raise RuntimeError(f"the controlplane did not start (exit code {proc.poll()})")
-            match = SERVING_LINE.search(line)
-            address = match.group(1) if match else None
-        yield address, lambda: process_cpu_seconds(proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=CONTROLPLANE_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextmanager
-def controlplane_inline(tmp: str, planner: PlannerConfig) -> Iterator[tuple[str, Callable[[], float | None]]]:
-    """The controlplane's server in this process (``planned-inline``; its CPU
-    time is not told apart from the engine's)."""
-    server = ControlplaneServer(ControlplaneConfig(
-        port=0, db_path=str(Path(tmp) / "controlplane.sqlite3"), admin_tokens=(ADMIN_TOKEN,),
-        planner=planner)).start()
-    try:
-        yield server.address, lambda: None
-    finally:
-        server.stop()
 
 
 def run_case(args: argparse.Namespace, case: str, max_arena_pages: int) -> dict:
