@@ -197,6 +197,31 @@ def test_all_resident_follows_host_only_blocks(blocks) -> None:
     assert store.all_resident
 
 
+class _NoElementWrites(torch.Tensor):
+    """A device table that refuses ``t[i] = x`` / ``t[i, j] = x`` (integer
+    indices only): on a CUDA tensor torch makes that a copy that waits for the
+    stream. Slices (asynchronous fills) pass."""
+
+    def __setitem__(self, index, value) -> None:
+        parts = index if isinstance(index, tuple) else (index,)
+        if all(isinstance(part, int) for part in parts):
+            raise AssertionError(f"element write {index!r} to a device table")
+        super().__setitem__(index, value)
+
+
+def test_transitions_write_the_device_tables_by_slices(blocks) -> None:
+    """The CPU guard of the rule the GPU test below checks on the device."""
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=8)
+    store.block_fields = store.block_fields.as_subclass(_NoElementWrites)
+    store.page_table = store.page_table.as_subclass(_NoElementWrites)
+    store.demote(0, 3)
+    store.promote(0, 6)
+    store.sync()
+    assert store.block_bits()[0] == 6 and store.block_fields[0].item() == 4
+    assert torch.equal(store.decode(0)[1], decode(blocks[0], 6))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_transitions_on_cuda_never_wait_for_the_stream(blocks) -> None:
     """A demotion and a promotion's commit are taken between decode steps while
