@@ -9,22 +9,18 @@ shares the engine's).
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from controlplane.config import ControlplaneConfig, PlannerConfig
 from controlplane.server import ControlplaneServer
+from launcher.processes import ManagedProcess, free_ports, wait_grpc_healthy
 
 ADMIN_TOKEN = "memory-pressure-benchmark"  # the controlplane serves no Admin without one; nobody calls it
 CONTROLPLANE_START_TIMEOUT_S = 120.0
 CONTROLPLANE_STOP_TIMEOUT_S = 30.0
-SERVING_LINE = re.compile(r"controlplane serving on (\S+)")
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -39,31 +35,22 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 @contextmanager
 def controlplane_process(tmp: str, planner: PlannerConfig) -> Iterator[tuple[str, Callable[[], float | None]]]:
-    """``python -m controlplane`` on a free port (the planner's fields in its
-    environment, as a deployment sets them); yields its address and a reader
-    of its CPU seconds so far, stops it with SIGTERM."""
-    env = {**os.environ, "PW_CONTROLPLANE_PLANNER": planner.model_dump_json()}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane", "--port", "0", "--db", str(Path(tmp) / "controlplane.sqlite3"),
+    """``python -m controlplane`` on a free port, started and stopped as the
+    launcher does (launcher/processes.py), the planner's fields in its
+    environment as a deployment sets them; yields its address and a reader of
+    its CPU seconds so far."""
+    port = free_ports(1)[0]
+    proc = ManagedProcess(
+        "controlplane",
+        [sys.executable, "-m", "controlplane", "--port", str(port), "--db", str(Path(tmp) / "controlplane.sqlite3"),
          "--admin-token", ADMIN_TOKEN, "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, text=True, env=env)
+        log_dir=None, extra_env={"PW_CONTROLPLANE_PLANNER": planner.model_dump_json()})
     try:
-        deadline = time.perf_counter() + CONTROLPLANE_START_TIMEOUT_S
-        address = None
-        while address is None:  # readline blocks until its line or EOF (the process died)
-            line = proc.stdout.readline()
-            if not line or time.perf_counter() > deadline:
-                raise RuntimeError(f"the controlplane did not start (exit code {proc.poll()})")
-            match = SERVING_LINE.search(line)
-            address = match.group(1) if match else None
-        yield address, lambda: process_cpu_seconds(proc.pid)
+        address = f"127.0.0.1:{port}"
+        wait_grpc_healthy(address, proc, CONTROLPLANE_START_TIMEOUT_S)
+        yield address, lambda: process_cpu_seconds(proc.popen.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=CONTROLPLANE_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.stop(CONTROLPLANE_STOP_TIMEOUT_S)
 
 
 @contextmanager

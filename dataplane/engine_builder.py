@@ -269,7 +269,8 @@ def local_walk_limits(config: DataplaneConfig, total_pages: int) -> WalkLimits:
     """The controller's limits until a plan sets its own: the configured
     watermarks, or those derived from one step's KV pages where unset (a
     derived one never crosses a configured one)."""
-    low, high = step_watermarks(step_kv_pages(config), total_pages)
+    step = step_kv_pages(config)
+    low, high = step_watermarks(step, total_pages)
     if config.low_watermark is not None:
         low = config.low_watermark
         high = max(high, low)
@@ -282,9 +283,8 @@ def local_walk_limits(config: DataplaneConfig, total_pages: int) -> WalkLimits:
         min_residence_s=config.min_residence_ms / 1000.0,
         promotion_bytes_per_s=config.promotion_bytes_per_s,
     )
-    log.info("local walk limits: watermarks %.4f / %.4f of %d pages (%s)", low, high, total_pages,
-             "configured" if config.low_watermark is not None and config.high_watermark is not None
-             else f"derived from {step_kv_pages(config)} KV pages a step")
+    log.info("local walk limits: watermarks %.4f / %.4f of %d pages (one step: %d KV pages)",
+             low, high, total_pages, step)
     return limits
 
 

@@ -271,9 +271,10 @@ class WeightStore:
             return 0
         # Readers stop using the fields before they are freed. A slice, not an
         # element: torch turns ``t[i] = x`` on a CUDA tensor into a blocking
-        # copy that waits for the stream (the step launched ahead: ~20 ms a
-        # demotion at Mixtral B=64 on the H100, memory_pressure_gap_h100_s41.json);
-        # a slice is an asynchronous fill, ordered after that step all the same.
+        # copy that waits for the stream, i.e. for the step launched ahead (the
+        # likely cause of the ~20 ms the controller hook took per demotion at
+        # Mixtral B=64 on the H100, memory_pressure_gap_h100_s41.json); a slice
+        # is an asynchronous fill, ordered after that step all the same.
         self.block_fields[block : block + 1] = target
         self.page_table[block, target:have] = -1
         dropped = [p for f in range(target, have) for p in self._pages[block][f]]

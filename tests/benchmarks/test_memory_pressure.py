@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dataplane.kv_cache import blocks_for_tokens
+
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS, PROMPT_LEN, MAX_TOKENS, KV_SEQS = 8, 40, 24, 2
 FLOOR_BITS = 6
@@ -78,7 +80,7 @@ def test_the_compile_warm_up_child_serves_the_burst_and_reports_its_time(tmp_pat
     subprocess.run([*common, "--case", "probe", "--row-out", str(probe)], check=True, cwd=REPO, env=env,
                    capture_output=True)
     shape = json.loads(probe.read_text())
-    pages = shape["weight_pages_8bit"] + KV_SEQS * -(-(PROMPT_LEN + MAX_TOKENS) // shape["kv_block_size"])
+    pages = shape["weight_pages_8bit"] + KV_SEQS * blocks_for_tokens(PROMPT_LEN + MAX_TOKENS, shape["kv_block_size"])
     warm = tmp_path / "warm.json"
     subprocess.run([*common, "--case", "warm", "--max-arena-pages", str(pages), "--row-out", str(warm)],
                    check=True, cwd=REPO, env=env, capture_output=True)
