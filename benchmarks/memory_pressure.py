@@ -195,6 +195,8 @@ def parse_args() -> argparse.Namespace:
                         help="cpu: a dry run of the script (tiny presets)")
     parser.add_argument("--compile-warm-up", action=argparse.BooleanOptionalAction, default=True,
                         help="on a GPU, fill Triton's cache with the burst's kernels before the cases (default on)")
+    parser.add_argument("--engine-warm-up", action=argparse.BooleanOptionalAction, default=None,
+                        help="the dataplane's start-up warm-up (dataplane/warmup.py; default: on a GPU)")
     parser.add_argument("--commit", default=None, help="commit of the measured tree (the GPU machine's .git is stale)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--case", choices=["probe", "warm", *CASES], help=argparse.SUPPRESS)  # child process

@@ -213,7 +213,7 @@ def config_for(args: argparse.Namespace, case: str, max_arena_pages: int | None,
         max_running_seqs=args.requests, max_batched_tokens=args.max_batched_tokens,
         max_context_length=args.prompt_len + args.max_tokens + WARMUP_PROMPT_LEN,
         max_arena_pages=max_arena_pages, low_watermark=args.low_watermark,
-        high_watermark=args.high_watermark, **CASES[case], **extra,
+        high_watermark=args.high_watermark, warm_up=args.engine_warm_up, **CASES[case], **extra,
     )
 
 
@@ -331,6 +331,7 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     iteration_s = trace.iteration_seconds(ended_at)
     row = {  # read from the trace before the trickle (recover) adds iterations to it
         "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
+        "engine_warm_up_s": dataplane.warmup.seconds if dataplane.warmup is not None else None,
         "requests": args.requests, "tokens": run.tokens, "seconds": run.seconds,
         "tok_per_s": run.tokens / run.seconds,
         "arrival_rate_per_s": args.arrival_rate,

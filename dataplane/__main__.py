@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "--no-prefix-caching", dest="prefix_caching", action="store_false", default=None,
         help="compute every prompt in full instead of reusing the cached K/V of a shared prefix",
     )
+    p.add_argument(
+        "--warm-up", action=argparse.BooleanOptionalAction, default=None,
+        help="compile kernels and capture decode graphs with synthetic requests before serving "
+        "(default: on CUDA)",
+    )
     p.add_argument("--low-watermark", type=float)
     p.add_argument("--high-watermark", type=float)
     p.add_argument("--min-residence-ms", type=int)

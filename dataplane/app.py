@@ -8,6 +8,8 @@ callback (default: ``LatestPlan``, readable as ``Dataplane.plans``).
 
 from __future__ import annotations
 
+import logging
+
 from dataplane.config import DataplaneConfig
 from dataplane.engine import Engine
 from dataplane.engine_builder import build
@@ -15,6 +17,9 @@ from dataplane.precision_state import PrecisionReporter, StaticPrecision
 from dataplane.scheduler import ReclaimPages
 from dataplane.server import ServerThread
 from dataplane.telemetry_client import LatestPlan, PlanCallback, TelemetryClient, TelemetryConfig
+from dataplane.warmup import WarmupReport, engine_warmup_rounds, warm_up
+
+log = logging.getLogger(__name__)
 
 
 class Dataplane:
@@ -40,6 +45,7 @@ class Dataplane:
         self.on_plan = on_plan or self._plan_fanout
         self.server = ServerThread(self.engine, config.host, config.port)
         self.telemetry: TelemetryClient | None = None
+        self.warmup: WarmupReport | None = None
 
     def _plan_fanout(self, plan) -> None:
         """Keeps the latest plan readable and hands it to the precision controller."""
@@ -48,8 +54,14 @@ class Dataplane:
             self.controller.set_plan(plan)
 
     def start(self) -> str:
-        """Starts the engine, the server and (with a controlplane) telemetry; returns host:port."""
+        """Starts the engine, warms it up (config.resolved_warm_up), then starts
+        the server and (with a controlplane) telemetry; returns host:port. The
+        server reports SERVING only after the warm-up."""
         self.engine.start()
+        if self.config.resolved_warm_up():
+            self.warmup = warm_up(self.engine, engine_warmup_rounds(self.engine), self.config.warm_up_round_timeout_s)
+            log.info("warm-up: %d requests in %d rounds, %d steps, %.1f s", self.warmup.requests,
+                     self.warmup.rounds, self.warmup.steps, self.warmup.seconds)
         port = self.server.start()
         if self.config.controlplane is not None:
             self.telemetry = TelemetryClient(

@@ -135,6 +135,15 @@ class DataplaneConfig(BaseSettings):
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True
 
+    # Before serving, run synthetic requests through the engine so its Triton
+    # kernels are compiled and its decode graphs captured before the first
+    # real request (dataplane/warmup.py). None: on when the device is CUDA
+    # (on the CPU there is nothing to compile or capture).
+    warm_up: bool | None = None
+    # How long one warm-up round may wait for an output (the first compiles
+    # of a fresh machine are slow) before the start fails.
+    warm_up_round_timeout_s: float = Field(default=600.0, gt=0)
+
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)
     # Reuse the K/V of prompt prefixes computed before (dataplane/kv_cache.py);
@@ -182,6 +191,10 @@ class DataplaneConfig(BaseSettings):
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+    def resolved_warm_up(self) -> bool:
+        """Whether to warm up before serving: on CUDA under None."""
+        return self.warm_up if self.warm_up is not None else self.resolved_device().type == "cuda"
 
     def resolved_dataplane_id(self, port: int) -> str:
         return self.dataplane_id or f"{socket.gethostname()}-{port}"

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dataplane.engine_io import (EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput, request_output,
-                                 validate_request)
+from dataplane.engine_io import (EngineCounters, EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput,
+                                 engine_stats, request_output, validate_request)
 from dataplane.kv_cache import KVCacheManager
 from dataplane.logprobs import TokenLogprobs
 from dataplane.memory.arena import Arena
@@ -45,20 +45,12 @@ STOP_JOIN_S = 30.0
 
 
 @dataclass
-class _Counters:
-    generated_tokens: int = 0
-    prompt_tokens: int = 0
-    finished: int = 0
-    aborted: int = 0
-    steps: int = 0
-
-
-@dataclass
 class _Command:
-    kind: str  # "add", "abort" or "stop"
+    kind: str  # "add", "abort", "reset" or "stop"
     seq: Sequence | None = None
     sink: OutputSink | None = None
     request_id: str = ""
+    done: threading.Event | None = None  # "reset": set once applied
 
 
 @dataclass(frozen=True)
@@ -115,7 +107,7 @@ class Engine:
         self._sinks: dict[str, OutputSink] = {}  # engine thread only
         self._lock = threading.Lock()
         self._pending = _Pending()
-        self._counters = _Counters()
+        self._counters = EngineCounters()
         self._stats = EngineStats()
         self._bookkeeping: _Bookkeeping | None = None  # engine thread only
         self.overlap_steps = overlap_steps
@@ -179,6 +171,16 @@ class Engine:
         """
         self._commands.put(_Command("abort", request_id=request_id))
 
+    def reset_counters(self) -> None:
+        """Zeroes the published counters and drains the routing window, once
+        the commands queued before this one are applied; returns when done.
+        For traffic that must not count (dataplane/warmup.py): call it with
+        no requests in flight."""
+        done = threading.Event()
+        self._commands.put(_Command("reset", done=done))
+        if not done.wait(STOP_JOIN_S):
+            raise TimeoutError(f"the engine thread did not reset its counters (error: {self._error!r})")
+
     def stats(self) -> EngineStats:
         """The snapshot published after the latest loop iteration."""
         with self._lock:
@@ -231,6 +233,13 @@ class Engine:
                 seq = self.scheduler.abort(cmd.request_id)
                 if seq is not None:
                     self._end(seq, [], outbox)
+            elif cmd.kind == "reset":
+                assert cmd.done is not None
+                self._counters = EngineCounters()
+                self.scheduler.preemptions_total = self.scheduler.cached_tokens_total = 0
+                self.routing_window.drain()
+                self._publish_stats()
+                cmd.done.set()
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
@@ -280,7 +289,6 @@ class Engine:
                 outbox.append((self._sinks[seq.seq_id], request_output(seq, [token], None, logprobs)))
         if not self.scheduler.has_work():
             self._flush_bookkeeping()  # no next step to hide it behind
-
 
     def _count(self, scheduled: list[ScheduledSeq], result: StepResult) -> None:
         """The step's counters (published with its outputs)."""
@@ -366,23 +374,7 @@ class Engine:
         self._deliver(outbox)
 
     def _publish_stats(self) -> None:
-        counters = self._counters
-        stats = EngineStats(
-            running_requests=len(self.scheduler.running),
-            waiting_requests=len(self.scheduler.waiting),
-            kv_blocks_used=self.kv.used_blocks,
-            kv_blocks_free=self.kv.free_blocks,
-            kv_block_size=self.kv.block_size,
-            generated_tokens_total=counters.generated_tokens,
-            prompt_tokens_total=counters.prompt_tokens,
-            preemptions_total=self.scheduler.preemptions_total,
-            finished_requests_total=counters.finished,
-            aborted_requests_total=counters.aborted,
-            steps_total=counters.steps,
-            prefix_cached_tokens_total=self.scheduler.cached_tokens_total,
-            arena=self.arena.snapshot(),
-            fixed_resident_bytes=self.fixed_resident_bytes,
-        )
+        stats = engine_stats(self._counters, self.scheduler, self.kv, self.arena, self.fixed_resident_bytes)
         with self._lock:
             self._stats = stats
 

@@ -8,11 +8,12 @@ import queue
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from dataplane.kv_cache import blocks_for_tokens
+from dataplane.kv_cache import KVCacheManager, blocks_for_tokens
 from dataplane.logprobs import TokenLogprobs
-from dataplane.memory.arena import ArenaSnapshot
+from dataplane.memory.arena import Arena, ArenaSnapshot
 from dataplane.model_info import ModelInfo
 from dataplane.sampling_params import SamplingParams
+from dataplane.scheduler import Scheduler
 from dataplane.sequence import FinishReason, Sequence
 
 
@@ -121,3 +122,36 @@ class EngineStats:
     prefix_cached_tokens_total: int = 0
     arena: ArenaSnapshot | None = None
     fixed_resident_bytes: int = 0
+
+
+@dataclass
+class EngineCounters:
+    """The engine thread's running totals (published in EngineStats)."""
+
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    finished: int = 0
+    aborted: int = 0
+    steps: int = 0
+
+
+def engine_stats(
+    counters: EngineCounters, scheduler: Scheduler, kv: KVCacheManager, arena: Arena, fixed_resident_bytes: int
+) -> EngineStats:
+    """The snapshot of the engine's state now (engine thread only)."""
+    return EngineStats(
+        running_requests=len(scheduler.running),
+        waiting_requests=len(scheduler.waiting),
+        kv_blocks_used=kv.used_blocks,
+        kv_blocks_free=kv.free_blocks,
+        kv_block_size=kv.block_size,
+        generated_tokens_total=counters.generated_tokens,
+        prompt_tokens_total=counters.prompt_tokens,
+        preemptions_total=scheduler.preemptions_total,
+        finished_requests_total=counters.finished,
+        aborted_requests_total=counters.aborted,
+        steps_total=counters.steps,
+        prefix_cached_tokens_total=scheduler.cached_tokens_total,
+        arena=arena.snapshot(),
+        fixed_resident_bytes=fixed_resident_bytes,
+    )
