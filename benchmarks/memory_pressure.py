@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,9 @@ QUALITY_SPLIT = "test"
 
 
 def child(args: argparse.Namespace) -> int:
-    """One case (or the probe) in this process; its JSON goes to ``--row-out``."""
+    """One case (or the probe) in this process; its JSON goes to ``--row-out``.
+    The dataplane's log (its warm-up rounds, the arena) goes to stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.case == "probe":
         row = probe(args)
     elif args.case == "warm":

@@ -332,6 +332,7 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     row = {  # read from the trace before the trickle (recover) adds iterations to it
         "case": case, "build_seconds": build_s, "arena_pages": engine.arena.num_pages,
         "engine_warm_up_s": dataplane.warmup.seconds if dataplane.warmup is not None else None,
+        "engine_warm_up_round_s": list(dataplane.warmup.round_seconds) if dataplane.warmup is not None else None,
         "requests": args.requests, "tokens": run.tokens, "seconds": run.seconds,
         "tok_per_s": run.tokens / run.seconds,
         "arrival_rate_per_s": args.arrival_rate,

@@ -28,6 +28,7 @@ until ``warm_up`` returns (the server is not yet serving).
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from dataplane.engine import Engine
 from dataplane.engine_io import QueueSink
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import FinishReason
+
+log = logging.getLogger(__name__)
 
 # Decode steps per request in the bucket rounds: the first decode captures the
 # bucket's graph, the second replays it (and, with overlap_steps, is launched
@@ -70,6 +73,7 @@ class WarmupReport:
     rounds: int
     requests: int
     steps: int  # engine steps the warm-up took
+    round_seconds: tuple[float, ...]  # wall time of each round, in order
 
 
 def warmup_rounds(
@@ -136,9 +140,10 @@ def warm_up(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float) -
     """
     rng = np.random.default_rng(WARMUP_SEED)
     vocab = engine.model_info.vocab_size
-    start, requests = time.perf_counter(), 0
+    start, requests, round_seconds = time.perf_counter(), 0, []
     steps_before = engine.stats().steps_total
     for r, warm_round in enumerate(rounds):
+        round_start = time.perf_counter()
         sampling = SamplingParams(max_tokens=warm_round.max_tokens, ignore_eos=True)
         sinks = []
         for i, length in enumerate(warm_round.prompt_lengths):
@@ -156,6 +161,9 @@ def warm_up(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float) -
                                    f"(engine error: {engine.error!r})") from err
             if last.finish_reason == FinishReason.ABORT:
                 raise RuntimeError(f"warm-up request {last.request_id} was aborted (engine error: {engine.error!r})")
+        round_seconds.append(time.perf_counter() - round_start)
+        log.info("warm-up round %d/%d: %d requests, prompts of %d tokens, %.2f s", r + 1, len(rounds),
+                 len(sinks), max(warm_round.prompt_lengths), round_seconds[-1])
     steps = engine.stats().steps_total - steps_before
     engine.reset_counters()
-    return WarmupReport(time.perf_counter() - start, len(rounds), requests, steps)
+    return WarmupReport(time.perf_counter() - start, len(rounds), requests, steps, tuple(round_seconds))
