@@ -269,12 +269,11 @@ class WeightStore:
             raise ValueError(f"block {block} is at {self.bits(block)} bits; demote to {bits} would raise it")
         if target == have:
             return 0
-        # Readers stop using the fields before they are freed. A slice, not an
-        # element: torch turns ``t[i] = x`` on a CUDA tensor into a blocking
-        # copy that waits for the stream, i.e. for the step launched ahead (the
-        # likely cause of the ~20 ms the controller hook took per demotion at
-        # Mixtral B=64 on the H100, memory_pressure_gap_h100_s41.json); a slice
-        # is an asynchronous fill, ordered after that step all the same.
+        # Readers stop using the fields before they are freed. A slice (an
+        # asynchronous fill, still ordered after the step launched ahead), not
+        # ``t[i] = x``: with that the hook took ~20 ms per demoting iteration
+        # at Mixtral B=64 on the H100, with the slice ~1.6 ms (results
+        # memory_pressure_gap_h100_s41.json, memory_pressure_warmup_h100_s42.json).
         self.block_fields[block : block + 1] = target
         self.page_table[block, target:have] = -1
         dropped = [p for f in range(target, have) for p in self._pages[block][f]]
