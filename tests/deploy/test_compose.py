@@ -56,3 +56,11 @@ def test_docker_compose_config_validates():
         ["docker-compose", "config", "--quiet"], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_dataplane_keeps_triton_kernels_and_waits_for_its_warm_up(compose):
+    for name in ("dataplane", "dataplane-cpu"):
+        svc = compose["services"][name]
+        cache = svc["environment"]["TRITON_CACHE_DIR"]
+        assert any(v.split(":")[1] == cache and v.split(":")[0] in compose["volumes"] for v in svc["volumes"])
+        assert svc["healthcheck"]["start_period"].endswith("s")
