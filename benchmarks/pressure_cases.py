@@ -147,10 +147,14 @@ class StepTrace:
     generated: list[int] = field(default_factory=list)  # tokens generated before this iteration (engine total)
     state_ids: list[int] = field(default_factory=list)  # index into states of this iteration's block bits
     states: list[list[int]] = field(default_factory=list)  # distinct block bits, in order of appearance
+    # Graph replays and on-demand host fetches before this iteration (engine totals): a step that
+    # did not replay ran eagerly (a host-only block forbids replays).
+    replays: list[int] = field(default_factory=list)
+    host_fetches: list[int] = field(default_factory=list)
 
     def clear(self) -> None:
         for values in (self.mean_bits, self.started_at, self.controller_s, self.running, self.generated,
-                       self.state_ids, self.states):
+                       self.state_ids, self.states, self.replays, self.host_fetches):
             values.clear()
 
     def iteration_seconds(self, end: float) -> list[float]:
@@ -201,6 +205,8 @@ def trace_steps(engine, store) -> StepTrace:
         trace.mean_bits.append(sum(w * b for w, b in zip(weights, bits)) / total)
         trace.running.append(len(engine.scheduler.running))
         trace.generated.append(engine.stats().generated_tokens_total)
+        trace.replays.append(engine.runner.graphs.replays if engine.runner.graphs is not None else 0)
+        trace.host_fetches.append(store.counters.host_fetches)
 
     engine.before_step = before_step
     return trace
@@ -369,6 +375,9 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
             "controller_s": [round(t, 5) for t in trace.controller_s],
             "running": list(trace.running),
             "mean_bits": [round(b, 3) for b in trace.mean_bits],
+            "replays": list(trace.replays),
+            "host_fetches": list(trace.host_fetches),
+            "host_only_blocks": [sum(b == 0 for b in trace.states[i]) for i in trace.state_ids],
         },
     }
     if case == "static-8":  # the 8-bit model's own text: what the other cases' states are scored on too
