@@ -88,10 +88,10 @@ def warmup_rounds(
 ) -> list[WarmupRound]:
     """The rounds described in the module docstring.
 
-    ``kv_tokens``: the KV room (in tokens) one round may fill, so that the
-    warm-up never presses on the arena (the precision ladder stays still);
-    prompts are clamped to it and to the context length. Batches are clamped
-    to ``max_pending_requests``.
+    ``kv_tokens``: the KV room (in tokens) one round may fill (the engine
+    passes half its free blocks: the precision ladder stays still where the
+    other half is above the low watermark); prompts are clamped to it and to
+    the context length. Batches are clamped to ``max_pending_requests``.
     """
     if min(max_running_seqs, max_batched_tokens, max_pending_requests, block_size, kv_tokens) < 1:
         raise ValueError("warm-up limits must all be >= 1")
