@@ -5,6 +5,13 @@ read when triton is first imported, and other test folders import triton
 (through torch and the dataplane) before tests/kernels is collected, so it is
 set here, at the root, first. It also checks that `kernels` is this project's
 package and not another distribution's of the same name.
+
+The dataplane's start-up warm-up (dataplane/warmup.py, on by default on
+CUDA) is turned off for the suite through its environment variable, which
+dataplanes started in process and as subprocesses both read: on a fresh GPU
+machine it compiles every tile class first (minutes), which tests of other
+behaviour should not pay. tests/dataplane/test_dp_warmup.py turns it on
+explicitly (a constructor argument wins over the environment).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("PW_DATAPLANE_WARM_UP", "false")
 
 import kernels  # noqa: E402  (after TRITON_INTERPRET; the package imports nothing)
 

@@ -123,7 +123,11 @@ def test_served_dataplane_is_warm_when_it_reports_serving(random_ckpt) -> None:
         dataplane.stop()
 
 
-def test_warm_up_is_on_by_default_only_on_cuda(random_ckpt) -> None:
+def test_warm_up_is_on_by_default_only_on_cuda(random_ckpt, monkeypatch) -> None:
+    monkeypatch.delenv("PW_DATAPLANE_WARM_UP", raising=False)  # tests/conftest.py turns it off for the suite
     assert not _config(str(random_ckpt)).resolved_warm_up()
     assert _config(str(random_ckpt), device="cuda").resolved_warm_up()
     assert not _config(str(random_ckpt), device="cuda", warm_up=False).resolved_warm_up()
+    monkeypatch.setenv("PW_DATAPLANE_WARM_UP", "false")
+    assert not _config(str(random_ckpt), device="cuda").resolved_warm_up()
+    assert _config(str(random_ckpt), device="cuda", warm_up=True).resolved_warm_up()
