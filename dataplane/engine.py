@@ -176,6 +176,8 @@ class Engine:
         the commands queued before this one are applied; returns when done.
         For traffic that must not count (dataplane/warmup.py): call it with
         no requests in flight."""
+        if self._thread is None:
+            raise RuntimeError("engine not started")
         done = threading.Event()
         self._commands.put(_Command("reset", done=done))
         if not done.wait(STOP_JOIN_S):
