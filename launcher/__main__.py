@@ -49,6 +49,9 @@ def parse_args(argv: list[str]) -> LaunchConfig:
                         help="restarts of one process within --restart-window-s before the stack stops "
                              "(0: the first exit stops the stack)")
     parser.add_argument("--restart-window-s", type=float, default=RestartPolicy.window_s)
+    parser.add_argument("--dataplane-start-timeout-s", type=float, default=StackConfig.dataplane_start_timeout_s,
+                        help="how long the dataplane may take to report SERVING (on a GPU its first start "
+                             "compiles kernels in its warm-up)")
     args = parser.parse_args(argv)
     if not (args.model / "config.json").exists():
         parser.error(f"no model at {args.model} (missing config.json)")
@@ -56,6 +59,8 @@ def parse_args(argv: list[str]) -> LaunchConfig:
         policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.dataplane_start_timeout_s <= 0:
+        parser.error("--dataplane-start-timeout-s must be > 0")
     args.state_dir.mkdir(parents=True, exist_ok=True)
     stack = StackConfig(
         model_path=args.model,
@@ -71,6 +76,7 @@ def parse_args(argv: list[str]) -> LaunchConfig:
                                    else args.controlplane_metrics_port),
         gpu_memory_gb=args.gpu_memory_gb,
         log_dir=args.state_dir / "logs",
+        dataplane_start_timeout_s=args.dataplane_start_timeout_s,
     )
     return LaunchConfig(stack=stack, restart=policy)
 

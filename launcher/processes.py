@@ -66,6 +66,11 @@ class StackConfig:
     log_dir: Path | None = None
     extra_dataplane_args: list[str] = field(default_factory=list)
     extra_gateway_args: list[str] = field(default_factory=list)
+    # How long the dataplane may take to report SERVING: loading, then (on a
+    # GPU) its start-up warm-up, which on an empty Triton cache compiles
+    # every tile class first (249 s at Mixtral-8x7B shapes on an H100,
+    # benchmarks/results/memory_pressure_warmup_h100_s42.json).
+    dataplane_start_timeout_s: float = 900.0
 
     @property
     def gateway_url(self) -> str:
@@ -234,10 +239,13 @@ class Stack:
         self.processes["controlplane"] = proc
         wait_grpc_healthy(self.cfg.controlplane_address, proc, timeout_s)
 
-    def start_dataplane(self, timeout_s: float = 300.0) -> None:
+    def start_dataplane(self, timeout_s: float | None = None) -> None:
+        """Starts the dataplane and waits up to ``timeout_s`` (None: the
+        config's dataplane_start_timeout_s) for it to report SERVING."""
         proc = ManagedProcess("dataplane", dataplane_command(self.cfg), self.cfg.log_dir, dataplane_env(self.cfg))
         self.processes["dataplane"] = proc
-        wait_grpc_healthy(self.cfg.dataplane_address, proc, timeout_s)
+        wait = self.cfg.dataplane_start_timeout_s if timeout_s is None else timeout_s
+        wait_grpc_healthy(self.cfg.dataplane_address, proc, wait)
 
     def start_gateway(self, timeout_s: float = 60.0) -> None:
         proc = ManagedProcess("gateway", gateway_command(self.cfg), self.cfg.log_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.__main__ import parse_args
-from launcher.processes import DEFAULT_MODEL
+from launcher.processes import DEFAULT_MODEL, Stack, StackConfig
 from launcher.supervisor import RestartPolicy, Supervisor
 
 
@@ -162,3 +162,20 @@ def test_cli_flags_reach_the_policy_and_the_state_dir(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--model", str(DEFAULT_MODEL), "--state-dir", str(tmp_path), "--max-restarts", "-1"])
     assert "max_restarts must be >= 0" in capsys.readouterr().err
+
+
+def test_the_dataplane_start_timeout_comes_from_the_config(tmp_path, capsys):
+    launch = parse_args(["--model", str(DEFAULT_MODEL), "--state-dir", str(tmp_path),
+                         "--dataplane-start-timeout-s", "0.3"])
+    assert launch.stack.dataplane_start_timeout_s == 0.3
+    assert parse_args(["--model", str(DEFAULT_MODEL), "--state-dir", str(tmp_path)]).stack \
+        .dataplane_start_timeout_s == StackConfig.dataplane_start_timeout_s
+    with pytest.raises(SystemExit):
+        parse_args(["--model", str(DEFAULT_MODEL), "--state-dir", str(tmp_path), "--dataplane-start-timeout-s", "0"])
+    # A real dataplane cannot load in 0.3 s: the wait gives up at the config's limit.
+    stack = Stack(launch.stack)
+    try:
+        with pytest.raises(TimeoutError, match="not healthy after 0.3 s"):
+            stack.start_dataplane()
+    finally:
+        stack.stop()
