@@ -50,7 +50,8 @@ at 8 bits (the budget is exact, not estimated). On a GPU, a further process
 then serves the burst's prompts for a few tokens each and is thrown away, so
 that Triton's on-disk cache holds the kernels of the burst's shapes before
 any case is timed (pressure_cases.warm_compile_cache: without it the first
-case lost ~4 s in two steps, most likely to compilation, which made the
+case lost ~4 s in two steps to compilation (reversing the order moved the
+loss with it, session 42), which made the
 "20 %" planned-against-fallback gap of session 40; benchmarks/NOTES.md,
 session 41).
 

@@ -165,15 +165,15 @@ def warm_compile_cache(args: argparse.Namespace, max_arena_pages: int) -> dict:
     it the first timed case pays those compilations: the planned case, run
     first, lost 1.3 s in its first prefill step and 2.8 s
     in its ninth against the fallback order run after it (H100, session 41,
-    memory_pressure_gap_h100_s41.json; compilation is the inferred cause:
-    benchmarks/NOTES.md)."""
+    memory_pressure_gap_h100_s41.json); the fallback order run first on an
+    empty cache lost the same (memory_pressure_warmup_h100_s42.json)."""
     start = time.perf_counter()
     dataplane = Dataplane(config_for(args, "dynamic", max_arena_pages))
     try:
         engine = dataplane.engine
         prompts = synthetic_prompts(engine.model_info.vocab_size)
         dataplane.start()
-        warm_up(engine, args.requests, prompts)
+        warm_buckets(dataplane, args.requests, prompts)
         run_requests(engine, "compile", args.requests, args.prompt_len, COMPILE_WARM_TOKENS,
                      lambda i, n: prompts(WARM_PROMPT_OFFSET + i, n))
     finally:
@@ -181,8 +181,13 @@ def warm_compile_cache(args: argparse.Namespace, max_arena_pages: int) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def warm_up(engine, largest: int, prompts: Prompts) -> None:
-    """Compiles kernels and captures the decode graphs of every bucket up to ``largest`` rows."""
+def warm_buckets(dataplane: Dataplane, largest: int, prompts: Prompts) -> None:
+    """Compiles kernels and captures the decode graphs of every bucket up to
+    ``largest`` rows, unless the dataplane's start-up warm-up ran (it covers
+    every bucket: dataplane/warmup.py)."""
+    if dataplane.warmup is not None:
+        return
+    engine = dataplane.engine
     graphs = engine.runner.graphs
     buckets = [b for b in graphs.buckets if b <= largest] if graphs is not None else [1, largest]
     for n in buckets:
@@ -247,7 +252,7 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
     if case in PLANNED:
         wait_for_plan(dataplane)
     # Warm-up and history take prompts past the burst's (indices offset), so none shares its cached prefix.
-    warm_up(engine, args.requests, lambda i, n: prompts(args.requests + args.history_requests + i, n))
+    warm_buckets(dataplane, args.requests, lambda i, n: prompts(args.requests + args.history_requests + i, n))
     run_history(engine, args, lambda i, n: prompts(args.requests + i, n))
     before = engine.stats()
     transitions_before = replace(dataplane.controller.store.counters)

@@ -59,7 +59,12 @@ class Dataplane:
         server reports SERVING only after the warm-up."""
         self.engine.start()
         if self.config.resolved_warm_up():
-            self.warmup = warm_up(self.engine, engine_warmup_rounds(self.engine), self.config.warm_up_round_timeout_s)
+            try:
+                self.warmup = warm_up(self.engine, engine_warmup_rounds(self.engine),
+                                      self.config.warm_up_round_timeout_s)
+            except BaseException:
+                self.engine.stop()  # nothing serves yet: leave no engine thread behind
+                raise
             log.info("warm-up: %d requests in %d rounds, %d steps, %.1f s", self.warmup.requests,
                      self.warmup.rounds, self.warmup.steps, self.warmup.seconds)
         port = self.server.start()

@@ -4,10 +4,13 @@ A fresh dataplane compiles a Triton kernel variant the first time a step
 reaches a new token-tile class (kernels/moe_tiles.py ``choose_tiles`` picks
 tiles from the tokens per expert; Triton specializes integer arguments on
 divisibility) and captures a decode CUDA graph the first time a batch bucket
-is used (dataplane/cuda_graphs.py). On the H100 at Mixtral-8x7B shapes that
-cost 1.3 s at the first 4,096-token prefill and 2.8 s at the first mixed
-step of a burst (benchmarks/results/memory_pressure_gap_h100_s41.json), paid
-by whichever requests came first.
+is used (dataplane/cuda_graphs.py). On an empty Triton cache that is ~30 s
+per new tile class at Mixtral-8x7B shapes on the H100, paid by whichever
+requests come first; with this warm-up the first 4,096-token prefill of a
+burst took 565 ms instead of 1,440 ms
+(benchmarks/results/memory_pressure_warmup_h100_s42.json). The first B = 64
+decode of that burst stayed slow (~2.6 s) with and without it: not yet
+explained, so not covered here.
 
 ``warm_up`` sends synthetic requests through the engine's own path (so every
 code path a real request takes is compiled and captured, nothing is

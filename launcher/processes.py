@@ -239,13 +239,12 @@ class Stack:
         self.processes["controlplane"] = proc
         wait_grpc_healthy(self.cfg.controlplane_address, proc, timeout_s)
 
-    def start_dataplane(self, timeout_s: float | None = None) -> None:
-        """Starts the dataplane and waits up to ``timeout_s`` (None: the
-        config's dataplane_start_timeout_s) for it to report SERVING."""
+    def start_dataplane(self) -> None:
+        """Starts the dataplane and waits up to the config's
+        dataplane_start_timeout_s for it to report SERVING."""
         proc = ManagedProcess("dataplane", dataplane_command(self.cfg), self.cfg.log_dir, dataplane_env(self.cfg))
         self.processes["dataplane"] = proc
-        wait = self.cfg.dataplane_start_timeout_s if timeout_s is None else timeout_s
-        wait_grpc_healthy(self.cfg.dataplane_address, proc, wait)
+        wait_grpc_healthy(self.cfg.dataplane_address, proc, self.cfg.dataplane_start_timeout_s)
 
     def start_gateway(self, timeout_s: float = 60.0) -> None:
         proc = ManagedProcess("gateway", gateway_command(self.cfg), self.cfg.log_dir)

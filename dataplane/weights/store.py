@@ -272,7 +272,7 @@ class WeightStore:
         # Readers stop using the fields before they are freed. A slice (an
         # asynchronous fill, still ordered after the step launched ahead), not
         # ``t[i] = x``: with that the hook took ~20 ms per demoting iteration
-        # at Mixtral B=64 on the H100, with the slice ~1.6 ms (results
+        # at Mixtral B=64 on the H100, with the slice 1.9 ms (medians; results
         # memory_pressure_gap_h100_s41.json, memory_pressure_warmup_h100_s42.json).
         self.block_fields[block : block + 1] = target
         self.page_table[block, target:have] = -1

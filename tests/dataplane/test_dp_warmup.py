@@ -131,3 +131,16 @@ def test_warm_up_is_on_by_default_only_on_cuda(random_ckpt, monkeypatch) -> None
     monkeypatch.setenv("PW_DATAPLANE_WARM_UP", "false")
     assert not _config(str(random_ckpt), device="cuda").resolved_warm_up()
     assert _config(str(random_ckpt), device="cuda", warm_up=True).resolved_warm_up()
+
+
+def test_a_failed_warm_up_stops_the_engine_and_serves_nothing(random_ckpt, monkeypatch) -> None:
+    def failing_warm_up(engine, rounds, timeout_s):
+        raise TimeoutError("warm-up round 0 got no output")
+
+    monkeypatch.setattr("dataplane.app.warm_up", failing_warm_up)
+    dataplane = Dataplane(_config(str(random_ckpt), warm_up=True))
+    with pytest.raises(TimeoutError):
+        dataplane.start()
+    with pytest.raises(RuntimeError, match="stopped"):
+        dataplane.engine.add_request("late", [1, 2], SamplingParams(max_tokens=1), QueueSink())
+    assert dataplane.server.server.port == 0  # the gRPC server never bound
