@@ -310,6 +310,8 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
             "replays": list(trace.replays),
             "host_fetches": list(trace.host_fetches),
             "host_only_blocks": [sum(b == 0 for b in trace.states[i]) for i in trace.state_ids],
+            # [iteration, kernel] of each Triton kernel variant compiled live during the burst.
+            "compiled_kernels": [list(c) for c in trace.compiled],
         },
     }
     if case == "static-8":  # the 8-bit model's own text: what the other cases' states are scored on too

@@ -24,10 +24,13 @@ class StepTrace:
     # did not replay ran eagerly (a host-only block forbids replays).
     replays: list[int] = field(default_factory=list)
     host_fetches: list[int] = field(default_factory=list)
+    # (iteration, kernel name) of each Triton kernel variant compiled (or loaded from the disk cache:
+    # a miss of the in-memory cache) while the trace ran; the iteration is the one in progress.
+    compiled: list[tuple[int, str]] = field(default_factory=list)
 
     def clear(self) -> None:
         for values in (self.mean_bits, self.started_at, self.controller_s, self.running, self.generated,
-                       self.state_ids, self.states, self.replays, self.host_fetches):
+                       self.state_ids, self.states, self.replays, self.host_fetches, self.compiled):
             values.clear()
 
     def iteration_seconds(self, end: float) -> list[float]:
@@ -82,4 +85,21 @@ def trace_steps(engine, store) -> StepTrace:
         trace.host_fetches.append(store.counters.host_fetches)
 
     engine.before_step = before_step
+    _record_compiles(trace)
     return trace
+
+
+def _record_compiles(trace: StepTrace) -> None:
+    """Records Triton's in-memory cache misses into ``trace.compiled`` (this benchmark process only:
+    the hook is Triton's process-wide knob). No-op without Triton."""
+    try:
+        import triton
+    except ImportError:
+        return
+    inner = triton.knobs.runtime.jit_cache_hook
+
+    def record(*args, **kwargs) -> bool:
+        trace.compiled.append((len(trace.started_at) - 1, getattr(kwargs.get("fn"), "name", "?")))
+        return bool(inner(*args, **kwargs)) if inner is not None else False  # False: compile as usual
+
+    triton.knobs.runtime.jit_cache_hook = record

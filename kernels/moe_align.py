@@ -111,7 +111,13 @@ def load_slot_cost(cost_ptr, cost_stride, E, E_PAD: tl.constexpr, HAS_COST: tl.c
     return cost
 
 
-@triton.jit
+# T and n_pairs vary with every step's token count: specialized (Triton marks
+# an int argument equal to 1 or divisible by 16), each mixed or prefill step
+# whose count is not a multiple of 16 compiled a variant of its own, live (a
+# 2.7 s step in benchmarks/memory_pressure.py's burst, NOTES session 43). The
+# variants left are those of the constexprs, which the start-up warm-up's
+# rounds cover (dataplane/warmup.py).
+@triton.jit(do_not_specialize=["T", "n_pairs"])
 def _moe_prep_kernel(
     x_ptr,  # [T, H] float (row stride stride_x)
     ids_ptr,  # [T * TOPK] int32 expert of each (token, slot)

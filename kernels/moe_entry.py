@@ -83,7 +83,10 @@ def _residual_sum(delta_ptrs, res_ptrs, mask, DTYPE: tl.constexpr):
     return (d.to(tl.float32) + r.to(tl.float32)).to(DTYPE)
 
 
-@triton.jit
+# T varies with the step's token count: not specialized, so that a count
+# that is not a multiple of 16 compiles no variant of its own (as
+# moe_align._moe_prep_kernel); ONE_ROW keeps the one-token form's own code.
+@triton.jit(do_not_specialize=["T"])
 def _moe_entry_kernel(
     delta_ptr,  # [T, H] the block's output (row stride stride_d), residual's dtype or fp32
     res_ptr,  # [T, H] residual stream in (row stride stride_r)
@@ -101,7 +104,7 @@ def _moe_entry_kernel(
     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     NC_PAD: tl.constexpr, GB: tl.constexpr, PAIRS_PAD: tl.constexpr, E_PAD: tl.constexpr,
     QUANTIZE: tl.constexpr, HAS_COST: tl.constexpr, RECORD: tl.constexpr, WEIGHTED: tl.constexpr,
-    PDL: tl.constexpr, ORDER_BM: tl.constexpr,
+    PDL: tl.constexpr, ORDER_BM: tl.constexpr, ONE_ROW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = (pid // n_chunks).to(tl.int64)
@@ -170,7 +173,7 @@ def _moe_entry_kernel(
         # 5. the last row routed sorts the pairs. One row: it is the last, and
         # its pairs are its own top-k, taken from registers, not read back.
         t = tl.arange(0, PAIRS_PAD)
-        if T == 1:
+        if ONE_ROW:  # T == 1
             kk = tl.arange(0, BLOCK_K)
             ids = tl.sum(tl.where(t[:, None] == kk[None, :], top_i[None, :], 0), axis=1)  # [PAIRS_PAD]
             sort_pairs(tl.where(t < K, ids, -1), K, sorted_ptr, offsets_ptr, active_ptr, num_active_ptr,
@@ -248,7 +251,7 @@ def moe_entry(delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
         BLOCK_H=triton.next_power_of_2(hidden), NC_PAD=triton.next_power_of_2(n_chunks), GB=GROUPS_PER_STEP,
         PAIRS_PAD=triton.next_power_of_2(max(t * top_k, 16)), E_PAD=triton.next_power_of_2(max(num_experts, 16)),
         QUANTIZE=prep.xp.dtype == torch.int16, HAS_COST=slot_cost is not None, **flags,
-        ORDER_BM=order_tile(prep.narrow_order), num_warps=4,
+        ORDER_BM=order_tile(prep.narrow_order), ONE_ROW=t == 1, num_warps=4,
         **pdl_options(device, t, pdl),
     )
     return res_out, ids, weights
