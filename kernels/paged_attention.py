@@ -41,7 +41,11 @@ def kv_cache_view(storage: torch.Tensor, num_layers: int, block_size: int, kv_he
     return storage.view(dtype).view(storage.shape[0], num_layers, 2, block_size, kv_heads, head_dim)
 
 
-@triton.jit
+# max_blocks (the batch's block-table width in an eager step) and layer are
+# not specialized: a width off a multiple of 16 compiled a variant of its own,
+# live, in eager decode steps (while a block is host-only); see also
+# default_partitions.
+@triton.jit(do_not_specialize=["max_blocks", "layer"])
 def _decode_kernel(
     q_ptr,  # [S, NH, D]
     kv_ptr,  # [pages, layers, 2, BS, KVH, D]
@@ -135,6 +139,20 @@ def _decode_merge_kernel(
     tl.store(out_ptr + row * D + d, res.to(out_ptr.dtype.element_ty))
 
 
+def default_partitions(num_seqs: int, kv_heads: int) -> int:
+    """Context splits per (sequence, kv head) that fill the GPU: the largest
+    power of two <= TARGET_PROGRAMS / (num_seqs * kv_heads), at least 1.
+
+    P is a constexpr of the kernels, so it depends on the batch size alone
+    (not on the block-table width, which an eager step takes from its longest
+    context: each width compiled a variant live) and is a power of two, so that
+    the decode graphs' buckets (1, 2, 4, 8, 16, ...) compile every value an
+    eager step of any size can take. Partitions past a sequence's blocks are
+    empty (the merge weighs them 0)."""
+    fill = TARGET_PROGRAMS // max(1, num_seqs * kv_heads)
+    return 1 << (fill.bit_length() - 1) if fill > 1 else 1
+
+
 def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            sm_scale: float | None = None,
@@ -168,7 +186,7 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
     block_tables = block_tables.contiguous()
     group = nh // kvh
     if num_partitions is None:
-        num_partitions = max(1, min(block_tables.shape[1], TARGET_PROGRAMS // max(1, s * kvh)))
+        num_partitions = default_partitions(s, kvh)
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():

@@ -5,6 +5,8 @@ import torch
 
 from dataplane.memory.arena import KV_TAG, Arena
 from kernels.paged_attention import (
+    TARGET_PROGRAMS,
+    default_partitions,
     kv_cache_view,
     paged_attention_decode,
     paged_attention_decode_reference,
@@ -23,7 +25,7 @@ def make_cache(device, pages):
     return arena, kv_cache_view(arena.storage, LAYERS, BS, KVH, D, DTYPE)
 
 
-@pytest.mark.parametrize("partitions", [1, 3])
+@pytest.mark.parametrize("partitions", [1, 3, 8])  # 8: more splits than the longest context's 4 blocks
 def test_decode_over_scattered_pages(device, partitions):
     torch.manual_seed(11)
     arena, cache = make_cache(device, 24)
@@ -45,6 +47,14 @@ def test_decode_over_scattered_pages(device, partitions):
     ref = paged_attention_decode_reference(q.to(device), cache, 1, table.to(device), lens.to(device))
     assert bool(torch.isfinite(out).all())
     assert torch.allclose(out.float().cpu(), ref.cpu(), atol=2e-3, rtol=2e-2)
+
+
+def test_default_partitions_depend_on_the_batch_alone():
+    # Powers of two filling about TARGET_PROGRAMS programs: every value an eager step can take is one a
+    # decode graph bucket (1, 2, 4, 8, 16, ...) compiles too.
+    assert [default_partitions(s, 8) for s in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64)] == \
+        [32, 16, 8, 8, 4, 4, 2, 2, 1, 1, 1]
+    assert default_partitions(1, 2) == 128 and default_partitions(1, TARGET_PROGRAMS + 1) == 1
 
 
 def test_decode_ignores_stale_nan_slots(device):

@@ -6,7 +6,9 @@ compile its own variant of the MoE prep and entry launches, live, in the
 middle of serving (2.7 s in benchmarks/memory_pressure.py's burst; NOTES,
 session 43). After one launch of a token-count class (the same constexprs: the
 start-up warm-up's rounds, dataplane/warmup.py), other counts of that class
-must reuse the compiled kernel. GPU only: the interpreter compiles nothing.
+must reuse the compiled kernel. The same for the decode attention of an
+eager step, whose block-table width varies with its longest context. GPU
+only: the interpreter compiles nothing.
 """
 
 from contextlib import contextmanager
@@ -15,10 +17,12 @@ import pytest
 import torch
 import triton
 
+from dataplane.memory.arena import Arena
 from kernels import weight_layout as wl
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import alloc_prep, moe_prepare, moe_prepare_reference
 from kernels.moe_entry import moe_entry, moe_entry_suits
+from kernels.paged_attention import kv_cache_view, paged_attention_decode, paged_attention_decode_reference
 
 EXPERTS, TOP_K, GROUPS = 8, 2, 6
 HIDDEN = GROUPS * wl.GROUP
@@ -90,3 +94,27 @@ def test_entry_reuses_one_variant_per_token_class(first, others):
             run(t)
         run(first)
     assert "_moe_entry_kernel" not in names
+
+
+@pytest.mark.gpu
+def test_eager_decode_attention_reuses_one_variant_per_batch_size():
+    # An eager decode step (a host-only block forbids the graphs) passes its
+    # batch's block-table width: each width once compiled a variant.
+    layers, bs, kvh, dim, seqs = 2, 16, 2, 64, 3
+    arena = Arena(64, layers * 2 * bs * kvh * dim * 2, device="cuda")
+    cache = kv_cache_view(arena.storage, layers, bs, kvh, dim, torch.float16)
+    cache.copy_(torch.randn(cache.shape, dtype=torch.float16))
+    q = torch.randn(seqs, 8, dim, dtype=torch.float16, device="cuda")
+
+    def run(width: int):
+        table = torch.randint(0, 64, (seqs, width), dtype=torch.int32, device="cuda")
+        lens = torch.tensor([width * bs, width * bs - 5, 1], dtype=torch.int32, device="cuda")
+        out = paged_attention_decode(q, cache, 1, table, lens)
+        want = paged_attention_decode_reference(q, cache, 1, table, lens)
+        assert torch.allclose(out.float(), want.float(), atol=2e-3, rtol=2e-2)
+
+    run(16)
+    with compiled_names() as names:
+        for width in (1, 3, 17, 33):
+            run(width)
+    assert "_decode_kernel" not in names and "_decode_merge_kernel" not in names
