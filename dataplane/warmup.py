@@ -2,15 +2,22 @@
 
 A fresh dataplane compiles a Triton kernel variant the first time a step
 reaches a new token-tile class (kernels/moe_tiles.py ``choose_tiles`` picks
-tiles from the tokens per expert; Triton specializes integer arguments on
-divisibility) and captures a decode CUDA graph the first time a batch bucket
-is used (dataplane/cuda_graphs.py). On an empty Triton cache that is ~30 s
-per new tile class at Mixtral-8x7B shapes on the H100, paid by whichever
-requests come first; with this warm-up the first 4,096-token prefill of a
-burst took 565 ms instead of 1,440 ms
-(benchmarks/results/memory_pressure_warmup_h100_s42.json). The first B = 64
-decode of that burst stayed slow (~2.6 s) with and without it: not yet
-explained, so not covered here.
+tiles from the tokens per expert; other constexprs follow powers of two of
+the token count) and captures a decode CUDA graph the first time a batch
+bucket is used (dataplane/cuda_graphs.py). On an empty Triton cache that is
+~30 s per new tile class at Mixtral-8x7B shapes on the H100, paid by
+whichever requests come first; with this warm-up the first 4,096-token
+prefill of a burst took 565 ms instead of 1,440 ms
+(benchmarks/results/memory_pressure_warmup_h100_s42.json).
+
+The rounds cover every variant a step can need because the launches whose
+integer arguments follow the step's token count or block-table width do not
+specialize them (Triton marks an int equal to 1 or divisible by 16): the MoE
+prep and entry launches (``T``) and the decode attention (``max_blocks``,
+its split count a power of two of the batch size). Before that, the first
+mixed step of a burst (63 decodes + 218 prompt tokens) compiled a prep
+variant of its own and took 2.7 s, warm-up or not (benchmarks/NOTES.md,
+session 43).
 
 ``warm_up`` sends synthetic requests through the engine's own path (so every
 code path a real request takes is compiled and captured, nothing is
