@@ -27,7 +27,7 @@ import triton.language as tl
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 MIN_DOT = 16  # smallest tl.dot dimension
-TARGET_PROGRAMS = 264  # about two programs per multiprocessor on an H200
+PROGRAMS_PER_SM = 2  # decode programs per multiprocessor that fill the GPU (264 on an H100 or H200)
 
 
 def kv_cache_view(storage: torch.Tensor, num_layers: int, block_size: int, kv_heads: int,
@@ -139,9 +139,19 @@ def _decode_merge_kernel(
     tl.store(out_ptr + row * D + d, res.to(out_ptr.dtype.element_ty))
 
 
-def default_partitions(num_seqs: int, kv_heads: int) -> int:
-    """Context splits per (sequence, kv head) that fill the GPU: the largest
-    power of two <= TARGET_PROGRAMS / (num_seqs * kv_heads), at least 1.
+def target_programs(device: torch.device) -> int:
+    """Decode programs that fill ``device``: PROGRAMS_PER_SM per multiprocessor
+    on a GPU; 1 elsewhere (Triton's interpreter runs programs one after
+    another, so a split only adds the merge)."""
+    if device.type != "cuda":
+        return 1
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_partitions(num_seqs: int, kv_heads: int, programs: int) -> int:
+    """Context splits per (sequence, kv head) that fill ``programs`` programs
+    (target_programs): the largest power of two <= programs / (num_seqs *
+    kv_heads), at least 1.
 
     P is a constexpr of the kernels, so it depends on the batch size alone
     (not on the block-table width, which an eager step takes from its longest
@@ -149,7 +159,7 @@ def default_partitions(num_seqs: int, kv_heads: int) -> int:
     the decode graphs' buckets (1, 2, 4, 8, 16, ...) compile every value an
     eager step of any size can take. Partitions past a sequence's blocks are
     empty (the merge weighs them 0)."""
-    fill = TARGET_PROGRAMS // max(1, num_seqs * kv_heads)
+    fill = programs // max(1, num_seqs * kv_heads)
     return 1 << (fill.bit_length() - 1) if fill > 1 else 1
 
 
@@ -163,7 +173,8 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
 
     q: [S, NH, D] (dtype of the cache); kv_cache: kv_cache_view(...);
     block_tables: int32 [S, max_blocks]; context_lens: int32 [S] (0 gives 0).
-    num_partitions: context splits per (sequence, kv head); None = fill the GPU.
+    num_partitions: context splits per (sequence, kv head); None = fill the GPU
+    (default_partitions).
     out: optional [S, NH, D] result buffer (every element is written).
     pdl: which launches take part in PDL (kernels/pdl.py).
     """
@@ -186,7 +197,7 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, layer: int,
     block_tables = block_tables.contiguous()
     group = nh // kvh
     if num_partitions is None:
-        num_partitions = default_partitions(s, kvh)
+        num_partitions = default_partitions(s, kvh, target_programs(q.device))
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():

@@ -5,13 +5,13 @@ import torch
 
 from dataplane.memory.arena import KV_TAG, Arena
 from kernels.paged_attention import (
-    TARGET_PROGRAMS,
     default_partitions,
     kv_cache_view,
     paged_attention_decode,
     paged_attention_decode_reference,
     prefill_attention,
     prefill_attention_reference,
+    target_programs,
     write_kv_cache,
 )
 
@@ -50,11 +50,13 @@ def test_decode_over_scattered_pages(device, partitions):
 
 
 def test_default_partitions_depend_on_the_batch_alone():
-    # Powers of two filling about TARGET_PROGRAMS programs: every value an eager step can take is one a
+    # Powers of two filling the target programs: every value an eager step can take is one a
     # decode graph bucket (1, 2, 4, 8, 16, ...) compiles too.
-    assert [default_partitions(s, 8) for s in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64)] == \
+    h200 = 2 * 132  # target_programs on an H100 or H200
+    assert [default_partitions(s, 8, h200) for s in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64)] == \
         [32, 16, 8, 8, 4, 4, 2, 2, 1, 1, 1]
-    assert default_partitions(1, 2) == 128 and default_partitions(1, TARGET_PROGRAMS + 1) == 1
+    assert default_partitions(1, 2, h200) == 128 and default_partitions(1, h200 + 1, h200) == 1
+    assert target_programs(torch.device("cpu")) == 1
 
 
 def test_decode_ignores_stale_nan_slots(device):
