@@ -13,10 +13,12 @@ work, measured first), queued as launches and as the replay of a CUDA graph
 of them; then each way of writing is timed on the host, ``--repeats`` times,
 with the queue refilled before each write. Writes JSON and prints a table.
 
-On the H100 (table_write_sync_h100_s42.json): element 0.48 ms median, slice
-0.024 ms; behind matrix products the element write did not wait for the
-20 ms queued, so this stand-in does not reproduce the burst's wait (behind a
-CUDA graph replay), though the burst's hook did fall to ~1.6 ms with slices.
+On the H100 (table_write_sync_h100_s42.json, table_write_sync_graph_h100_s43.json)
+the probe was miscalibrated: 3 products (~0.5 ms) were queued, not 20 ms.
+Behind them the element write took 0.48-0.52 ms median (launches or a graph
+replay), as long as the control (0.49-0.66 ms), the slice 0.020-0.034 ms:
+the element write waits for the queued work, which matches the burst's
+~20 ms per demoting hook (one decode step) and its fall to ~1.9 ms with slices.
 """
 
 from __future__ import annotations
@@ -45,14 +47,26 @@ def queue_busy_work(a: torch.Tensor, products: int) -> None:
 
 
 def products_for(a: torch.Tensor, busy_ms: float) -> int:
-    """Matrix products that keep the stream busy for about ``busy_ms``."""
+    """Matrix products that keep the stream busy for about ``busy_ms``, timed
+    by CUDA events after a first product (cuBLAS's handle and workspace: with
+    them inside the probe, sessions 42 and 43 queued 3 products, ~0.5 ms, not
+    the 20 ms asked for)."""
     probe = 20
+    queue_busy_work(a, 1)
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    queue_busy_work(a, probe)
-    torch.cuda.synchronize()
-    per_product_ms = (time.perf_counter() - start) * 1e3 / probe
+    per_product_ms = queued_ms(lambda: queue_busy_work(a, probe)) / probe
     return max(1, round(busy_ms / per_product_ms))
+
+
+def queued_ms(queue_work) -> float:
+    """GPU milliseconds of the work ``queue_work()`` queues (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    queue_work()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def captured_busy_work(a: torch.Tensor, products: int) -> torch.cuda.CUDAGraph:
@@ -102,10 +116,11 @@ def main() -> int:
     queues = {"products": lambda: queue_busy_work(a, products), "graph replay": graph.replay}
     rows = []
     for queued, queue_work in queues.items():
+        busy = queued_ms(queue_work)
         for name, write in ways.items():
             times = host_ms(write, queue_work, args.repeats)
-            rows.append({"write": name, "queued": queued, "host_ms_median": statistics.median(times),
-                         "host_ms_max": max(times)})
+            rows.append({"write": name, "queued": queued, "queued_gpu_ms": busy,
+                         "host_ms_median": statistics.median(times), "host_ms_max": max(times)})
     result = {
         "benchmark": "host wait of one device-table write behind a busy stream",
         "command": " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -116,7 +131,7 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=2))
     print(f"{result['gpu']}, torch {torch.__version__}, {args.busy_ms:g} ms of work queued before each write")
     for r in rows:
-        print(f"{r['write']:20} behind {r['queued']:13} host {r['host_ms_median']:8.3f} ms median "
+        print(f"{r['write']:20} behind {r['queued']:13} ({r['queued_gpu_ms']:6.2f} ms) host {r['host_ms_median']:8.3f} ms median "
               f"{r['host_ms_max']:8.3f} ms max")
     return 0
 
