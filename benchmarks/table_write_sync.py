@@ -13,12 +13,16 @@ work, measured first), queued as launches and as the replay of a CUDA graph
 of them; then each way of writing is timed on the host, ``--repeats`` times,
 with the queue refilled before each write. Writes JSON and prints a table.
 
-On the H100 (table_write_sync_h100_s42.json, table_write_sync_graph_h100_s43.json)
-the probe was miscalibrated: 3 products (~0.5 ms) were queued, not 20 ms.
-Behind them the element write took 0.48-0.52 ms median (launches or a graph
-replay), as long as the control (0.49-0.66 ms), the slice 0.020-0.034 ms:
-the element write waits for the queued work, which matches the burst's
-~20 ms per demoting hook (one decode step) and its fall to ~1.9 ms with slices.
+On the H100, calibrated (table_write_sync_calibrated_h100_s43.json): behind
+19.4 ms of products the element write took 18.7 ms median, the control
+(a slice from pageable host memory) 18.9 ms, the slice 0.12 ms; behind a
+21.1 ms graph replay 22.2 / 21.4 / 0.17 ms. The element write (a Python
+scalar, copied from the host) waits for the queued work, as the burst's
+~20 ms per demoting hook (one decode step) showed, and the slice (a fill
+kernel) does not. The first two runs (table_write_sync_h100_s42.json,
+table_write_sync_graph_h100_s43.json) had a miscalibrated probe: 3 products
+(~0.5 ms) queued, and the element write and the control took ~0.5 ms, i.e.
+the whole queue there too.
 """
 
 from __future__ import annotations
