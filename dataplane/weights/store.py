@@ -269,13 +269,12 @@ class WeightStore:
             raise ValueError(f"block {block} is at {self.bits(block)} bits; demote to {bits} would raise it")
         if target == have:
             return 0
-        # Readers stop using the fields before they are freed. A slice (an
-        # asynchronous fill, still ordered after the step launched ahead), not
-        # ``t[i] = x``, a copy of a host scalar that waits for the queued step:
-        # with it the hook took ~20 ms per demoting iteration at Mixtral B=64
-        # on the H100, with the slice 1.9 ms (medians; results
-        # memory_pressure_gap_h100_s41.json, memory_pressure_warmup_h100_s42.json;
-        # the wait alone: table_write_sync_calibrated_h100_s43.json).
+        # Readers stop using the fields before they are freed. A slice (a fill
+        # kernel, ordered after the step launched ahead), not ``t[i] = x``, a
+        # host scalar's copy that waits for the queued step: ~20 ms per demoting
+        # hook at Mixtral B=64 on the H100 against 1.9 ms (medians; results
+        # memory_pressure_gap_h100_s41.json, ..._warmup_h100_s42.json; the wait
+        # alone: table_write_sync_calibrated_h100_s43.json).
         self.block_fields[block : block + 1] = target
         self.page_table[block, target:have] = -1
         dropped = [p for f in range(target, have) for p in self._pages[block][f]]
