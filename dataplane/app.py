@@ -13,6 +13,7 @@ import logging
 from dataplane.config import DataplaneConfig
 from dataplane.engine import Engine
 from dataplane.engine_builder import build
+from dataplane.kernel_compiles import CompileWatch
 from dataplane.precision_state import PrecisionReporter, StaticPrecision
 from dataplane.scheduler import ReclaimPages
 from dataplane.server import ServerThread
@@ -46,6 +47,7 @@ class Dataplane:
         self.server = ServerThread(self.engine, config.host, config.port)
         self.telemetry: TelemetryClient | None = None
         self.warmup: WarmupReport | None = None
+        self.compiles = CompileWatch(self.engine.count_kernel_compile)
 
     def _plan_fanout(self, plan) -> None:
         """Keeps the latest plan readable and hands it to the precision controller."""
@@ -56,7 +58,9 @@ class Dataplane:
     def start(self) -> str:
         """Starts the engine, warms it up (config.resolved_warm_up), then starts
         the server and (with a controlplane) telemetry; returns host:port. The
-        server reports SERVING only after the warm-up."""
+        server reports SERVING only after the warm-up. Triton kernel variants
+        compiled from then on are counted and logged (dataplane/kernel_compiles.py)."""
+        self.compiles.install()
         self.engine.start()
         if self.config.resolved_warm_up():
             try:
@@ -64,9 +68,11 @@ class Dataplane:
                                       self.config.warm_up_round_timeout_s)
             except BaseException:
                 self.engine.stop()  # nothing serves yet: leave no engine thread behind
+                self.compiles.uninstall()
                 raise
             log.info("warm-up: %d requests in %d rounds, %d steps, %.1f s", self.warmup.requests,
                      self.warmup.rounds, self.warmup.steps, self.warmup.seconds)
+        self.compiles.serving = True
         port = self.server.start()
         if self.config.controlplane is not None:
             self.telemetry = TelemetryClient(
@@ -90,3 +96,4 @@ class Dataplane:
             self.telemetry.stop()
         self.server.stop()
         self.engine.stop()
+        self.compiles.uninstall()

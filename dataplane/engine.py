@@ -183,6 +183,12 @@ class Engine:
         if not done.wait(STOP_JOIN_S):
             raise TimeoutError(f"the engine thread did not reset its counters (error: {self._error!r})")
 
+    def count_kernel_compile(self, kernel: str) -> None:
+        """Counts one Triton kernel variant compiled (dataplane/kernel_compiles.py;
+        called where it compiles, the engine thread); published with the next
+        stats, zeroed by reset_counters like the others."""
+        self._counters.kernel_compiles += 1
+
     def stats(self) -> EngineStats:
         """The snapshot published after the latest loop iteration."""
         with self._lock:

@@ -120,6 +120,7 @@ class EngineStats:
     aborted_requests_total: int = 0
     steps_total: int = 0
     prefix_cached_tokens_total: int = 0
+    kernel_compiles_total: int = 0
     arena: ArenaSnapshot | None = None
     fixed_resident_bytes: int = 0
 
@@ -133,6 +134,7 @@ class EngineCounters:
     finished: int = 0
     aborted: int = 0
     steps: int = 0
+    kernel_compiles: int = 0
 
 
 def engine_stats(
@@ -152,6 +154,7 @@ def engine_stats(
         aborted_requests_total=counters.aborted,
         steps_total=counters.steps,
         prefix_cached_tokens_total=scheduler.cached_tokens_total,
+        kernel_compiles_total=counters.kernel_compiles,
         arena=arena.snapshot(),
         fixed_resident_bytes=fixed_resident_bytes,
     )

@@ -88,6 +88,7 @@ def stats_to_proto(stats: EngineStats) -> inference_pb2.EngineStats:
         arena=arena_pb,
         steps_total=stats.steps_total,
         prefix_cached_tokens_total=stats.prefix_cached_tokens_total,
+        kernel_compiles_total=stats.kernel_compiles_total,
     )
 
 

@@ -74,6 +74,8 @@ class EngineStatsCollector(Collector):
             "finished_requests": (stats.finished_requests_total, "Requests finished since start"),
             "aborted_requests": (stats.aborted_requests_total, "Requests aborted since start"),
             "steps": (stats.steps_total, "Engine steps since start"),
+            "kernel_compiles": (stats.kernel_compiles_total,
+                                "Triton kernel variants compiled while serving (each stalled a step)"),
         }
         for name, (value, doc) in counters.items():
             yield CounterMetricFamily(f"{ENGINE_PREFIX}_{name}", doc, value=float(value))

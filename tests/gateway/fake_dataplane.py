@@ -234,6 +234,7 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
             running_requests=running, waiting_requests=0, kv_blocks_used=7, kv_blocks_free=41, kv_block_size=16,
             generated_tokens_total=0, prompt_tokens_total=0, preemptions_total=3,
             finished_requests_total=finished + aborted, aborted_requests_total=aborted, arena=arena, steps_total=9,
+            kernel_compiles_total=2,
         )
 
 

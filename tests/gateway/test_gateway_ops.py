@@ -173,6 +173,7 @@ def test_metrics_expose_histograms_counters_and_engine_stats(gateway, dataplane)
     assert m[("pagedweight_engine_arena_pages_weights", (("bits", "4"),))] == 96
     assert m[("pagedweight_engine_arena_pages_weights", (("bits", "8"),))] == 160
     assert m[("pagedweight_engine_preemptions_total", ())] == 3
+    assert m[("pagedweight_engine_kernel_compiles_total", ())] == 2
 
 
 def test_metrics_registries_are_per_app(make_gateway):
