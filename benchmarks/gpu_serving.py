@@ -36,6 +36,7 @@ from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.engine_io import QueueSink  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
+from dataplane.warmup import engine_warmup_rounds, warm_up  # noqa: E402
 from dataplane.weights.codec import decode_view, field_from_bytes  # noqa: E402
 from dataplane.weights.layout import NUM_FIELDS, VIEW_BITS  # noqa: E402
 
@@ -43,20 +44,13 @@ MODEL = REPO / "models" / "pw-moe-tiny"
 PROMPT_LEN = 64
 
 
-# Warm-up shapes: Triton compiles one variant per integer specialisation
-# (== 1, % 16 == 0, other) and per tile size, so the warm-up covers token
-# counts of each kind before anything is timed.
-WARMUP_BATCHES = (1, 3, 16, 64)
-WARMUP_PROMPT_LEN = 37
+# Seconds one warm-up round may take (dataplane/warmup.py; a fresh Triton
+# cache compiles for ~30 s per tile class at Mixtral shapes).
+WARM_UP_ROUND_TIMEOUT_S = 600.0
 
 
 def prompt(i: int, vocab: int, length: int = PROMPT_LEN) -> list[int]:
     return [(31 * i + 7 * j) % (vocab - 10) + 10 for j in range(length)]
-
-
-def warm_up(engine) -> None:
-    for n in WARMUP_BATCHES:
-        run_requests(engine, n, 3, WARMUP_PROMPT_LEN)
 
 
 def run_requests(engine, n: int, max_tokens: int, prompt_len: int = PROMPT_LEN) -> tuple[float, int]:
@@ -111,7 +105,8 @@ def part_throughput(device: str, batches: list[int], max_tokens: int) -> list[di
         engine = built.engine
         engine.start()
         try:
-            warm_up(engine)
+            # The served dataplane's own start-up warm-up: every kernel variant and decode graph first.
+            warm_up(engine, engine_warmup_rounds(engine), WARM_UP_ROUND_TIMEOUT_S)
             for b in batches:
                 seconds, tokens = run_requests(engine, b, max_tokens)
                 rows.append({"experts": experts, "batch": b, "tokens": tokens, "seconds": seconds,
