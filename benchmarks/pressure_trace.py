@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from dataplane.kernel_compiles import CompileWatch
+
 
 @dataclass
 class StepTrace:
@@ -90,16 +92,6 @@ def trace_steps(engine, store) -> StepTrace:
 
 
 def _record_compiles(trace: StepTrace) -> None:
-    """Records Triton's in-memory cache misses into ``trace.compiled`` (this benchmark process only:
-    the hook is Triton's process-wide knob). No-op without Triton."""
-    try:
-        import triton
-    except ImportError:
-        return
-    inner = triton.knobs.runtime.jit_cache_hook
-
-    def record(*args, **kwargs) -> bool:
-        trace.compiled.append((len(trace.started_at) - 1, getattr(kwargs.get("fn"), "name", "?")))
-        return bool(inner(*args, **kwargs)) if inner is not None else False  # False: compile as usual
-
-    triton.knobs.runtime.jit_cache_hook = record
+    """Records each Triton kernel variant compiled into ``trace.compiled``, through the dataplane's own
+    watch (dataplane/kernel_compiles.py; this benchmark process only, never removed)."""
+    CompileWatch(lambda name: trace.compiled.append((len(trace.started_at) - 1, name))).install()

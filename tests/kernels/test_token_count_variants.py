@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-import triton
 
+from dataplane.kernel_compiles import CompileWatch
 from dataplane.memory.arena import Arena
 from kernels import weight_layout as wl
 from kernels.arrival_counters import ArrivalCounters
@@ -31,19 +31,14 @@ HIDDEN = GROUPS * wl.GROUP
 @contextmanager
 def compiled_names():
     """Names of the kernels that miss Triton's in-memory cache (compile or
-    load a variant) inside the block."""
+    load a variant) inside the block (dataplane/kernel_compiles.py)."""
     names: list[str] = []
-    before = triton.knobs.runtime.jit_cache_hook
-
-    def record(*args, **kwargs) -> bool:
-        names.append(getattr(kwargs.get("fn"), "name", "?"))
-        return False  # False: go on and compile
-
-    triton.knobs.runtime.jit_cache_hook = record
+    watch = CompileWatch(names.append)
+    assert watch.install()
     try:
         yield names
     finally:
-        triton.knobs.runtime.jit_cache_hook = before
+        watch.uninstall()
 
 
 def _prepare(t: int, seed: int):
