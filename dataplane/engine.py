@@ -11,9 +11,10 @@ arriving or aborted, prefill, an eager step, a full arena) collects the queued
 step first and schedules from scratch.
 
 One thread owns the scheduler, the KV manager, the arena and the model. Other
-threads talk to it only through ``add_request`` / ``abort`` (a command
-queue) and read published snapshots (``stats``, routing sums). Outputs go to
-each request's sink, called on the engine thread: a sink must not block
+threads talk to it only through ``add_request`` / ``abort`` /
+``run_on_engine_thread`` (a command queue, dataplane/engine_commands.py) and
+read published snapshots (``stats``, routing sums). Outputs go to each
+request's sink, called on the engine thread: a sink must not block
 (``QueueSink`` is a per-request queue for in-process callers; the gRPC server
 hands outputs to its event loop).
 """
@@ -24,9 +25,11 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from dataplane.engine_commands import Command, call_on_engine_thread
 from dataplane.engine_io import (EngineCounters, EngineStats, InvalidRequest, OutputSink, QueueFull, RequestOutput,
                                  engine_stats, request_output, validate_request)
 from dataplane.kv_cache import KVCacheManager
@@ -42,15 +45,6 @@ from dataplane.structured_output import GrammarBackend
 
 IDLE_WAIT_S = 0.05  # how long an idle loop sleeps waiting for commands
 STOP_JOIN_S = 30.0
-
-
-@dataclass
-class _Command:
-    kind: str  # "add", "abort", "reset" or "stop"
-    seq: Sequence | None = None
-    sink: OutputSink | None = None
-    request_id: str = ""
-    done: threading.Event | None = None  # "reset": set once applied
 
 
 @dataclass(frozen=True)
@@ -103,7 +97,7 @@ class Engine:
         self.demand = DemandTracker(model_info.num_layers, model_info.num_experts, demand_decay)
         self._eos = frozenset(model_info.eos_token_ids)
         self.grammars = GrammarBackend(model_info.tokenizer_json, model_info.vocab_size, model_info.eos_token_ids)
-        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._sinks: dict[str, OutputSink] = {}  # engine thread only
         self._lock = threading.Lock()
         self._pending = _Pending()
@@ -130,7 +124,7 @@ class Engine:
             self._closed = True
         if self._thread is None:
             return
-        self._commands.put(_Command("stop"))
+        self._commands.put(Command("stop"))
         self._thread.join(STOP_JOIN_S)
         self._thread = None
 
@@ -161,7 +155,7 @@ class Engine:
             seq = Sequence(request_id, list(prompt_token_ids), sampling, self._pending.next_arrival, grammar=grammar)
             self._pending.next_arrival += 1
             # Queued under the lock: after stop() nothing can land behind "stop".
-            self._commands.put(_Command("add", seq=seq, sink=sink))
+            self._commands.put(Command("add", seq=seq, sink=sink))
 
     def abort(self, request_id: str) -> None:
         """Aborts a request if it is still unfinished (its sink gets ABORT).
@@ -169,19 +163,29 @@ class Engine:
         Ids are matched when the engine thread gets to the abort: callers
         must not reuse an id right after its request finished.
         """
-        self._commands.put(_Command("abort", request_id=request_id))
+        self._commands.put(Command("abort", request_id=request_id))
 
     def reset_counters(self) -> None:
         """Zeroes the published counters and drains the routing window, once
         the commands queued before this one are applied; returns when done.
         For traffic that must not count (dataplane/warmup.py): call it with
         no requests in flight."""
+        self.run_on_engine_thread(self._reset_counters_now)
+
+    def run_on_engine_thread(self, fn: Callable[[], Any]) -> Any:
+        """Runs ``fn`` on the engine thread between two loop iterations, once
+        the commands queued before it are applied, and returns its result
+        (raises what it raised). For state only that thread may touch, e.g.
+        the weight store (dataplane/warmup.py's host-only rounds)."""
         if self._thread is None:
             raise RuntimeError("engine not started")
-        done = threading.Event()
-        self._commands.put(_Command("reset", done=done))
-        if not done.wait(STOP_JOIN_S):
-            raise TimeoutError(f"the engine thread did not reset its counters (error: {self._error!r})")
+        return call_on_engine_thread(self._commands, fn, STOP_JOIN_S, lambda: self._error)
+
+    def _reset_counters_now(self) -> None:
+        self._counters = EngineCounters()
+        self.scheduler.preemptions_total = self.scheduler.cached_tokens_total = 0
+        self.routing_window.drain()
+        self._publish_stats()
 
     def count_kernel_compile(self, kernel: str) -> None:
         """Counts one Triton kernel variant compiled (dataplane/kernel_compiles.py;
@@ -241,13 +245,8 @@ class Engine:
                 seq = self.scheduler.abort(cmd.request_id)
                 if seq is not None:
                     self._end(seq, [], outbox)
-            elif cmd.kind == "reset":
-                assert cmd.done is not None
-                self._counters = EngineCounters()
-                self.scheduler.preemptions_total = self.scheduler.cached_tokens_total = 0
-                self.routing_window.drain()
-                self._publish_stats()
-                cmd.done.set()
+            elif cmd.kind == "call":
+                cmd.run_call()
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
@@ -371,6 +370,8 @@ class Engine:
             if cmd.kind == "add" and cmd.seq is not None and cmd.sink is not None:
                 self._sinks[cmd.seq.seq_id] = cmd.sink
                 self.scheduler.add(cmd.seq)
+            elif cmd.kind == "call":
+                cmd.refuse_call("the engine stopped")
         if self._ahead is not None:  # its device work must end before the arena is released
             self.runner.collect(self._ahead)
             self._ahead = None

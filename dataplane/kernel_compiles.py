@@ -63,8 +63,10 @@ class CompileWatch:
             name = getattr(kwargs.get("fn"), "name", "?")
             self._on_compile(name)
             if self.serving:
+                # The variant (Triton's repr: argument types with their specializations, the
+                # launch options) says which shape the warm-up missed.
                 log.warning("Triton compiled a variant of %s while serving: the step waits for it "
-                            "(a shape the start-up warm-up did not cover)", name)
+                            "(a shape the start-up warm-up did not cover): %s", name, kwargs.get("repr", "?"))
             else:
                 log.debug("Triton compiles a variant of %s", name)
         # The chained hook decides; None/False: Triton goes on and compiles.

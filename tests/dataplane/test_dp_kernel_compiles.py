@@ -26,7 +26,8 @@ TIMEOUT_S = 120
 def triton_compiles(kernel: str):
     """What Triton does before it compiles a variant of ``kernel``."""
     hook = triton.knobs.runtime.jit_cache_hook
-    return hook(key="k", repr=kernel, fn=SimpleNamespace(name=kernel), compile={}, is_manual_warmup=False,
+    return hook(key="k", repr=f"{kernel}[num_warps=4](T: i32, x_ptr: *fp32)", fn=SimpleNamespace(name=kernel),
+                compile={}, is_manual_warmup=False,
                 already_compiled=False) if hook is not None else None
 
 
@@ -78,9 +79,9 @@ def _config(model: str, **overrides) -> DataplaneConfig:
 
 def test_compiles_after_the_warm_up_are_counted_published_and_logged(random_ckpt, monkeypatch, no_hook,
                                                                      caplog) -> None:
-    def warm_up_that_compiles(engine, rounds, timeout_s):
+    def warm_up_that_compiles(engine, rounds, timeout_s, host_only=None):
         triton_compiles("_moe_gate_up_kernel")  # during the warm-up: expected, zeroed with the counters
-        return real_warm_up(engine, rounds, timeout_s)
+        return real_warm_up(engine, rounds, timeout_s, host_only)
 
     monkeypatch.setattr("dataplane.app.warm_up", warm_up_that_compiles)
     dataplane = Dataplane(_config(str(random_ckpt), warm_up=True))
@@ -88,8 +89,9 @@ def test_compiles_after_the_warm_up_are_counted_published_and_logged(random_ckpt
     try:
         with caplog.at_level(logging.WARNING, logger="dataplane.kernel_compiles"):
             triton_compiles("_moe_prep_kernel")  # while serving
+        # The warning names the variant, so the shape the warm-up missed can be found.
         assert any("_moe_prep_kernel" in r.getMessage() and "while serving" in r.getMessage()
-                   for r in caplog.records)
+                   and "(T: i32, x_ptr: *fp32)" in r.getMessage() for r in caplog.records)
         sink = QueueSink()  # a step publishes the stats
         dataplane.engine.add_request("after", [5, 6, 7], SamplingParams(max_tokens=2), sink)
         list(sink.outputs(timeout=TIMEOUT_S))

@@ -1,13 +1,15 @@
 """After the start-up warm-up, no step compiles a Triton kernel variant.
 
 Traffic unlike the warm-up's (prompt lengths and batch sizes off the powers
-of two, prefill chunks beside decodes, then eager steps while some expert
-blocks are host-only) runs through a served dataplane; the live compiles it
+of two, prefill chunks beside decodes, then steps at odd token counts while
+some expert blocks are host-only) runs through a served dataplane; the live compiles it
 counts (dataplane/kernel_compiles.py) must stay at zero. On the GPU this is
 the coverage the warm-up promises (a live compile stalled a Mixtral burst
-2.7 s; benchmarks/NOTES.md, session 43). On the CPU nothing compiles, so there
-it checks the traffic itself: every request ends and the host-only phase
-fetched blocks on demand.
+2.7 s; benchmarks/NOTES.md, session 43; without the warm-up's host-only
+rounds, the first host-only step compiled a router and a prep variant on the
+H100, session 44). On the CPU nothing compiles, so there it checks the
+traffic itself: every request ends and each host-only batch fetched blocks
+on demand.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ TIMEOUT_S = 300
 MAX_RUNNING = 12  # buckets 1, 2, 4, 8, 12
 PROMPT_LENGTHS = (3, 23, 57, 130, 201, 17, 250, 99, 5, 161, 41, 77, 9, 188)
 HOST_ONLY_EVERY = 5  # every fifth expert block host-only in the second phase
+# Second phase: the first steps of these batches run while blocks are host-only (3, 14, 40, 130, 175
+# and 256 tokens with max_batched_tokens 256).
+HOST_ONLY_BATCHES = ((3,), (5, 9), (23, 17), (130,), (57, 41, 77), (250, 99))
 
 
 def _serve(dataplane: Dataplane, tag: str, lengths: tuple[int, ...], seed: int) -> None:
@@ -55,11 +60,15 @@ def test_no_kernel_compiles_after_the_warm_up(device) -> None:
     try:
         _serve(dataplane, "mixed", PROMPT_LENGTHS, seed=1)
         store = dataplane.controller.store
-        for block in range(0, store.num_blocks, HOST_ONLY_EVERY):  # the engine is idle: no step reads them
-            store.demote(block, 0)
-        fetched = store.counters.host_fetches
-        _serve(dataplane, "eager", PROMPT_LENGTHS[:7], seed=2)
-        assert store.counters.host_fetches > fetched
-        assert dataplane.engine.stats().kernel_compiles_total == 0
+        engine = dataplane.engine
+        for i, lengths in enumerate(HOST_ONLY_BATCHES):
+            # The first step of each batch runs while blocks are host-only, at its own token count:
+            # it fetches the routed ones, so they are dropped again before the next batch.
+            fetched = store.counters.host_fetches
+            engine.run_on_engine_thread(
+                lambda: [store.set_host_only(b) for b in range(0, store.num_blocks, HOST_ONLY_EVERY)])
+            _serve(dataplane, f"host-only{i}-", lengths, seed=2 + i)
+            assert store.counters.host_fetches > fetched
+        assert engine.stats().kernel_compiles_total == 0
     finally:
         dataplane.stop()
