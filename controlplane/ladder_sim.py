@@ -16,7 +16,10 @@ free = pool - kv - expert weights:
   the budget holds, and the promotion byte rate allows it (a token bucket of
   one second; a rate of 0 means no limit). A block demoted less than
   min_residence_ms ago is *resident*: when the first applicable promotion is
-  a resident block's, the walk waits (nothing behind it climbs past it).
+  a resident block's, the first applicable rung behind it whose block is not
+  resident climbs past it only where the free bytes above high_watermark *
+  pool hold that rung and every resident rung ahead of it (no waiting
+  promotion is stranded); else the walk waits.
 * Corrective rungs (PrecisionPlan.corrective_*): the pins below the current
   bits apply when the plan arrives; at the start of every step the
   corrective promotions apply in order while the free bytes cover them
@@ -136,6 +139,18 @@ class LadderWalker:
         """The first applicable rung of the list in the given direction."""
         return next((r for r in (self._demotions if demote else self._promotions) if self._applies(r)), None)
 
+    def _next_promotion(self, now_ms: float) -> tuple[Rung | None, int]:
+        """The first applicable promotion whose block is not resident, and the
+        bytes of the resident blocks' applicable rungs ahead of it."""
+        reserve = 0
+        for r in self._promotions:
+            if not self._applies(r):
+                continue
+            if not self._resident(r, now_ms):
+                return r, reserve
+            reserve -= r.bytes_delta
+        return None, reserve
+
     def _resident(self, r: Rung, now_ms: float) -> bool:
         return now_ms - self._demoted_ms[r.layer, r.expert, r.proj] < self._plan.min_residence_ms
 
@@ -169,11 +184,12 @@ class LadderWalker:
             self.stats.stalls += 1
             return
         while self.free_bytes(kv_bytes) > high:
-            rung = self._next(False)
-            if rung is None or self._resident(rung, now_ms):
+            rung, reserve = self._next_promotion(now_ms)
+            if rung is None:
                 break
             need = -rung.bytes_delta
-            if self.free_bytes(kv_bytes) - need < high or (budget > 0 and self.weight_bytes + need > budget):
+            if (self.free_bytes(kv_bytes) - need - reserve < high
+                    or (budget > 0 and self.weight_bytes + need > budget)):
                 break
             rate = plan.promotion_bytes_per_s
             if rate > 0 and self._tokens < min(need, rate * BUCKET_SECONDS):

@@ -18,10 +18,14 @@ applicable rung is the cheapest quality per page, and taking a later one
 because the block in front moved a moment ago strands other blocks at lower
 bits (measured: 3-bit blocks beside 6-bit ones, 18-40 % above the plan's own
 optimum at the same pages; benchmarks/NOTES.md, session 40). A promotion
-waits while its block was demoted less than the residence time ago, and then
-nothing behind it climbs past it (the same stranding the other way round).
-So a block flips from a demotion back up at most once per residence time,
-which bounds its transitions under any load.
+waits while its block was demoted less than the residence time ago; a rung
+behind it climbs past it only where the free pages above the high watermark
+hold that rung and every rung ahead of it that waits for its block's
+residence (no waiting promotion is stranded: the same stranding the other way
+round). After a burst the rest of the ladder so climbs while the last-demoted
+blocks wait (benchmarks/NOTES.md, session 44). A block flips from a demotion
+back up at most once per residence time, which bounds its transitions under
+any load.
 
 No demotion ever takes a block below the plan's floor_bits. The ladder is
 walked by RungWalkers (dataplane/precision/walker.py): amortized O(1) per
@@ -280,13 +284,26 @@ class PrecisionController:
             return True
         return False
 
-    def _next_promotion(self) -> Rung | None:
-        """The plan's best applicable promotion, None while its block is
-        inside its residence time (module doc); without a plan, the first
+    def _next_promotion(self, headroom: int) -> Rung | None:
+        """The plan's best applicable promotion. While its block is inside its
+        residence time, the first rung behind it whose block may climb, but
+        only where ``headroom`` (free pages above the high watermark) holds
+        that rung and every rung ahead of it that waits for its block's
+        residence (module doc); else None. Without a plan, the first
         fallback promotion of a block that may climb."""
         if self._up is not None:
-            rung = self._up.first(honour_residence=False)
-            return rung if rung is not None and self._resident_long_enough(rung.block) else None
+            head = self._up.first(honour_residence=False)
+            if head is None or self._resident_long_enough(head.block):
+                return head
+            behind = self._up.first(honour_residence=True)
+            if behind is None:
+                return None
+            reserve = self._rung_pages(behind)
+            for waiting in self._up.waiting():
+                reserve += self._rung_pages(waiting)
+                if reserve >= headroom:
+                    return None
+            return behind if reserve < headroom else None
         for rung in self._fallback_promotions():
             block = rung.block
             if self.store.bits(block) != rung.from_bits or rung.to_bits <= rung.from_bits:
@@ -296,14 +313,18 @@ class PrecisionController:
             return rung
         return None
 
+    def _rung_pages(self, rung: Rung) -> int:
+        return self.store.block_pages(rung.block, rung.to_bits) - self.store.block_pages(rung.block, rung.from_bits)
+
     def _promote_next(self, limits: WalkLimits, total_pages: int) -> bool:
         """Applies the first promotion that keeps free pages above the high watermark."""
         self._refill_bucket(limits)
-        rung = self._next_promotion()
+        headroom = self.arena.free_pages - limits.high_watermark * total_pages
+        rung = self._next_promotion(headroom)
         if rung is not None:
             block = rung.block
-            need = self.store.block_pages(block, rung.to_bits) - self.store.block_pages(block, rung.from_bits)
-            if self.arena.free_pages - need <= limits.high_watermark * total_pages:
+            need = self._rung_pages(rung)
+            if need >= headroom:
                 return False  # the best promotion does not fit: wait, do not skip ahead
             nbytes = need * self.arena.page_bytes
             if limits.promotion_bytes_per_s and nbytes > self._bucket_bytes:

@@ -194,9 +194,10 @@ def test_controller_keeps_the_plan_order_with_residence():
     assert order == [(0, 8, 6), (0, 6, 4), (1, 8, 6), (0, 4, 3)]
 
 
-def test_promotions_wait_for_the_best_rung_instead_of_climbing_past_it():
-    """The best promotion's block was demoted inside the residence time: the
-    controller waits for it rather than promote a block behind it."""
+def _best_rung_waits_for_residence(free_pages: int) -> tuple[FakeStore, FakeArena, list[float], PrecisionController]:
+    """Block 0's promotions come first in the plan but it was demoted at t = 4
+    (residence 5 s); block 1's (behind) may climb from t = 6. Promotions
+    keep 10 pages free (high watermark 0.1 of 100); each rung takes 2."""
     arena = FakeArena(num_pages=100)
     store = FakeStore(arena, 6)
     clock = [0.0]
@@ -210,11 +211,31 @@ def test_promotions_wait_for_the_best_rung_instead_of_climbing_past_it():
     clock[0] = 4.0
     ctl.reclaim(3)  # block 0: 8 -> 6 -> 4 at t = 4
     assert (store.bits(0), store.bits(1)) == (4, 6)
-    arena.free_pages = 80  # the load is gone: room for every promotion
+    arena.free_pages = free_pages
     clock[0] = 6.5  # block 1 may climb, block 0 (first in line) may not yet
     ctl.on_step()
     store.poll()
+    return store, arena, clock, ctl
+
+
+def test_promotions_wait_for_the_best_rung_where_climbing_past_it_would_take_its_pages():
+    """13 free pages: block 1's rung fits above the watermark, but not beside
+    the 2 pages block 0's next rung will need: block 1 waits behind it."""
+    store, arena, clock, ctl = _best_rung_waits_for_residence(free_pages=13)
     assert (store.bits(0), store.bits(1)) == (4, 6)
+    arena.free_pages = 80
+    clock[0] = 9.5
+    for _ in range(3):
+        ctl.on_step()
+        store.poll()
+    assert (store.bits(0), store.bits(1)) == (8, 8)
+
+
+def test_promotions_climb_past_a_waiting_rung_where_the_pages_hold_both():
+    """80 free pages (the load is gone): block 1 climbs while block 0 waits;
+    block 0 still climbs once its residence ends."""
+    store, arena, clock, ctl = _best_rung_waits_for_residence(free_pages=80)
+    assert (store.bits(0), store.bits(1)) == (4, 8)
     clock[0] = 9.5
     for _ in range(3):
         ctl.on_step()
