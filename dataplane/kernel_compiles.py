@@ -63,10 +63,13 @@ class CompileWatch:
             name = getattr(kwargs.get("fn"), "name", "?")
             self._on_compile(name)
             if self.serving:
-                # The variant (Triton's repr: argument types with their specializations, the
-                # launch options) says which shape the warm-up missed.
+                # The variant (Triton's repr and its specialization data: argument types with
+                # their specializations, constexprs, launch options) says which shape the
+                # warm-up missed.
+                spec = (kwargs.get("compile") or {}).get("specialization_data", "")
                 log.warning("Triton compiled a variant of %s while serving: the step waits for it "
-                            "(a shape the start-up warm-up did not cover): %s", name, kwargs.get("repr", "?"))
+                            "(a shape the start-up warm-up did not cover): %s %s", name, kwargs.get("repr", "?"),
+                            spec)
             else:
                 log.debug("Triton compiles a variant of %s", name)
         # The chained hook decides; None/False: Triton goes on and compiles.
