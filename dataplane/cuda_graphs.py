@@ -59,42 +59,65 @@ class DecodeRows:
         return len(self.input_ids)
 
 
+# Triton specializes a pointer argument on 16-byte alignment. Every view of a
+# graph's input buffer starts on such a boundary, so a replay launches the
+# kernel variants that an eager step (fresh tensors) launches too. With the
+# block tables at byte offset 4 * bucket, buckets 1 and 2 compiled a decode
+# attention variant of their own, and an eager two-sequence step (a block
+# host-only) compiled the aligned one live (tests/dataplane/test_dp_warm_coverage.py
+# on the H100; benchmarks/NOTES.md, session 44).
+VIEW_ALIGN_BYTES = 16
+
+
+def _aligned_count(n: int, itemsize: int) -> int:
+    """n elements of itemsize bytes, rounded up to whole VIEW_ALIGN_BYTES."""
+    step = VIEW_ALIGN_BYTES // itemsize
+    return -(-n // step) * step
+
+
 @dataclass
 class _Inputs:
     """A graph's static inputs: views of one device buffer, filled by one copy.
 
     Rows of ``ids`` ([4, bucket] int64): token ids, positions, slots, token
-    weights (1 = real row, 0 = padding). ``lens_tables`` ([bucket * (1 +
-    max_blocks)] int32): context lengths, then the block tables row-major.
-    Both are views of one byte buffer (``device``) with host twins (pinned on
-    CUDA), so a step's inputs go up in one asynchronous copy. Two host twins
-    are used in turn: a step may be filled while the previous one (launched
-    ahead, not collected) still waits for its upload, and the runner has
-    waited for the step before that, whose upload went first.
+    weights (1 = real row, 0 = padding). ``context_lens`` ([bucket] int32)
+    and ``block_tables`` ([bucket, max_blocks] int32). All are views of one
+    byte buffer (``device``), each starting VIEW_ALIGN_BYTES-aligned, with
+    host twins (pinned on CUDA), so a step's inputs go up in one asynchronous
+    copy. Two host twins are used in turn: a step may be filled while the
+    previous one (launched ahead, not collected) still waits for its upload,
+    and the runner has waited for the step before that, whose upload went
+    first.
     """
 
     hosts: tuple[torch.Tensor, torch.Tensor]  # [nbytes] uint8 each
     device: torch.Tensor  # [nbytes] uint8
-    host_views: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (ids, lens_tables)
-    ids: torch.Tensor  # [4, bucket] int64, view of device
-    lens_tables: torch.Tensor  # [bucket * (1 + max_blocks)] int32, view of device
+    host_views: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]  # (ids, context_lens, block_tables)
+    ids: torch.Tensor  # [4, bucket] int64, view of device (rows aligned)
+    context_lens: torch.Tensor  # [bucket] int32, view of device
+    block_tables: torch.Tensor  # [bucket, max_blocks] int32, view of device
     turn: int = 0  # the host twin the next fill writes
 
     @classmethod
     def allocate(cls, bucket: int, max_blocks: int, device: torch.device) -> "_Inputs":
-        ids_bytes = 4 * bucket * 8  # int64 rows first: the int32 part starts 8-byte aligned
-        nbytes = ids_bytes + 4 * bucket * (1 + max_blocks)
+        row = _aligned_count(bucket, 8)  # int64 elements per ids row
+        lens = _aligned_count(bucket, 4)  # int32 elements before the block tables
+        ids_bytes = 4 * row * 8
+        nbytes = ids_bytes + 4 * (lens + bucket * max_blocks)
         hosts = tuple(torch.zeros(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda") for _ in range(2))
         dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
 
-        def views(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return buf[:ids_bytes].view(torch.int64).view(4, bucket), buf[ids_bytes:].view(torch.int32)
+        def views(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            ints = buf[ids_bytes:].view(torch.int32)
+            return (buf[:ids_bytes].view(torch.int64).view(4, row)[:, :bucket], ints[:bucket],
+                    ints[lens:].view(bucket, max_blocks))
 
-        ids, lens_tables = views(dev)
-        return cls(hosts, dev, (views(hosts[0]), views(hosts[1])), ids, lens_tables)
+        ids, context_lens, block_tables = views(dev)
+        return cls(hosts, dev, (views(hosts[0]), views(hosts[1])), ids, context_lens, block_tables)
 
-    def next_host(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids [4, bucket] int64, lens_tables int32) of the host twin to fill now."""
+    def next_host(self) -> tuple[torch.Tensor, ...]:
+        """(ids [4, bucket] int64, context_lens [bucket] int32, block_tables
+        [bucket, max_blocks] int32) of the host twin to fill now."""
         return self.host_views[self.turn]
 
     def upload(self) -> None:
@@ -107,7 +130,7 @@ class _Inputs:
 class _Graph:
     graph: torch.cuda.CUDAGraph | None  # None: eager mode (see DecodeGraphs)
     inputs: _Inputs
-    input_ids: torch.Tensor  # [bucket] int64 (views of inputs.ids / inputs.lens_tables)
+    input_ids: torch.Tensor  # [bucket] int64 (views of inputs.ids / context_lens / block_tables)
     positions: torch.Tensor  # [bucket] int64
     slots: torch.Tensor  # [bucket] int64
     block_tables: torch.Tensor  # [bucket, max_blocks] int32
@@ -215,17 +238,16 @@ class DecodeGraphs:
         # numpy views of the host buffers: a few array ops per step whatever
         # the batch (a torch op per row cost ~1 ms of host time at B = 64).
         n, bucket = len(rows), g.input_ids.shape[0]
-        host_ids, host_lens_tables = g.inputs.next_host()
+        host_ids, host_lens, host_tables = g.inputs.next_host()
         ids = host_ids.numpy()  # [4, bucket]
         ids[:3, :n] = (rows.input_ids, rows.positions, rows.slots)
         ids[3, :n] = 1
         ids[3, n:] = 0
         ids[:3, n:] = ids[:3, :1]  # padding rows repeat the first sequence
-        lens_tables = host_lens_tables.numpy()
-        lengths = lens_tables[:bucket]
+        lengths = host_lens.numpy()  # [bucket]
         lengths[:n] = ids[1, :n] + 1  # cached tokens after this step
         lengths[n:] = lengths[0]
-        tables = lens_tables[bucket:].reshape(bucket, self.max_blocks)  # [bucket, max_blocks]
+        tables = host_tables.numpy()  # [bucket, max_blocks]
         counts = np.fromiter((len(t) for t in rows.tables), dtype=np.int64, count=n)
         filled = np.arange(self.max_blocks) < counts[:, None]  # [n, max_blocks]
         tables[:n] = 0
@@ -243,8 +265,8 @@ class DecodeGraphs:
             input_ids=inputs.ids[0],
             positions=inputs.ids[1],
             slots=inputs.ids[2],
-            block_tables=inputs.lens_tables[bucket:].view(bucket, self.max_blocks),
-            context_lens=inputs.lens_tables[:bucket],
+            block_tables=inputs.block_tables,
+            context_lens=inputs.context_lens,
             token_weight=token_weight,
             routing=RoutingStats(
                 self.num_layers, self.num_experts, torch.arange(bucket, device=dev), bucket, token_weight

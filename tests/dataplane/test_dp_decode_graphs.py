@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dataplane.config import DataplaneConfig
-from dataplane.cuda_graphs import DecodeGraphs, DecodeRows, batch_buckets
+from dataplane.cuda_graphs import VIEW_ALIGN_BYTES, DecodeGraphs, DecodeRows, _Inputs, batch_buckets
 from dataplane.engine_builder import build
 from dataplane.engine_io import QueueSink
 from dataplane.kv_cache import blocks_for_tokens
@@ -326,3 +326,19 @@ def test_grammar_masked_picks_are_never_launched_ahead_on_cpu() -> None:
     want, got, built, graphs = _eager_and_overlapped(requests)
     assert got == want and want[0][1].name == "STOP"
     assert graphs.replays >= 6 and built.engine.runner.steps_launched_ahead == 0
+
+
+@pytest.mark.parametrize("bucket", [1, 2, 3, 5, 8, 12, 13])
+def test_every_graph_input_view_starts_aligned(bucket) -> None:
+    """Triton specializes pointers on 16-byte alignment: a graph's views must
+    start aligned like an eager step's fresh tensors, or a replay and an eager
+    step of one batch size compile different kernel variants."""
+    inputs = _Inputs.allocate(bucket, 7, torch.device("cpu"))
+    for ids, lens, tables in (inputs.host_views[0], inputs.host_views[1],
+                              (inputs.ids, inputs.context_lens, inputs.block_tables)):
+        assert ids.shape == (4, bucket) and lens.shape == (bucket,) and tables.shape == (bucket, 7)
+        assert tables.is_contiguous() and lens.is_contiguous()
+        views = [ids[r] for r in range(4)] + [lens, tables]
+        assert all(v.data_ptr() % VIEW_ALIGN_BYTES == 0 for v in views)
+        ends = sorted((v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()) for v in views)
+        assert all(end <= nxt for (_, end), (nxt, _) in zip(ends, ends[1:]))  # no two views overlap
