@@ -240,13 +240,14 @@ def _run_rounds(engine: Engine, rounds: list[WarmupRound], round_timeout_s: floa
             assert host_only is not None
             host_only.hold()
         sampling = SamplingParams(max_tokens=warm_round.max_tokens, ignore_eos=True)
-        sinks = []
-        for i, length in enumerate(warm_round.prompt_lengths):
-            sink = QueueSink()
-            # Random prompts: distinct, so the prefix cache never shortens a prefill.
-            prompt = rng.integers(0, vocab, size=length).tolist()
-            engine.add_request(f"{REQUEST_PREFIX}{r}-{i}", prompt, sampling, sink)
-            sinks.append(sink)
+        # Random prompts: distinct, so the prefix cache never shortens a prefill.
+        prompts = [rng.integers(0, vocab, size=length).tolist() for length in warm_round.prompt_lengths]
+        sinks = [QueueSink() for _ in prompts]
+        # Added from the engine thread, a round's requests reach its scheduler
+        # together: added from here, the engine could wake between two of them
+        # and schedule the first alone, and a bucket round would then never
+        # decode its whole batch in one step (nor capture that bucket's graph).
+        engine.run_on_engine_thread(lambda: _add_requests(engine, f"{REQUEST_PREFIX}{r}-", prompts, sampling, sinks))
         requests += len(sinks)
         for sink in sinks:
             try:
@@ -261,3 +262,9 @@ def _run_rounds(engine: Engine, rounds: list[WarmupRound], round_timeout_s: floa
                  len(sinks), max(warm_round.prompt_lengths), ", a block host-only" if warm_round.host_only else "",
                  round_seconds[-1])
     return requests
+
+
+def _add_requests(engine: Engine, prefix: str, prompts: list[list[int]], sampling: SamplingParams,
+                  sinks: list[QueueSink]) -> None:
+    for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
+        engine.add_request(f"{prefix}{i}", prompt, sampling, sink)
