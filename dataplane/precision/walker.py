@@ -28,7 +28,7 @@ while parked is dropped then. The answers equal those of a scan from the top
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from dataplane.precision.ladder import Rung
 
@@ -165,12 +165,6 @@ class RungWalker:
         return None
 
     # -- queries ---------------------------------------------------------------------
-    def waiting(self) -> Iterator[Rung]:
-        """The rungs parked for their block's residence, in no order: after
-        ``first(honour_residence=True)``, those ahead of its answer. A rung
-        that died since it was parked may still be among them."""
-        return (self.rungs[i] for i, state in list(self._state.items()) if state == WAITING)
-
     def first(self, honour_residence: bool = True) -> Rung | None:
         """The first rung in ladder order that applies now (module doc), or
         None. honour_residence=False counts blocks inside their residence

@@ -99,6 +99,12 @@ class FakeArena:
         self.num_pages = num_pages
         self.free_pages = 0
         self.page_bytes = 4096
+        self.store: FakeStore | None = None  # set by FakeStore
+
+    @property
+    def weight_pages(self) -> int:
+        assert self.store is not None
+        return sum(max(b, self.store.pending_bits(i) or 0) for i, b in enumerate(self.store.block_bits()))
 
 
 class FakeStore:
@@ -106,6 +112,7 @@ class FakeStore:
 
     def __init__(self, arena: FakeArena, num_blocks: int) -> None:
         self.arena = arena
+        arena.store = self
         self.num_blocks = num_blocks
         self._bits = [8] * num_blocks
         self._pending: dict[int, int] = {}
@@ -218,10 +225,11 @@ def _best_rung_waits_for_residence(free_pages: int) -> tuple[FakeStore, FakeAren
     return store, arena, clock, ctl
 
 
-def test_promotions_wait_for_the_best_rung_where_climbing_past_it_would_take_its_pages():
-    """13 free pages: block 1's rung fits above the watermark, but not beside
-    the 2 pages block 0's next rung will need: block 1 waits behind it."""
-    store, arena, clock, ctl = _best_rung_waits_for_residence(free_pages=13)
+def test_promotions_wait_for_the_best_rung_while_the_load_holds_pages():
+    """15 free pages, 5 above the watermark: block 1's rung and block 0's next
+    one (2 pages each) both fit, but not every block's climb back to 8 bits
+    (6 pages): block 1 waits behind block 0, as the plan's order says."""
+    store, arena, clock, ctl = _best_rung_waits_for_residence(free_pages=15)
     assert (store.bits(0), store.bits(1)) == (4, 6)
     arena.free_pages = 80
     clock[0] = 9.5
@@ -231,9 +239,9 @@ def test_promotions_wait_for_the_best_rung_where_climbing_past_it_would_take_its
     assert (store.bits(0), store.bits(1)) == (8, 8)
 
 
-def test_promotions_climb_past_a_waiting_rung_where_the_pages_hold_both():
-    """80 free pages (the load is gone): block 1 climbs while block 0 waits;
-    block 0 still climbs once its residence ends."""
+def test_promotions_climb_past_a_waiting_rung_once_the_load_is_gone():
+    """80 free pages hold every block's climb to 8 bits: block 1 climbs while
+    block 0 waits; block 0 still climbs once its residence ends."""
     store, arena, clock, ctl = _best_rung_waits_for_residence(free_pages=80)
     assert (store.bits(0), store.bits(1)) == (4, 8)
     clock[0] = 9.5
