@@ -16,10 +16,7 @@ free = pool - kv - expert weights:
   the budget holds, and the promotion byte rate allows it (a token bucket of
   one second; a rate of 0 means no limit). A block demoted less than
   min_residence_ms ago is *resident*: when the first applicable promotion is
-  a resident block's, the walk waits (nothing behind it climbs past it),
-  unless the free bytes above high_watermark * pool hold every block's
-  climb to the ceiling (the load is gone): then the first applicable rung of a
-  block that is not resident climbs.
+  a resident block's, the walk waits (nothing behind it climbs past it).
 * Corrective rungs (PrecisionPlan.corrective_*): the pins below the current
   bits apply when the plan arrives; at the start of every step the
   corrective promotions apply in order while the free bytes cover them
@@ -66,7 +63,6 @@ class LadderWalker:
         self.bits = np.array(bits, dtype=np.int64).reshape(shape.num_layers, shape.num_experts, 3)  # [L, E, 3]
         self.pool_bytes = pool_bytes
         self.weight_bytes = shape.expert_bytes(self.bits)
-        self._full_weight_bytes = shape.expert_bytes(np.full_like(self.bits, shape.ceiling_bits))  # all at the top
         self.quality_cost = 0.0  # sum of applied rung costs (TelemetryReport.predicted_quality_cost)
         self.stats = WalkStats()
         self._demoted_ms = np.full(self.bits.shape, -math.inf)  # [L, E, 3] last demotion time
@@ -140,10 +136,6 @@ class LadderWalker:
         """The first applicable rung of the list in the given direction."""
         return next((r for r in (self._demotions if demote else self._promotions) if self._applies(r)), None)
 
-    def _first_not_resident(self, now_ms: float) -> Rung | None:
-        """The first applicable promotion of a block that is not resident."""
-        return next((r for r in self._promotions if self._applies(r) and not self._resident(r, now_ms)), None)
-
     def _resident(self, r: Rung, now_ms: float) -> bool:
         return now_ms - self._demoted_ms[r.layer, r.expert, r.proj] < self._plan.min_residence_ms
 
@@ -178,10 +170,7 @@ class LadderWalker:
             return
         while self.free_bytes(kv_bytes) > high:
             rung = self._next(False)
-            if rung is not None and self._resident(rung, now_ms):
-                load_gone = self.free_bytes(kv_bytes) - high >= self._full_weight_bytes - self.weight_bytes
-                rung = self._first_not_resident(now_ms) if load_gone else None
-            if rung is None:
+            if rung is None or self._resident(rung, now_ms):
                 break
             need = -rung.bytes_delta
             if self.free_bytes(kv_bytes) - need < high or (budget > 0 and self.weight_bytes + need > budget):

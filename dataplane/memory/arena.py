@@ -116,12 +116,6 @@ class Arena:
         """Free pages still holding a cached KV block."""
         return len(self._cached)
 
-    @property
-    def weight_pages(self) -> int:
-        """Pages allocated to weights, of any bits (those of promotions still
-        copying included)."""
-        return sum(n for tag, n in self._count_by_tag.items() if tag.kind != "kv")
-
     def set_eviction_listener(self, listener: EvictionListener) -> None:
         """The owner of the cached pages' content (one: the KV cache)."""
         self._eviction_listener = listener

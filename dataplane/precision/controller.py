@@ -18,16 +18,10 @@ applicable rung is the cheapest quality per page, and taking a later one
 because the block in front moved a moment ago strands other blocks at lower
 bits (measured: 3-bit blocks beside 6-bit ones, 18-40 % above the plan's own
 optimum at the same pages; benchmarks/NOTES.md, session 40). A promotion
-waits while its block was demoted less than the residence time ago, and
-nothing behind it climbs past it (the same stranding the other way round),
-unless the free pages above the high watermark hold every block's climb to
-the top: then the load is gone, every order ends in the same state, and the
-rest of the ladder climbs while the last-demoted blocks wait (recovery after
-a Mixtral-8x7B burst; benchmarks/NOTES.md, session 44). A weaker check (room
-for the waiting rungs' next steps only) let blocks climb out of order under
-a fluctuating load and served worse quality there. A block flips from a
-demotion back up at most once per residence time, which bounds its
-transitions under any load.
+waits while its block was demoted less than the residence time ago, and then
+nothing behind it climbs past it (the same stranding the other way round).
+So a block flips from a demotion back up at most once per residence time,
+which bounds its transitions under any load.
 
 No demotion ever takes a block below the plan's floor_bits. The ladder is
 walked by RungWalkers (dataplane/precision/walker.py): amortized O(1) per
@@ -101,8 +95,6 @@ class PrecisionController:
         self._known_bits: list[int] = store.block_bits()  # what the walkers last saw
         self._incoming: _PreparedPlan | None = None
         self._demoted_at = [float("-inf")] * store.num_blocks  # clock of each block's last demotion
-        # Arena pages of every block at the top bits: what the weights need once the load is gone.
-        self._full_weight_pages = sum(store.block_pages(b, VIEW_BITS[-1]) for b in range(store.num_blocks))
         self._bucket_bytes = 0.0
         self._bucket_at = clock()
         self._quality_cost = 0.0
@@ -288,19 +280,13 @@ class PrecisionController:
             return True
         return False
 
-    def _next_promotion(self, headroom: float) -> Rung | None:
-        """The plan's best applicable promotion. While its block is inside its
-        residence time: the first rung behind it whose block may climb where
-        ``headroom`` (free pages above the high watermark) holds every
-        block's climb to the top bits, else None (module doc). Without a
-        plan, the first fallback promotion of a block that may climb."""
+    def _next_promotion(self) -> Rung | None:
+        """The plan's best applicable promotion, None while its block is
+        inside its residence time (module doc); without a plan, the first
+        fallback promotion of a block that may climb."""
         if self._up is not None:
-            head = self._up.first(honour_residence=False)
-            if head is None or self._resident_long_enough(head.block):
-                return head
-            if headroom < self._full_weight_pages - self.arena.weight_pages:
-                return None
-            return self._up.first(honour_residence=True)
+            rung = self._up.first(honour_residence=False)
+            return rung if rung is not None and self._resident_long_enough(rung.block) else None
         for rung in self._fallback_promotions():
             block = rung.block
             if self.store.bits(block) != rung.from_bits or rung.to_bits <= rung.from_bits:
@@ -310,18 +296,14 @@ class PrecisionController:
             return rung
         return None
 
-    def _rung_pages(self, rung: Rung) -> int:
-        return self.store.block_pages(rung.block, rung.to_bits) - self.store.block_pages(rung.block, rung.from_bits)
-
     def _promote_next(self, limits: WalkLimits, total_pages: int) -> bool:
         """Applies the first promotion that keeps free pages above the high watermark."""
         self._refill_bucket(limits)
-        headroom = self.arena.free_pages - limits.high_watermark * total_pages
-        rung = self._next_promotion(headroom)
+        rung = self._next_promotion()
         if rung is not None:
             block = rung.block
-            need = self._rung_pages(rung)
-            if need >= headroom:
+            need = self.store.block_pages(block, rung.to_bits) - self.store.block_pages(block, rung.from_bits)
+            if self.arena.free_pages - need <= limits.high_watermark * total_pages:
                 return False  # the best promotion does not fit: wait, do not skip ahead
             nbytes = need * self.arena.page_bytes
             if limits.promotion_bytes_per_s and nbytes > self._bucket_bytes:

@@ -99,12 +99,6 @@ class FakeArena:
         self.num_pages = num_pages
         self.free_pages = 0
         self.page_bytes = 4096
-        self.store: FakeStore | None = None  # set by FakeStore
-
-    @property
-    def weight_pages(self) -> int:
-        assert self.store is not None
-        return sum(max(b, self.store.pending_bits(i) or 0) for i, b in enumerate(self.store.block_bits()))
 
 
 class FakeStore:
@@ -112,7 +106,6 @@ class FakeStore:
 
     def __init__(self, arena: FakeArena, num_blocks: int) -> None:
         self.arena = arena
-        arena.store = self
         self.num_blocks = num_blocks
         self._bits = [8] * num_blocks
         self._pending: dict[int, int] = {}
@@ -201,10 +194,9 @@ def test_controller_keeps_the_plan_order_with_residence():
     assert order == [(0, 8, 6), (0, 6, 4), (1, 8, 6), (0, 4, 3)]
 
 
-def _best_rung_waits_for_residence(free_pages: int) -> tuple[FakeStore, FakeArena, list[float], PrecisionController]:
-    """Block 0's promotions come first in the plan but it was demoted at t = 4
-    (residence 5 s); block 1's (behind) may climb from t = 6. Promotions
-    keep 10 pages free (high watermark 0.1 of 100); each rung takes 2."""
+def test_promotions_wait_for_the_best_rung_instead_of_climbing_past_it():
+    """The best promotion's block was demoted inside the residence time: the
+    controller waits for it rather than promote a block behind it."""
     arena = FakeArena(num_pages=100)
     store = FakeStore(arena, 6)
     clock = [0.0]
@@ -218,32 +210,11 @@ def _best_rung_waits_for_residence(free_pages: int) -> tuple[FakeStore, FakeAren
     clock[0] = 4.0
     ctl.reclaim(3)  # block 0: 8 -> 6 -> 4 at t = 4
     assert (store.bits(0), store.bits(1)) == (4, 6)
-    arena.free_pages = free_pages
+    arena.free_pages = 80  # the load is gone: room for every promotion
     clock[0] = 6.5  # block 1 may climb, block 0 (first in line) may not yet
     ctl.on_step()
     store.poll()
-    return store, arena, clock, ctl
-
-
-def test_promotions_wait_for_the_best_rung_while_the_load_holds_pages():
-    """15 free pages, 5 above the watermark: block 1's rung and block 0's next
-    one (2 pages each) both fit, but not every block's climb back to 8 bits
-    (6 pages): block 1 waits behind block 0, as the plan's order says."""
-    store, arena, clock, ctl = _best_rung_waits_for_residence(free_pages=15)
     assert (store.bits(0), store.bits(1)) == (4, 6)
-    arena.free_pages = 80
-    clock[0] = 9.5
-    for _ in range(3):
-        ctl.on_step()
-        store.poll()
-    assert (store.bits(0), store.bits(1)) == (8, 8)
-
-
-def test_promotions_climb_past_a_waiting_rung_once_the_load_is_gone():
-    """80 free pages hold every block's climb to 8 bits: block 1 climbs while
-    block 0 waits; block 0 still climbs once its residence ends."""
-    store, arena, clock, ctl = _best_rung_waits_for_residence(free_pages=80)
-    assert (store.bits(0), store.bits(1)) == (4, 8)
     clock[0] = 9.5
     for _ in range(3):
         ctl.on_step()
