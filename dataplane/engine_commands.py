@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dataplane.engine_io import OutputSink
@@ -25,22 +25,24 @@ class Command:
     sink: OutputSink | None = None  # "add"
     request_id: str = ""  # "abort"
     fn: Callable[[], Any] | None = None  # "call": run on the engine thread
-    done: threading.Event = field(default_factory=threading.Event)  # "call": set once answered
-    outcome: list = field(default_factory=list)  # "call": [result] or [None, the exception]
+    done: threading.Event | None = None  # "call": set once answered
+    result: Any = None  # "call": fn's result
+    error: BaseException | None = None  # "call": what fn raised, or why it did not run
 
     def run_call(self) -> None:
         """Engine thread: runs ``fn`` and answers the caller. An exception is
         the caller's failure, not the engine's: it is raised in the caller."""
-        assert self.fn is not None
+        assert self.fn is not None and self.done is not None
         try:
-            self.outcome.append(self.fn())
+            self.result = self.fn()
         except Exception as err:
-            self.outcome.extend((None, err))
+            self.error = err
         self.done.set()
 
     def refuse_call(self, reason: str) -> None:
         """Engine thread, shutting down: answers a call it will not run."""
-        self.outcome.extend((None, RuntimeError(reason)))
+        assert self.done is not None
+        self.error = RuntimeError(reason)
         self.done.set()
 
 
@@ -48,10 +50,11 @@ def call_on_engine_thread(commands: queue.Queue[Command], fn: Callable[[], Any],
                           engine_error: Callable[[], BaseException | None]) -> Any:
     """Queues a ``call`` of ``fn`` and waits for its answer; returns fn's
     result or raises its exception (TimeoutError after ``timeout_s``)."""
-    cmd = Command("call", fn=fn)
+    cmd = Command("call", fn=fn, done=threading.Event())
     commands.put(cmd)
+    assert cmd.done is not None
     if not cmd.done.wait(timeout_s):
         raise TimeoutError(f"the engine thread did not run {fn!r} (error: {engine_error()!r})")
-    if len(cmd.outcome) == 2:
-        raise cmd.outcome[1]
-    return cmd.outcome[0]
+    if cmd.error is not None:
+        raise cmd.error
+    return cmd.result

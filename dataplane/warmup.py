@@ -4,9 +4,12 @@ A fresh dataplane compiles a Triton kernel variant the first time a step
 reaches a new token-tile class (kernels/moe_tiles.py ``choose_tiles`` picks
 tiles from the tokens per expert; other constexprs follow powers of two of
 the token count) and captures a decode CUDA graph the first time a batch
-bucket is used (dataplane/cuda_graphs.py). On an empty Triton cache that is
-~30 s per new tile class at Mixtral-8x7B shapes on the H100, paid by
-whichever requests come first; with this warm-up the first 4,096-token
+bucket is used (dataplane/cuda_graphs.py). On an empty Triton cache the
+warm-up's first prefill rounds (16-256 tokens) took 18-55 s each at
+Mixtral-8x7B shapes on the H100
+(benchmarks/results/memory_pressure_planned_skip_ahead_h100_s44.json), a
+cost that would otherwise fall on whichever requests come first; with this
+warm-up the first 4,096-token
 prefill of a burst took 565 ms instead of 1,440 ms
 (benchmarks/results/memory_pressure_warmup_h100_s42.json).
 
@@ -118,12 +121,7 @@ def warmup_rounds(
     if min(max_running_seqs, max_batched_tokens, max_pending_requests, block_size, kv_tokens) < 1:
         raise ValueError("warm-up limits must all be >= 1")
     longest = max(1, min(context_length - 1 - MIXED_DECODE_TOKENS, kv_tokens))
-    rounds: list[WarmupRound] = []
-    prefill = block_size
-    while prefill < max_batched_tokens:
-        rounds.append(WarmupRound((min(prefill, longest),), 1))
-        prefill *= 2
-    rounds.append(WarmupRound((min(max_batched_tokens, longest),), 1))
+    rounds = [WarmupRound((min(n, longest),), 1) for n in _doubling(block_size, max_batched_tokens)]
     short = min(block_size, longest)
     for bucket in buckets:
         batch = min(bucket, max_running_seqs, max_pending_requests)
@@ -133,13 +131,18 @@ def warmup_rounds(
     mixed = max(1, min(mixed, longest, kv_tokens // burst - MIXED_DECODE_TOKENS))
     rounds.append(WarmupRound((mixed,) * burst, MIXED_DECODE_TOKENS))
     if host_only_rounds:
-        tokens = 1
-        while tokens < max_batched_tokens:
-            rounds.append(WarmupRound((min(tokens, longest),), 1, host_only=True))
-            tokens *= 2
-        rounds.append(WarmupRound((min(max_batched_tokens, longest),), 1, host_only=True))
+        rounds += [WarmupRound((min(n, longest),), 1, host_only=True) for n in _doubling(1, max_batched_tokens)]
     # Equal rounds (small limits clamp many to one) would only repeat work.
     return list(dict.fromkeys(rounds))
+
+
+def _doubling(first: int, limit: int) -> list[int]:
+    """first, 2 * first, 4 * first, ... below limit, then limit."""
+    out = []
+    while first < limit:
+        out.append(first)
+        first *= 2
+    return out + [limit]
 
 
 def engine_warmup_rounds(engine: Engine, host_only_rounds: bool = False) -> list[WarmupRound]:
@@ -216,10 +219,10 @@ def warm_up(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float,
     """
     if host_only is None and any(r.host_only for r in rounds):
         raise ValueError("host-only warm-up rounds need a HostOnlyBlock")
-    start, round_seconds = time.perf_counter(), []
+    start = time.perf_counter()
     steps_before = engine.stats().steps_total
     try:
-        requests = _run_rounds(engine, rounds, round_timeout_s, host_only, round_seconds)
+        requests, round_seconds = _run_rounds(engine, rounds, round_timeout_s, host_only)
     finally:
         if host_only is not None:
             host_only.release()
@@ -229,11 +232,11 @@ def warm_up(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float,
 
 
 def _run_rounds(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float,
-                host_only: HostOnlyBlock | None, round_seconds: list[float]) -> int:
-    """warm_up's rounds; appends each one's seconds, returns the requests sent."""
+                host_only: HostOnlyBlock | None) -> tuple[int, list[float]]:
+    """warm_up's rounds; returns the requests sent and each round's seconds."""
     rng = np.random.default_rng(WARMUP_SEED)
     vocab = engine.model_info.vocab_size
-    requests = 0
+    requests, round_seconds = 0, []
     for r, warm_round in enumerate(rounds):
         round_start = time.perf_counter()
         if warm_round.host_only:
@@ -261,7 +264,7 @@ def _run_rounds(engine: Engine, rounds: list[WarmupRound], round_timeout_s: floa
         log.info("warm-up round %d/%d: %d requests, prompts of %d tokens%s, %.2f s", r + 1, len(rounds),
                  len(sinks), max(warm_round.prompt_lengths), ", a block host-only" if warm_round.host_only else "",
                  round_seconds[-1])
-    return requests
+    return requests, round_seconds
 
 
 def _add_requests(engine: Engine, prefix: str, prompts: list[list[int]], sampling: SamplingParams,
