@@ -14,6 +14,8 @@ from dataplane.config import DataplaneConfig
 from dataplane.engine import Engine
 from dataplane.engine_builder import build
 from dataplane.kernel_compiles import CompileWatch
+from dataplane.kernel_manifest import VariantRecorder, read_manifest
+from dataplane.kernel_precompile import PrecompileReport, precompile
 from dataplane.precision_state import PrecisionReporter, StaticPrecision
 from dataplane.scheduler import ReclaimPages
 from dataplane.server import ServerThread
@@ -35,7 +37,17 @@ class Dataplane:
         on_plan: PlanCallback | None = None,
     ) -> None:
         self.config = config
-        built = build(config, reclaim_pages=reclaim_pages)
+        self.precompiled: PrecompileReport | None = self._precompile(config)
+        self.variants = VariantRecorder() if config.kernel_manifest_out is not None else None
+        # The build launches kernels of its own (quantize/pack on load): recorded too.
+        build_watch = CompileWatch(_ignore, self.variants.add) if self.variants is not None else None
+        if build_watch is not None:
+            build_watch.install()
+        try:
+            built = build(config, reclaim_pages=reclaim_pages)
+        finally:
+            if build_watch is not None:
+                build_watch.uninstall()
         self.engine: Engine = built.engine
         self.controller = built.precision
         info = self.engine.model_info
@@ -47,7 +59,29 @@ class Dataplane:
         self.server = ServerThread(self.engine, config.host, config.port)
         self.telemetry: TelemetryClient | None = None
         self.warmup: WarmupReport | None = None
-        self.compiles = CompileWatch(self.engine.count_kernel_compile)
+        self.compiles = CompileWatch(self.engine.count_kernel_compile,
+                                     self.variants.add if self.variants is not None else None)
+
+    @staticmethod
+    def _precompile(config: DataplaneConfig) -> PrecompileReport | None:
+        """Compiles config.kernel_manifest's variants before the build: its
+        worker processes then share neither the GPU memory the build sizes
+        the arena from nor the cores the build uses. A manifest that cannot be
+        read fails the start (ValueError) before anything is built."""
+        if config.kernel_manifest is None:
+            return None
+        variants = read_manifest(config.kernel_manifest)
+        if config.resolved_device().type != "cuda":
+            log.info("kernel manifest %s not precompiled: nothing compiles on %s", config.kernel_manifest,
+                     config.resolved_device())
+            return None
+        return precompile(variants, config.precompile_workers)
+
+    def _write_manifest(self) -> None:
+        if self.variants is None:
+            return
+        count = self.variants.write(self.config.kernel_manifest_out)
+        log.info("kernel manifest: %d variants written to %s", count, self.config.kernel_manifest_out)
 
     def _plan_fanout(self, plan) -> None:
         """Keeps the latest plan readable and hands it to the precision controller."""
@@ -75,6 +109,7 @@ class Dataplane:
             log.info("warm-up: %d requests in %d rounds, %d steps, %.1f s", self.warmup.requests,
                      self.warmup.rounds, self.warmup.steps, self.warmup.seconds)
         self.compiles.serving = True
+        self._write_manifest()
         port = self.server.start()
         if self.config.controlplane is not None:
             self.telemetry = TelemetryClient(
@@ -99,3 +134,8 @@ class Dataplane:
         self.server.stop()
         self.engine.stop()
         self.compiles.uninstall()
+        self._write_manifest()
+
+
+def _ignore(_kernel: str) -> None:
+    """The build's watch counts nothing: the engine's counters start at serving."""

@@ -143,6 +143,16 @@ class DataplaneConfig(BaseSettings):
     # How long one warm-up round may wait for an output (the first compiles
     # of a fresh machine are slow) before the start fails.
     warm_up_round_timeout_s: float = Field(default=600.0, gt=0)
+    # A kernel manifest (dataplane/kernel_manifest.py) whose Triton variants
+    # are compiled in parallel processes into Triton's disk cache before the
+    # model is built, so the warm-up loads them instead of compiling each in
+    # turn; None: none. Ignored on the CPU (the interpreter compiles nothing).
+    kernel_manifest: str | None = None
+    # Where to write the manifest of the variants this dataplane compiled or
+    # loaded (after the warm-up, and again at stop); None: nowhere.
+    kernel_manifest_out: str | None = None
+    # Processes that precompile the manifest; 0: one per usable CPU core.
+    precompile_workers: int = Field(default=0, ge=0)
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

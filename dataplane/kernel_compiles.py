@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from dataplane.kernel_manifest import KernelVariant, variant_from_hook
+
 log = logging.getLogger(__name__)
 
 
@@ -28,10 +30,13 @@ class CompileWatch:
     """Calls ``on_compile(kernel_name)`` for each Triton kernel variant
     compiled while installed, and logs it: at debug level until
     ``serving`` is set (the warm-up's compiles are expected), then as a
-    warning."""
+    warning. With ``on_variant``, each variant Triton compiles or loads from
+    its disk cache is also handed over whole (dataplane/kernel_manifest.py)."""
 
-    def __init__(self, on_compile: Callable[[str], None]) -> None:
+    def __init__(self, on_compile: Callable[[str], None],
+                 on_variant: Callable[[KernelVariant], None] | None = None) -> None:
         self._on_compile = on_compile
+        self._on_variant = on_variant
         self._previous = None
         self._installed = False
         self.serving = False
@@ -62,6 +67,9 @@ class CompileWatch:
         if self._installed:
             name = getattr(kwargs.get("fn"), "name", "?")
             self._on_compile(name)
+            variant = variant_from_hook(kwargs) if self._on_variant is not None else None
+            if variant is not None:
+                self._on_variant(variant)
             if self.serving:
                 # The variant (Triton's repr and its specialization data: argument types with
                 # their specializations, constexprs, launch options) says which shape the

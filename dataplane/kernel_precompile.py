@@ -1,0 +1,108 @@
+"""Compiles a kernel manifest's variants in parallel processes before the warm-up.
+
+The warm-up (dataplane/warmup.py) compiles each Triton variant the moment a
+step first launches it, one at a time on the engine thread. Here the variants
+of a manifest (dataplane/kernel_manifest.py) are compiled first, each in one
+of ``workers`` processes by ``JITFunction.preload``, which writes Triton's
+disk cache (``TRITON_CACHE_DIR``, inherited by the workers): the warm-up's
+launches then find them there. Compilation is CPU work (Triton's passes and
+ptxas), so the processes use the host's cores while the engine would have
+used one.
+
+Workers are started with ``spawn`` (a forked child of a process that has
+initialised CUDA cannot use it) and import only the kernel modules. The
+manifest is advisory: a variant that fails to preload (another Triton, GPU
+or kernel source) is counted and named in the report, and the warm-up
+compiles what it needs as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+
+from dataplane.kernel_manifest import KernelVariant
+
+log = logging.getLogger(__name__)
+
+# Failures named in the report (the rest are only counted).
+REPORTED_FAILURES = 5
+
+Preload = Callable[[str, str, str], str | None]
+
+
+@dataclass
+class PrecompileReport:
+    variants: int
+    compiled: int
+    failed: int
+    workers: int
+    seconds: float
+    failures: list[str] = field(default_factory=list)  # the first REPORTED_FAILURES, "module.name: error"
+
+
+def resolve_kernel(module: str, qualname: str):
+    """The object with ``preload`` that ``module``'s ``qualname`` names (a
+    ``@triton.jit`` function, or one under autotune/heuristics wrappers)."""
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    while not hasattr(obj, "preload") and hasattr(obj, "fn"):
+        obj = obj.fn
+    if not hasattr(obj, "preload"):
+        raise TypeError(f"{module}.{qualname} is not a Triton kernel")
+    return obj
+
+
+def preload_variant(module: str, qualname: str, specialization: str) -> str | None:
+    """Worker body: compiles one variant into the disk cache; returns None, or
+    what went wrong (never raises, so one bad variant costs only itself)."""
+    try:
+        resolve_kernel(module, qualname).preload(specialization)
+    except Exception as err:  # any failure is the variant's, reported by name
+        return f"{module}.{qualname}: {type(err).__name__}: {err}"
+    return None
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def precompile(variants: list[KernelVariant], workers: int = 0, preload: Preload = preload_variant) -> PrecompileReport:
+    """Compiles ``variants`` in up to ``workers`` spawned processes (0: one per
+    usable core) and waits for all of them. ``preload`` must be importable by
+    the workers (a module-level function)."""
+    start = time.perf_counter()
+    workers = min(workers or default_workers(), len(variants))
+    if workers == 0:
+        return PrecompileReport(0, 0, 0, 0, 0.0)
+    failures: list[str] = []
+    compiled = 0
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: dict[Future, KernelVariant] = {
+            pool.submit(preload, v.module, v.qualname, v.specialization): v for v in variants
+        }
+        for future in as_completed(pending):
+            variant = pending[future]
+            try:
+                error = future.result()
+            except BrokenProcessPool as err:  # a worker died (killed, out of memory): its variants are lost
+                error = f"{variant.module}.{variant.qualname}: worker process died ({err})"
+            if error is None:
+                compiled += 1
+            else:
+                failures.append(error)
+    report = PrecompileReport(len(variants), compiled, len(failures), workers, time.perf_counter() - start,
+                              failures[:REPORTED_FAILURES])
+    log.info("precompiled %d of %d kernel variants in %.1f s on %d processes", report.compiled,
+             report.variants, report.seconds, report.workers)
+    for failure in report.failures:
+        log.warning("kernel variant not precompiled (the warm-up compiles it if needed): %s", failure)
+    return report

@@ -1,0 +1,17 @@
+"""A stand-in for JITFunction.preload that spawned precompile workers can
+import (tests/dataplane/test_dp_kernel_manifest.py): it records each variant
+as a file in the folder its specialization names, and fails on "bad"."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def record_preload(module: str, qualname: str, specialization: str) -> str | None:
+    spec = json.loads(specialization)
+    if spec.get("bad"):
+        return f"{module}.{qualname}: refused"
+    Path(spec["folder"], f"{qualname}-{spec['n']}-{os.getpid()}").touch()
+    return None
