@@ -54,6 +54,18 @@ def entry_kinds(cache_dir: Path, entries: set[str]) -> dict[str, int]:
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:LISTED_NEW_ENTRIES])
 
 
+def missing_by_name(manifest: Path, used: Path) -> dict[str, int]:
+    """Per kernel, the variants in ``used`` that ``manifest`` lacks."""
+    from dataplane.kernel_manifest import read_manifest
+
+    known = set(read_manifest(manifest))
+    missing: dict[str, int] = {}
+    for variant in read_manifest(used):
+        if variant not in known:
+            missing[variant.qualname] = missing.get(variant.qualname, 0) + 1
+    return missing
+
+
 def child(args: argparse.Namespace) -> None:
     """One start in this process (TRITON_CACHE_DIR set by the parent)."""
     import torch
@@ -143,11 +155,17 @@ def main(argv: list[str] | None = None) -> None:
         "manifest": str(manifest),
         "starts": starts,
     }
-    plan = [("cold", root / "cache-cold", None, manifest), ("precompiled", root / "cache-pre", manifest, None),
-            ("warm", root / "cache-pre", None, None)]
+    # Every start writes the manifest of what it used: the precompiled start's
+    # against the cold one's shows variants a start needed that the other did not.
+    used = {name: manifest.with_name(f"{manifest.stem}.{name}.json") for name in ("precompiled", "warm")}
+    plan = [("cold", root / "cache-cold", None, manifest),
+            ("precompiled", root / "cache-pre", manifest, used["precompiled"]),
+            ("warm", root / "cache-pre", None, used["warm"])]
     for name, cache_dir, manifest_in, manifest_out in plan:
         starts.append(run_start(name, args, cache_dir, manifest_in, manifest_out))
         record["gpu"] = starts[0]["device"]
+        if name in used and used[name].exists():
+            record[f"{name}_used_not_in_manifest"] = missing_by_name(manifest, used[name])
         Path(args.out).write_text(json.dumps(record, indent=1))  # after each start: a cut run keeps what it measured
     print(f"{args.preset}, {record['gpu']}, {record['cpu_cores']} cores")
     print(f"{'start':<12} {'precompile s':>12} {'build s':>8} {'warm-up s':>9} {'to serving s':>12} "

@@ -62,13 +62,27 @@ def resolve_kernel(module: str, qualname: str):
 
 
 def preload_variant(module: str, qualname: str, specialization: str) -> str | None:
-    """Worker body: compiles one variant into the disk cache; returns None, or
-    what went wrong (never raises, so one bad variant costs only itself)."""
+    """Worker body: compiles one variant into the disk cache, and the launcher
+    stub its signature needs (Triton 3.6 builds one per signature with the C
+    compiler, also cached on disk: 14 of the 77 entries a cold Mixtral-8x7B
+    warm-up wrote, benchmarks/results/cold_start_h100_s45.json); returns None,
+    or what went wrong (never raises, so one bad variant costs only itself)."""
     try:
-        resolve_kernel(module, qualname).preload(specialization)
+        kernel = resolve_kernel(module, qualname).preload(specialization)
+        _build_launcher(kernel)
     except Exception as err:  # any failure is the variant's, reported by name
         return f"{module}.{qualname}: {type(err).__name__}: {err}"
     return None
+
+
+def _build_launcher(kernel) -> None:
+    """Builds the kernel's launcher as its first launch would (without loading
+    the kernel onto the GPU); nothing where Triton has no such class."""
+    from triton.runtime import driver
+
+    launcher_cls = getattr(driver.active, "launcher_cls", None)
+    if kernel is not None and launcher_cls is not None and hasattr(kernel, "src"):
+        launcher_cls(kernel.src, kernel.metadata)
 
 
 def default_workers() -> int:
