@@ -74,10 +74,24 @@ def child(args: argparse.Namespace) -> None:
     from dataplane.config import DataplaneConfig
 
     cache_dir = Path(os.environ["TRITON_CACHE_DIR"])
-    config = DataplaneConfig(synthetic=args.preset, initial_expert_bits=args.bits, warm_up=True, port=0,
-                             kernel_manifest=args.manifest_in, kernel_manifest_out=args.manifest_out,
-                             precompile_workers=args.workers)
+    manifest_in = args.manifest_in
     t0 = time.perf_counter()
+    pre = None
+    if args.key_log:
+        # The precompile as Dataplane runs it (before the build), through a
+        # preload whose workers log their keys; the dataplane logs its own.
+        from benchmarks.cache_key_log import KEY_LOG_ENV, install, logged_preload
+        from dataplane.kernel_manifest import read_manifest
+        from dataplane.kernel_precompile import precompile
+
+        os.environ[KEY_LOG_ENV] = args.key_log
+        install(args.key_log, "main")
+        if manifest_in is not None:
+            pre = precompile(read_manifest(manifest_in), args.workers, preload=logged_preload)
+            manifest_in = None
+    config = DataplaneConfig(synthetic=args.preset, initial_expert_bits=args.bits, warm_up=True, port=0,
+                             kernel_manifest=manifest_in, kernel_manifest_out=args.manifest_out,
+                             precompile_workers=args.workers)
     dataplane = Dataplane(config)
     built = time.perf_counter()
     entries_before_warm_up = cache_entries(cache_dir)
@@ -85,7 +99,7 @@ def child(args: argparse.Namespace) -> None:
     serving = time.perf_counter()
     added = cache_entries(cache_dir) - entries_before_warm_up
     dataplane.stop()
-    pre = dataplane.precompiled
+    pre = pre or dataplane.precompiled
     result = {
         "precompile_s": pre.seconds if pre else 0.0,
         "precompile": None if pre is None else {"variants": pre.variants, "compiled": pre.compiled,
@@ -104,9 +118,12 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_start(name: str, args: argparse.Namespace, cache_dir: Path, manifest_in: Path | None,
-              manifest_out: Path | None) -> dict:
+              manifest_out: Path | None, key_log: Path | None = None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--preset", args.preset, "--bits", str(args.bits),
            "--workers", str(args.workers), "--out", "-"]
+    if key_log is not None:
+        key_log.mkdir(parents=True, exist_ok=True)
+        cmd += ["--key-log", str(key_log)]
     if manifest_in is not None:
         cmd += ["--manifest-in", str(manifest_in)]
     if manifest_out is not None:
@@ -133,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--manifest-in", help=argparse.SUPPRESS)
     p.add_argument("--manifest-out", help=argparse.SUPPRESS)
+    p.add_argument("--key-log", help="log every Triton cache key of the precompiled start (its workers' and its "
+                   "dataplane's) in this folder and say which parts differ (benchmarks/cache_key_log.py)")
     args = p.parse_args(argv)
     if args.child:
         child(args)
@@ -161,8 +180,14 @@ def main(argv: list[str] | None = None) -> None:
     plan = [("cold", root / "cache-cold", None, manifest),
             ("precompiled", root / "cache-pre", manifest, used["precompiled"]),
             ("warm", root / "cache-pre", None, used["warm"])]
+    key_log = Path(args.key_log) if args.key_log else None
     for name, cache_dir, manifest_in, manifest_out in plan:
-        starts.append(run_start(name, args, cache_dir, manifest_in, manifest_out))
+        log = key_log if name == "precompiled" else None
+        starts.append(run_start(name, args, cache_dir, manifest_in, manifest_out, log))
+        if log is not None:
+            from benchmarks.cache_key_log import diagnose
+
+            record["key_diagnosis"] = diagnose(log)
         record["gpu"] = starts[0]["device"]
         if name in used and used[name].exists():
             record[f"{name}_used_not_in_manifest"] = missing_by_name(manifest, used[name])
