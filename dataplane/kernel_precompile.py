@@ -92,27 +92,33 @@ def default_workers() -> int:
 def precompile(variants: list[KernelVariant], workers: int = 0, preload: Preload = preload_variant) -> PrecompileReport:
     """Compiles ``variants`` in up to ``workers`` spawned processes (0: one per
     usable core) and waits for all of them. ``preload`` must be importable by
-    the workers (a module-level function)."""
+    the workers (a module-level function). Never raises for a variant or a
+    worker: the report counts what failed (the manifest is advisory)."""
     start = time.perf_counter()
     workers = min(workers or default_workers(), len(variants))
     if workers == 0:
         return PrecompileReport(0, 0, 0, 0, 0.0)
     failures: list[str] = []
     compiled = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending: dict[Future, KernelVariant] = {
-            pool.submit(preload, v.module, v.qualname, v.specialization): v for v in variants
-        }
-        for future in as_completed(pending):
-            variant = pending[future]
-            try:
-                error = future.result()
-            except BrokenProcessPool as err:  # a worker died (killed, out of memory): its variants are lost
-                error = f"{variant.module}.{variant.qualname}: worker process died ({err})"
-            if error is None:
-                compiled += 1
-            else:
-                failures.append(error)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pending: dict[Future, KernelVariant] = {
+                pool.submit(preload, v.module, v.qualname, v.specialization): v for v in variants
+            }
+            for future in as_completed(pending):
+                variant = pending[future]
+                try:
+                    error = future.result()
+                except BrokenProcessPool as err:  # a worker died (killed, out of memory): its variants are lost
+                    error = f"{variant.module}.{variant.qualname}: worker process died ({err})"
+                except Exception as err:  # the call never ran (e.g. it could not be sent to a worker)
+                    error = f"{variant.module}.{variant.qualname}: {type(err).__name__}: {err}"
+                if error is None:
+                    compiled += 1
+                else:
+                    failures.append(error)
+    except OSError as err:  # no worker could be started: the warm-up compiles everything as before
+        failures += [f"no precompile processes: {err}"] * (len(variants) - compiled - len(failures))
     report = PrecompileReport(len(variants), compiled, len(failures), workers, time.perf_counter() - start,
                               failures[:REPORTED_FAILURES])
     log.info("precompiled %d of %d kernel variants in %.1f s on %d processes", report.compiled,

@@ -126,6 +126,14 @@ def test_precompile_runs_every_variant_in_worker_processes(tmp_path):
     assert precompile([], workers=4, preload=record_preload).workers == 0
 
 
+def test_precompile_reports_a_preload_the_workers_cannot_run(tmp_path):
+    # A lambda cannot be sent to a spawned process: every variant fails, nothing raises.
+    variants = [KernelVariant("kernels.x", "_k", json.dumps({"n": n})) for n in range(3)]
+    report = precompile(variants, workers=2, preload=lambda *a: None)
+    assert (report.compiled, report.failed) == (0, 3)
+    assert all(f.startswith("kernels.x._k: ") for f in report.failures)
+
+
 def _config(model: str, **overrides) -> DataplaneConfig:
     fields = dict(model_path=model, device="cpu", dtype="float32", cpu_arena_bytes=8 << 20, max_running_seqs=4,
                   max_batched_tokens=64, max_context_length=256)
