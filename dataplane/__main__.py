@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "(default: on CUDA)",
     )
     p.add_argument("--kernel-manifest", help="kernel manifest whose Triton variants are compiled in parallel "
-                   "before the warm-up (dataplane/kernel_manifest.py)")
+                   "before the model is built (dataplane/kernel_manifest.py)")
     p.add_argument("--kernel-manifest-out", help="write the manifest of the kernel variants this run compiled here")
     p.add_argument("--precompile-workers", type=int, help="processes that precompile the manifest (0: one per core)")
     p.add_argument("--low-watermark", type=float)
