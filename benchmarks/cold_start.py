@@ -2,13 +2,17 @@
 
     python benchmarks/cold_start.py --preset mixtral-8x7b --out cold_start.json [--workers 0]
 
-Three starts of the same synthetic model (each its own process, warm-up on):
+Starts of the same synthetic model (each its own process, warm-up on;
+``--starts``, default cold,precompiled,warm):
 
-1. ``cold``: an empty Triton cache; writes the kernel manifest of what it
-   compiled (DataplaneConfig.kernel_manifest_out).
-2. ``precompiled``: another empty cache; the manifest of (1) is compiled in
-   parallel processes before the build (dataplane/kernel_precompile.py).
-3. ``warm``: the cache (2) left, no manifest: a restart on the same machine.
+* ``cold``: an empty Triton cache; writes the kernel manifest of what it
+  compiled (DataplaneConfig.kernel_manifest_out). Always first.
+* ``precompiled``: another empty cache; the manifest of ``cold`` is compiled
+  in parallel processes before the build (dataplane/kernel_precompile.py).
+* ``threads``: as ``precompiled`` on its own empty cache, compiled in threads
+  of the dataplane's process (DataplaneConfig.precompile_in_threads).
+* ``warm``: the ``precompiled`` cache again, no manifest: a restart on the
+  same machine.
 
 Per start: seconds of the precompile, the build, the warm-up and the whole
 start to serving, and the Triton cache entries the warm-up added (the
@@ -91,7 +95,7 @@ def child(args: argparse.Namespace) -> None:
             manifest_in = None
     config = DataplaneConfig(synthetic=args.preset, initial_expert_bits=args.bits, warm_up=True, port=0,
                              kernel_manifest=manifest_in, kernel_manifest_out=args.manifest_out,
-                             precompile_workers=args.workers)
+                             precompile_workers=args.workers, precompile_in_threads=args.in_threads)
     dataplane = Dataplane(config)
     built = time.perf_counter()
     entries_before_warm_up = cache_entries(cache_dir)
@@ -121,6 +125,8 @@ def run_start(name: str, args: argparse.Namespace, cache_dir: Path, manifest_in:
               manifest_out: Path | None, key_log: Path | None = None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--preset", args.preset, "--bits", str(args.bits),
            "--workers", str(args.workers), "--out", "-"]
+    if name == "threads":
+        cmd.append("--in-threads")
     if key_log is not None:
         key_log.mkdir(parents=True, exist_ok=True)
         cmd += ["--key-log", str(key_log)]
@@ -147,7 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     p.add_argument("--timeout", type=float, default=590.0, help="seconds one start may take")
+    p.add_argument("--starts", default="cold,precompiled,warm",
+                   help="comma list: cold (first), precompiled (spawned processes), threads (precompiled in "
+                   "threads of the dataplane process, its own empty cache), warm (the precompiled cache again)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--in-threads", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--manifest-in", help=argparse.SUPPRESS)
     p.add_argument("--manifest-out", help=argparse.SUPPRESS)
     p.add_argument("--key-log", help="log every Triton cache key of the precompiled start (its workers' and its "
@@ -176,10 +186,15 @@ def main(argv: list[str] | None = None) -> None:
     }
     # Every start writes the manifest of what it used: the precompiled start's
     # against the cold one's shows variants a start needed that the other did not.
-    used = {name: manifest.with_name(f"{manifest.stem}.{name}.json") for name in ("precompiled", "warm")}
-    plan = [("cold", root / "cache-cold", None, manifest),
-            ("precompiled", root / "cache-pre", manifest, used["precompiled"]),
-            ("warm", root / "cache-pre", None, used["warm"])]
+    used = {name: manifest.with_name(f"{manifest.stem}.{name}.json") for name in ("precompiled", "threads", "warm")}
+    known = {"cold": (root / "cache-cold", None, manifest),
+             "precompiled": (root / "cache-pre", manifest, used["precompiled"]),
+             "threads": (root / "cache-threads", manifest, used["threads"]),
+             "warm": (root / "cache-pre", None, used["warm"])}
+    names = args.starts.split(",")
+    if names[0] != "cold" or not set(names) <= set(known):
+        raise SystemExit(f"--starts: cold first, then any of {', '.join(list(known)[1:])}")
+    plan = [(name, *known[name]) for name in names]
     key_log = Path(args.key_log) if args.key_log else None
     for name, cache_dir, manifest_in, manifest_out in plan:
         log = key_log if name == "precompiled" else None

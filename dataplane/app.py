@@ -37,8 +37,8 @@ class Dataplane:
         on_plan: PlanCallback | None = None,
     ) -> None:
         self.config = config
-        self.precompiled: PrecompileReport | None = self._precompile(config)
         self.variants = VariantRecorder() if config.kernel_manifest_out is not None else None
+        self.precompiled: PrecompileReport | None = self._precompile(config, self.variants)
         # The build launches kernels of its own (quantize/pack on load): recorded too.
         build_watch = CompileWatch(_ignore, self.variants.add) if self.variants is not None else None
         if build_watch is not None:
@@ -63,19 +63,24 @@ class Dataplane:
                                      self.variants.add if self.variants is not None else None)
 
     @staticmethod
-    def _precompile(config: DataplaneConfig) -> PrecompileReport | None:
+    def _precompile(config: DataplaneConfig, recorder: VariantRecorder | None) -> PrecompileReport | None:
         """Compiles config.kernel_manifest's variants before the build: its
-        worker processes then share neither the GPU memory the build sizes
-        the arena from nor the cores the build uses. A manifest that cannot be
-        read fails the start (ValueError) before anything is built."""
+        workers then share neither the GPU memory the build sizes the arena
+        from nor the cores the build uses. A manifest that cannot be read
+        fails the start (ValueError) before anything is built. The manifest's
+        variants go to ``recorder`` too: preloaded in threads they sit in the
+        in-memory caches, where no later launch reports them."""
         if config.kernel_manifest is None:
             return None
         variants = read_manifest(config.kernel_manifest)
+        if recorder is not None:
+            for variant in variants:
+                recorder.add(variant)
         if config.resolved_device().type != "cuda":
             log.info("kernel manifest %s not precompiled: nothing compiles on %s", config.kernel_manifest,
                      config.resolved_device())
             return None
-        return precompile(variants, config.precompile_workers)
+        return precompile(variants, config.precompile_workers, in_threads=config.precompile_in_threads)
 
     def _write_manifest(self) -> None:
         if self.variants is None:

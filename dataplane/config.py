@@ -153,6 +153,12 @@ class DataplaneConfig(BaseSettings):
     kernel_manifest_out: str | None = None
     # Processes that precompile the manifest; 0: one per usable CPU core.
     precompile_workers: int = Field(default=0, ge=0)
+    # Precompile in threads of the dataplane process instead of spawned
+    # processes (an A/B knob: from processes, 12-15 of the 22 Mixtral MoE
+    # variants still missed the cache on the H100, while in one process a
+    # launch and a preload of the same variant computed equal keys;
+    # benchmarks/NOTES.md, session 45).
+    precompile_in_threads: bool = False
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

@@ -24,7 +24,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
@@ -89,19 +89,48 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-def precompile(variants: list[KernelVariant], workers: int = 0, preload: Preload = preload_variant) -> PrecompileReport:
+def _prepare_in_this_process(variants: list[KernelVariant]) -> None:
+    """Before threads preload: each kernel's source hash and per-device cache
+    made once on this thread (Triton creates both lazily, unguarded). A kernel
+    that fails here fails again in its preload, which reports it."""
+    from triton.runtime import driver
+
+    for module, qualname in dict.fromkeys((v.module, v.qualname) for v in variants):
+        try:
+            kernel = resolve_kernel(module, qualname)
+            _ = kernel.cache_key
+            caches = getattr(kernel, "device_caches", None)
+            if caches is not None:
+                _ = caches[driver.active.get_current_device()]
+        except Exception:  # reported by the variant's own preload
+            continue
+
+
+def _executor(workers: int, in_threads: bool) -> Executor:
+    if in_threads:
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precompile")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def precompile(variants: list[KernelVariant], workers: int = 0, preload: Preload = preload_variant,
+               in_threads: bool = False) -> PrecompileReport:
     """Compiles ``variants`` in up to ``workers`` spawned processes (0: one per
-    usable core) and waits for all of them. ``preload`` must be importable by
-    the workers (a module-level function). Never raises for a variant or a
-    worker: the report counts what failed (the manifest is advisory)."""
+    usable core) and waits for all of them; ``preload`` must then be
+    importable by the workers (a module-level function). ``in_threads``: in
+    threads of this process instead, which also leaves the variants in the
+    kernels' in-memory caches (Triton's LLVM and ptxas stages run without the
+    GIL, its MLIR passes with it). Never raises for a variant or a worker:
+    the report counts what failed (the manifest is advisory)."""
     start = time.perf_counter()
     workers = min(workers or default_workers(), len(variants))
     if workers == 0:
         return PrecompileReport(0, 0, 0, 0, 0.0)
+    if in_threads and preload is preload_variant:
+        _prepare_in_this_process(variants)
     failures: list[str] = []
     compiled = 0
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with _executor(workers, in_threads) as pool:
             pending: dict[Future, KernelVariant] = {
                 pool.submit(preload, v.module, v.qualname, v.specialization): v for v in variants
             }
@@ -121,8 +150,8 @@ def precompile(variants: list[KernelVariant], workers: int = 0, preload: Preload
         failures += [f"no precompile processes: {err}"] * (len(variants) - compiled - len(failures))
     report = PrecompileReport(len(variants), compiled, len(failures), workers, time.perf_counter() - start,
                               failures[:REPORTED_FAILURES])
-    log.info("precompiled %d of %d kernel variants in %.1f s on %d processes", report.compiled,
-             report.variants, report.seconds, report.workers)
+    log.info("precompiled %d of %d kernel variants in %.1f s on %d %s", report.compiled,
+             report.variants, report.seconds, report.workers, "threads" if in_threads else "processes")
     for failure in report.failures:
         log.warning("kernel variant not precompiled (the warm-up compiles it if needed): %s", failure)
     return report

@@ -126,6 +126,15 @@ def test_precompile_runs_every_variant_in_worker_processes(tmp_path):
     assert precompile([], workers=4, preload=record_preload).workers == 0
 
 
+def test_precompile_in_threads_runs_in_this_process(tmp_path):
+    variants = [KernelVariant("kernels.x", "_k", json.dumps({"folder": str(tmp_path), "n": n})) for n in range(4)]
+    report = precompile(variants, workers=3, preload=record_preload, in_threads=True)
+    assert (report.compiled, report.failed, report.workers) == (4, 0, 3)
+    assert {int(p.name.split("-")[2]) for p in tmp_path.iterdir()} == {os.getpid()}
+    # Threads need no picklable preload.
+    assert precompile(variants[:1], workers=1, preload=lambda *a: None, in_threads=True).compiled == 1
+
+
 def test_precompile_reports_a_preload_the_workers_cannot_run(tmp_path):
     # A lambda cannot be sent to a spawned process: every variant fails, nothing raises.
     variants = [KernelVariant("kernels.x", "_k", json.dumps({"n": n})) for n in range(3)]
@@ -148,9 +157,14 @@ def test_dataplane_writes_its_manifest_and_reads_one(random_ckpt, tmp_path):
         assert read_manifest(out) == []  # written once serving (the CPU interpreter compiles nothing)
     finally:
         dataplane.stop()
-    write_manifest(tmp_path / "in.json", [KernelVariant("kernels.row_argmax", "_row_argmax_kernel", "{}")])
-    reader = Dataplane(_config(str(random_ckpt), kernel_manifest=str(tmp_path / "in.json")))
+    variant = KernelVariant("kernels.row_argmax", "_row_argmax_kernel", "{}")
+    write_manifest(tmp_path / "in.json", [variant])
+    reader = Dataplane(_config(str(random_ckpt), kernel_manifest=str(tmp_path / "in.json"),
+                               kernel_manifest_out=str(tmp_path / "out2.json")))
     assert reader.precompiled is None  # on the CPU nothing is precompiled
+    reader.start()
+    reader.stop()
+    assert read_manifest(tmp_path / "out2.json") == [variant]  # what it read is carried into what it writes
     (tmp_path / "broken.json").write_text("[]")
     with pytest.raises(ValueError, match="broken.json"):
         Dataplane(_config(str(random_ckpt), kernel_manifest=str(tmp_path / "broken.json")))
