@@ -133,6 +133,10 @@ def test_precompile_in_threads_runs_in_this_process(tmp_path):
     assert {int(p.name.split("-")[2]) for p in tmp_path.iterdir()} == {os.getpid()}
     # Threads need no picklable preload.
     assert precompile(variants[:1], workers=1, preload=lambda *a: None, in_threads=True).compiled == 1
+    # Triton's own preload on a variant it cannot compile here (the interpreter; a bad specialization):
+    # counted as failed, nothing raised.
+    bad = KernelVariant("kernels.row_argmax", "_row_argmax_kernel", "{not json")
+    assert precompile([bad], workers=1, in_threads=True).failed == 1
 
 
 def test_precompile_reports_a_preload_the_workers_cannot_run(tmp_path):
