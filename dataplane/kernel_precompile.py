@@ -1,4 +1,4 @@
-"""Compiles a kernel manifest's variants in parallel processes before the warm-up.
+"""Compiles a kernel manifest's variants in parallel before the dataplane's build.
 
 The warm-up (dataplane/warmup.py) compiles each Triton variant the moment a
 step first launches it, one at a time on the engine thread. Here the variants
@@ -10,10 +10,12 @@ ptxas), so the processes use the host's cores while the engine would have
 used one.
 
 Workers are started with ``spawn`` (a forked child of a process that has
-initialised CUDA cannot use it) and import only the kernel modules. The
-manifest is advisory: a variant that fails to preload (another Triton, GPU
-or kernel source) is counted and named in the report, and the warm-up
-compiles what it needs as before.
+initialised CUDA cannot use it) and import only the kernel modules. With
+``in_threads`` they are threads of the calling process instead (an A/B knob:
+on the H100 12-15 MoE variants preloaded by processes still missed the cache,
+benchmarks/NOTES.md session 45). The manifest is advisory: a variant that
+fails to preload (another Triton, GPU or kernel source) is counted and named
+in the report, and the warm-up compiles what it needs as before.
 """
 
 from __future__ import annotations
