@@ -117,8 +117,18 @@ def child(args: argparse.Namespace) -> None:
         "added_by_warm_up_per_name": entry_kinds(cache_dir, added),
         "manifest_variants_written": len(dataplane.variants.variants()) if dataplane.variants else None,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "triton": _triton_version(),
     }
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
 
 
 def run_start(name: str, args: argparse.Namespace, cache_dir: Path, manifest_in: Path | None,
@@ -203,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             from benchmarks.cache_key_log import diagnose
 
             record["key_diagnosis"] = diagnose(log)
-        record["gpu"] = starts[0]["device"]
+        record.update(gpu=starts[0]["device"], torch=starts[0]["torch"], triton=starts[0]["triton"])
         if name in used and used[name].exists():
             record[f"{name}_used_not_in_manifest"] = missing_by_name(manifest, used[name])
         Path(args.out).write_text(json.dumps(record, indent=1))  # after each start: a cut run keeps what it measured
