@@ -193,3 +193,17 @@ def test_gpu_a_recorded_variant_preloads_into_an_empty_cache(tmp_path, monkeypat
     report = precompile(variants, workers=1)
     assert (report.compiled, report.failed) == (1, 0), report.failures
     assert any(cache.rglob("*.cubin"))
+
+
+def test_manifest_flags_and_environment_reach_the_config(monkeypatch):
+    from dataplane.__main__ import parse_args
+
+    monkeypatch.setenv("PW_DATAPLANE_PRECOMPILE_WORKERS", "3")
+    overrides = parse_args(["--model", "/m", "--kernel-manifest", "/in.json", "--kernel-manifest-out", "/out.json",
+                            "--precompile-in-threads"])
+    cfg = DataplaneConfig(**overrides)
+    assert (cfg.kernel_manifest, cfg.kernel_manifest_out) == ("/in.json", "/out.json")
+    assert cfg.precompile_in_threads and cfg.precompile_workers == 3
+    assert not DataplaneConfig(**parse_args(["--model", "/m"])).precompile_in_threads
+    with pytest.raises(ValueError):
+        DataplaneConfig(model_path="/m", precompile_workers=-1)
