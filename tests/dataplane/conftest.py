@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from dataplane.config import DataplaneConfig
 from dataplane.engine import Engine
@@ -63,3 +64,13 @@ def make_engine(random_ckpt) -> Iterator[Callable[..., Engine]]:
     yield make
     for engine in engines:
         engine.stop()
+
+
+@pytest.fixture
+def no_hook():
+    """Triton's jit_cache_hook cleared for the test and restored after it
+    (tests of dataplane/kernel_compiles.py's watch call the hook by hand)."""
+    before = triton.knobs.runtime.jit_cache_hook
+    triton.knobs.runtime.jit_cache_hook = None
+    yield
+    triton.knobs.runtime.jit_cache_hook = before

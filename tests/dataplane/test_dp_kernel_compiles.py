@@ -31,14 +31,6 @@ def triton_compiles(kernel: str):
                 already_compiled=False) if hook is not None else None
 
 
-@pytest.fixture
-def no_hook():
-    before = triton.knobs.runtime.jit_cache_hook
-    triton.knobs.runtime.jit_cache_hook = None
-    yield
-    triton.knobs.runtime.jit_cache_hook = before
-
-
 def test_watch_counts_chains_and_restores(no_hook) -> None:
     chained: list[str] = []
 

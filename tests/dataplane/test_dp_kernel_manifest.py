@@ -33,14 +33,6 @@ def hook_kwargs(jit_function, specialization: str | None) -> dict:
                 compile=compile_info, is_manual_warmup=False, already_compiled=False)
 
 
-@pytest.fixture
-def no_hook():
-    before = triton.knobs.runtime.jit_cache_hook
-    triton.knobs.runtime.jit_cache_hook = None
-    yield
-    triton.knobs.runtime.jit_cache_hook = before
-
-
 def test_recorder_keeps_first_seen_order_without_duplicates(tmp_path):
     a, b = KernelVariant("kernels.x", "_a", '{"n": 1}'), KernelVariant("kernels.x", "_b", '{"n": 2}')
     recorder = VariantRecorder()
