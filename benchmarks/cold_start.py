@@ -8,9 +8,8 @@ Starts of the same synthetic model (each its own process, warm-up on;
 * ``cold``: an empty Triton cache; writes the kernel manifest of what it
   compiled (DataplaneConfig.kernel_manifest_out). Always first.
 * ``precompiled``: another empty cache; the manifest of ``cold`` is compiled
-  in parallel processes before the build (dataplane/kernel_precompile.py).
-* ``threads``: as ``precompiled`` on its own empty cache, compiled in threads
-  of the dataplane's process (DataplaneConfig.precompile_in_threads).
+  in parallel threads of the dataplane's process before the build
+  (dataplane/kernel_precompile.py).
 * ``warm``: the ``precompiled`` cache again, no manifest: a restart on the
   same machine.
 
@@ -78,24 +77,10 @@ def child(args: argparse.Namespace) -> None:
     from dataplane.config import DataplaneConfig
 
     cache_dir = Path(os.environ["TRITON_CACHE_DIR"])
-    manifest_in = args.manifest_in
     t0 = time.perf_counter()
-    pre = None
-    if args.key_log:
-        # The precompile as Dataplane runs it (before the build), through a
-        # preload whose workers log their keys; the dataplane logs its own.
-        from benchmarks.cache_key_log import KEY_LOG_ENV, install, logged_preload
-        from dataplane.kernel_manifest import read_manifest
-        from dataplane.kernel_precompile import precompile
-
-        os.environ[KEY_LOG_ENV] = args.key_log
-        install(args.key_log, "main")
-        if manifest_in is not None:
-            pre = precompile(read_manifest(manifest_in), args.workers, preload=logged_preload)
-            manifest_in = None
     config = DataplaneConfig(synthetic=args.preset, initial_expert_bits=args.bits, warm_up=True, port=0,
-                             kernel_manifest=manifest_in, kernel_manifest_out=args.manifest_out,
-                             precompile_workers=args.workers, precompile_in_threads=args.in_threads)
+                             kernel_manifest=args.manifest_in, kernel_manifest_out=args.manifest_out,
+                             precompile_workers=args.workers)
     dataplane = Dataplane(config)
     built = time.perf_counter()
     entries_before_warm_up = cache_entries(cache_dir)
@@ -103,7 +88,7 @@ def child(args: argparse.Namespace) -> None:
     serving = time.perf_counter()
     added = cache_entries(cache_dir) - entries_before_warm_up
     dataplane.stop()
-    pre = pre or dataplane.precompiled
+    pre = dataplane.precompiled
     result = {
         "precompile_s": pre.seconds if pre else 0.0,
         "precompile": None if pre is None else {"variants": pre.variants, "compiled": pre.compiled,
@@ -132,14 +117,9 @@ def _triton_version() -> str | None:
 
 
 def run_start(name: str, args: argparse.Namespace, cache_dir: Path, manifest_in: Path | None,
-              manifest_out: Path | None, key_log: Path | None = None) -> dict:
+              manifest_out: Path | None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--preset", args.preset, "--bits", str(args.bits),
            "--workers", str(args.workers), "--out", "-"]
-    if name == "threads":
-        cmd.append("--in-threads")
-    if key_log is not None:
-        key_log.mkdir(parents=True, exist_ok=True)
-        cmd += ["--key-log", str(key_log)]
     if manifest_in is not None:
         cmd += ["--manifest-in", str(manifest_in)]
     if manifest_out is not None:
@@ -159,19 +139,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="mixtral-8x7b")
     p.add_argument("--bits", type=int, default=4, help="initial expert bits")
-    p.add_argument("--workers", type=int, default=0, help="precompile processes (0: one per core)")
+    p.add_argument("--workers", type=int, default=0, help="precompile threads (0: one per core)")
     p.add_argument("--out", required=True)
     p.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     p.add_argument("--timeout", type=float, default=590.0, help="seconds one start may take")
     p.add_argument("--starts", default="cold,precompiled,warm",
-                   help="comma list: cold (first), precompiled (spawned processes), threads (precompiled in "
-                   "threads of the dataplane process, its own empty cache), warm (the precompiled cache again)")
+                   help="comma list: cold (first), precompiled, warm (the precompiled cache again)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--in-threads", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--manifest-in", help=argparse.SUPPRESS)
     p.add_argument("--manifest-out", help=argparse.SUPPRESS)
-    p.add_argument("--key-log", help="log every Triton cache key of the precompiled start (its workers' and its "
-                   "dataplane's) in this folder and say which parts differ (benchmarks/cache_key_log.py)")
     args = p.parse_args(argv)
     if args.child:
         child(args)
@@ -196,23 +172,16 @@ def main(argv: list[str] | None = None) -> None:
     }
     # Every start writes the manifest of what it used: the precompiled start's
     # against the cold one's shows variants a start needed that the other did not.
-    used = {name: manifest.with_name(f"{manifest.stem}.{name}.json") for name in ("precompiled", "threads", "warm")}
+    used = {name: manifest.with_name(f"{manifest.stem}.{name}.json") for name in ("precompiled", "warm")}
     known = {"cold": (root / "cache-cold", None, manifest),
              "precompiled": (root / "cache-pre", manifest, used["precompiled"]),
-             "threads": (root / "cache-threads", manifest, used["threads"]),
              "warm": (root / "cache-pre", None, used["warm"])}
     names = args.starts.split(",")
     if names[0] != "cold" or not set(names) <= set(known):
         raise SystemExit(f"--starts: cold first, then any of {', '.join(list(known)[1:])}")
     plan = [(name, *known[name]) for name in names]
-    key_log = Path(args.key_log) if args.key_log else None
     for name, cache_dir, manifest_in, manifest_out in plan:
-        log = key_log if name == "precompiled" else None
-        starts.append(run_start(name, args, cache_dir, manifest_in, manifest_out, log))
-        if log is not None:
-            from benchmarks.cache_key_log import diagnose
-
-            record["key_diagnosis"] = diagnose(log)
+        starts.append(run_start(name, args, cache_dir, manifest_in, manifest_out))
         record.update(gpu=starts[0]["device"], torch=starts[0]["torch"], triton=starts[0]["triton"])
         if name in used and used[name].exists():
             record[f"{name}_used_not_in_manifest"] = missing_by_name(manifest, used[name])

@@ -62,9 +62,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--kernel-manifest", help="kernel manifest whose Triton variants are compiled in parallel "
                    "before the model is built (dataplane/kernel_manifest.py)")
     p.add_argument("--kernel-manifest-out", help="write the manifest of the kernel variants this run compiled here")
-    p.add_argument("--precompile-workers", type=int, help="processes that precompile the manifest (0: one per core)")
-    p.add_argument("--precompile-in-threads", action="store_true", default=None,
-                   help="precompile in threads of the dataplane process instead of spawned processes")
+    p.add_argument("--precompile-workers", type=int, help="threads that precompile the manifest (0: one per core)")
     p.add_argument("--low-watermark", type=float)
     p.add_argument("--high-watermark", type=float)
     p.add_argument("--min-residence-ms", type=int)

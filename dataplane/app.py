@@ -68,8 +68,8 @@ class Dataplane:
         workers then share neither the GPU memory the build sizes the arena
         from nor the cores the build uses. A manifest that cannot be read
         fails the start (ValueError) before anything is built. The manifest's
-        variants go to ``recorder`` too: preloaded in threads they sit in the
-        in-memory caches, where no later launch reports them."""
+        variants go to ``recorder`` too: preloaded, they sit in the in-memory
+        caches, where no later launch reports them."""
         if config.kernel_manifest is None:
             return None
         variants = read_manifest(config.kernel_manifest)
@@ -80,7 +80,7 @@ class Dataplane:
             log.info("kernel manifest %s not precompiled: nothing compiles on %s", config.kernel_manifest,
                      config.resolved_device())
             return None
-        return precompile(variants, config.precompile_workers, in_threads=config.precompile_in_threads)
+        return precompile(variants, config.precompile_workers)
 
     def _write_manifest(self) -> None:
         if self.variants is None:

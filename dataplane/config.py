@@ -144,22 +144,17 @@ class DataplaneConfig(BaseSettings):
     # of a fresh machine are slow) before the start fails.
     warm_up_round_timeout_s: float = Field(default=600.0, gt=0)
     # A kernel manifest (dataplane/kernel_manifest.py) whose Triton variants
-    # are compiled in parallel (spawned processes, or threads with
-    # precompile_in_threads) into Triton's disk cache before the model is
-    # built, so the warm-up loads them instead of compiling each in turn;
-    # None: none. Ignored on the CPU (the interpreter compiles nothing).
+    # are compiled in parallel, in threads of this process, into Triton's
+    # disk and in-memory caches before the model is built, so the warm-up
+    # finds them instead of compiling each in turn (why threads:
+    # dataplane/kernel_precompile.py); None: none. Ignored on the CPU (the
+    # interpreter compiles nothing).
     kernel_manifest: str | None = None
     # Where to write the manifest of the variants this dataplane compiled or
     # loaded (after the warm-up, and again at stop); None: nowhere.
     kernel_manifest_out: str | None = None
-    # Processes (or threads) that precompile the manifest; 0: one per usable CPU core.
+    # Threads that precompile the manifest; 0: one per usable CPU core.
     precompile_workers: int = Field(default=0, ge=0)
-    # Precompile in threads of the dataplane process instead of spawned
-    # processes (an A/B knob: from processes, 12-15 of the 22 Mixtral MoE
-    # variants still missed the cache on the H100, while in one process a
-    # launch and a preload of the same variant computed equal keys;
-    # benchmarks/NOTES.md, session 45).
-    precompile_in_threads: bool = False
 
     # -- scheduling ----------------------------------------------------------
     kv_block_size: int = Field(default=16, gt=0)

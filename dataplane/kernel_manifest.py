@@ -9,8 +9,8 @@ specializations, constexprs, launch options, target), which Triton hands to
 from. A manifest is the list of those, written by one dataplane
 (``DataplaneConfig.kernel_manifest_out``) and read by the next
 (``kernel_manifest``), whose dataplane/kernel_precompile.py compiles them in
-parallel processes into Triton's disk cache before the warm-up, so that the
-warm-up's launches load instead of compile.
+parallel threads of its process into Triton's caches before the warm-up, so
+that the warm-up's launches find them instead of compiling.
 
 A manifest never changes results: a variant it lacks is compiled by the
 warm-up as before, and one that no longer matches the kernel source (a

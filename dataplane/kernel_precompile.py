@@ -3,31 +3,35 @@
 The warm-up (dataplane/warmup.py) compiles each Triton variant the moment a
 step first launches it, one at a time on the engine thread. Here the variants
 of a manifest (dataplane/kernel_manifest.py) are compiled first, each in one
-of ``workers`` processes by ``JITFunction.preload``, which writes Triton's
-disk cache (``TRITON_CACHE_DIR``, inherited by the workers): the warm-up's
-launches then find them there. Compilation is CPU work (Triton's passes and
-ptxas), so the processes use the host's cores while the engine would have
-used one.
+of ``workers`` threads of this process by ``JITFunction.preload``, which
+writes Triton's disk cache and the kernel's in-memory cache: the warm-up's
+launches then find them there. Triton's LLVM stages release the GIL and
+ptxas is a subprocess, so the threads still use the host's cores while the
+engine would have used one.
 
-Workers are started with ``spawn`` (a forked child of a process that has
-initialised CUDA cannot use it) and import only the kernel modules. With
-``in_threads`` they are threads of the calling process instead (an A/B knob:
-on the H100 12-15 MoE variants preloaded by processes still missed the cache,
-benchmarks/NOTES.md session 45). The manifest is advisory: a variant that
-fails to preload (another Triton, GPU or kernel source) is counted and named
-in the report, and the warm-up compiles what it needs as before.
+Why threads of this process, not spawned processes: on the H100 with
+synthetic Mixtral-8x7B (benchmarks/results/cold_start_keys_h100_s46.json,
+benchmarks/NOTES.md session 46) a cold start took 198.0 s to serving (184.8 s
+of warm-up, 77 compiles). Precompiled in 16 processes: 31.1 s of precompile,
+121.4 s of warm-up, 160.8 s to serving, and the warm-up compiled 14 variants
+again, because the MoE gate-up and down kernels' source hash
+(``fn_cache_key``) differed between the workers and the dataplane.
+Precompiled in 16 threads: 27.1 s of precompile, 7.2 s of warm-up, 43.2 s to
+serving, no compile in the warm-up.
+
+The manifest is advisory: a variant that fails to preload (another Triton,
+GPU or kernel source) is counted and named in the report, and the warm-up
+compiles what it needs as before.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from dataplane.kernel_manifest import KernelVariant
@@ -64,7 +68,7 @@ def resolve_kernel(module: str, qualname: str):
 
 
 def preload_variant(module: str, qualname: str, specialization: str) -> str | None:
-    """Worker body: compiles one variant into the disk cache, and the launcher
+    """Thread body: compiles one variant into the disk cache, and the launcher
     stub its signature needs (Triton 3.6 builds one per signature with the C
     compiler, also cached on disk: 14 of the 77 entries a cold Mixtral-8x7B
     warm-up wrote, benchmarks/results/cold_start_h100_s45.json); returns None,
@@ -92,9 +96,9 @@ def default_workers() -> int:
 
 
 def _prepare_in_this_process(variants: list[KernelVariant]) -> None:
-    """Before threads preload: each kernel's source hash and per-device cache
-    made once on this thread (Triton creates both lazily, unguarded). A kernel
-    that fails here fails again in its preload, which reports it."""
+    """Before the threads preload: each kernel's source hash and per-device
+    cache made once on this thread (Triton creates both lazily, unguarded). A
+    kernel that fails here fails again in its preload, which reports it."""
     from triton.runtime import driver
 
     for module, qualname in dict.fromkeys((v.module, v.qualname) for v in variants):
@@ -108,52 +112,39 @@ def _prepare_in_this_process(variants: list[KernelVariant]) -> None:
             continue
 
 
-def _executor(workers: int, in_threads: bool) -> Executor:
-    if in_threads:
-        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precompile")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-
-
-def precompile(variants: list[KernelVariant], workers: int = 0, preload: Preload = preload_variant,
-               in_threads: bool = False) -> PrecompileReport:
-    """Compiles ``variants`` in up to ``workers`` spawned processes (0: one per
-    usable core) and waits for all of them; ``preload`` must then be
-    importable by the workers (a module-level function). ``in_threads``: in
-    threads of this process instead, which also leaves the variants in the
-    kernels' in-memory caches (Triton's LLVM and ptxas stages run without the
-    GIL, its MLIR passes with it). Never raises for a variant or a worker:
+def precompile(variants: list[KernelVariant], workers: int = 0,
+               preload: Preload = preload_variant) -> PrecompileReport:
+    """Compiles ``variants`` in up to ``workers`` threads of this process (0:
+    one per usable core) and waits for all of them; this leaves the variants
+    in Triton's disk cache and in the kernels' in-memory caches. ``preload``
+    compiles one variant (a stand-in in tests). Never raises for a variant:
     the report counts what failed (the manifest is advisory)."""
     start = time.perf_counter()
     workers = min(workers or default_workers(), len(variants))
     if workers == 0:
         return PrecompileReport(0, 0, 0, 0, 0.0)
-    if in_threads and preload is preload_variant:
+    if preload is preload_variant:
         _prepare_in_this_process(variants)
     failures: list[str] = []
     compiled = 0
-    try:
-        with _executor(workers, in_threads) as pool:
-            pending: dict[Future, KernelVariant] = {
-                pool.submit(preload, v.module, v.qualname, v.specialization): v for v in variants
-            }
-            for future in as_completed(pending):
-                variant = pending[future]
-                try:
-                    error = future.result()
-                except BrokenProcessPool as err:  # a worker died (killed, out of memory): its variants are lost
-                    error = f"{variant.module}.{variant.qualname}: worker process died ({err})"
-                except Exception as err:  # the call never ran (e.g. it could not be sent to a worker)
-                    error = f"{variant.module}.{variant.qualname}: {type(err).__name__}: {err}"
-                if error is None:
-                    compiled += 1
-                else:
-                    failures.append(error)
-    except OSError as err:  # no worker could be started: the warm-up compiles everything as before
-        failures += [f"no precompile processes: {err}"] * (len(variants) - compiled - len(failures))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precompile") as pool:
+        pending: dict[Future, KernelVariant] = {
+            pool.submit(preload, v.module, v.qualname, v.specialization): v for v in variants
+        }
+        for future in as_completed(pending):
+            variant = pending[future]
+            try:
+                error = future.result()
+            except Exception as err:  # a preload that raised: the variant's failure
+                error = f"{variant.module}.{variant.qualname}: {type(err).__name__}: {err}"
+            if error is None:
+                compiled += 1
+            else:
+                failures.append(error)
     report = PrecompileReport(len(variants), compiled, len(failures), workers, time.perf_counter() - start,
                               failures[:REPORTED_FAILURES])
-    log.info("precompiled %d of %d kernel variants in %.1f s on %d %s", report.compiled,
-             report.variants, report.seconds, report.workers, "threads" if in_threads else "processes")
+    log.info("precompiled %d of %d kernel variants in %.1f s on %d threads", report.compiled,
+             report.variants, report.seconds, report.workers)
     for failure in report.failures:
         log.warning("kernel variant not precompiled (the warm-up compiles it if needed): %s", failure)
     return report

@@ -2,14 +2,15 @@
 precompile (dataplane/kernel_precompile.py).
 
 On the CPU Triton's interpreter compiles nothing, so Triton's hook calls are
-made by hand (as in test_dp_kernel_compiles.py) and the workers run a
-stand-in preload; the GPU test below records a real variant and preloads it
-into an empty disk cache."""
+made by hand (as in test_dp_kernel_compiles.py) and the precompile threads
+run a stand-in preload; the GPU test below records a real variant and
+preloads it into an empty disk cache."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,8 @@ from dataplane.app import Dataplane
 from dataplane.config import DataplaneConfig
 from dataplane.kernel_compiles import CompileWatch
 from dataplane.kernel_manifest import KernelVariant, VariantRecorder, read_manifest, variant_from_hook, write_manifest
-from dataplane.kernel_precompile import precompile, preload_variant, resolve_kernel
+from dataplane import kernel_precompile
+from dataplane.kernel_precompile import REPORTED_FAILURES, precompile, preload_variant, resolve_kernel
 from kernels import row_argmax as row_argmax_module
 from tests.dataplane.precompile_helpers import record_preload
 
@@ -106,37 +108,56 @@ def test_preload_reports_instead_of_raising():
     assert preload_variant("kernels.no_such_module", "_k", "{}").startswith("kernels.no_such_module._k: ")
 
 
-def test_precompile_runs_every_variant_in_worker_processes(tmp_path):
+def test_precompile_runs_every_variant_in_threads_of_this_process(tmp_path):
     variants = [KernelVariant("kernels.x", "_k", json.dumps({"folder": str(tmp_path), "n": n})) for n in range(5)]
     variants.append(KernelVariant("kernels.x", "_k", json.dumps({"bad": True})))
     report = precompile(variants, workers=2, preload=record_preload)
     assert (report.variants, report.compiled, report.failed, report.workers) == (6, 5, 1, 2)
     assert report.failures == ["kernels.x._k: refused"]
-    made = sorted(p.name for p in tmp_path.iterdir())
-    assert [name.split("-")[1] for name in made] == ["0", "1", "2", "3", "4"]
-    assert all(int(name.split("-")[2]) != os.getpid() for name in made)  # in other processes
+    made = sorted(p.name.split("-") for p in tmp_path.iterdir())
+    assert [n for _, n, _, _ in made] == ["0", "1", "2", "3", "4"]
+    assert {int(pid) for _, _, pid, _ in made} == {os.getpid()}
+    assert all(thread.startswith("precompile") for _, _, _, thread in made)
     assert precompile([], workers=4, preload=record_preload).workers == 0
 
 
-def test_precompile_in_threads_runs_in_this_process(tmp_path):
-    variants = [KernelVariant("kernels.x", "_k", json.dumps({"folder": str(tmp_path), "n": n})) for n in range(4)]
-    report = precompile(variants, workers=3, preload=record_preload, in_threads=True)
-    assert (report.compiled, report.failed, report.workers) == (4, 0, 3)
-    assert {int(p.name.split("-")[2]) for p in tmp_path.iterdir()} == {os.getpid()}
-    # Threads need no picklable preload.
-    assert precompile(variants[:1], workers=1, preload=lambda *a: None, in_threads=True).compiled == 1
-    # Triton's own preload on a variant it cannot compile here (the interpreter; a bad specialization):
-    # counted as failed, nothing raised.
+def test_precompile_threads_run_side_by_side():
+    # Each preload waits for the other two: run one after another, all three would fail.
+    barrier = threading.Barrier(3, timeout=10)
+
+    def preload(module: str, qualname: str, specialization: str) -> None:
+        barrier.wait()
+
+    variants = [KernelVariant("kernels.x", "_k", str(n)) for n in range(3)]
+    report = precompile(variants, workers=3, preload=preload)
+    assert (report.compiled, report.failed, report.workers) == (3, 0, 3), report.failures
+
+
+def test_a_failing_preload_is_reported_by_name_and_does_not_raise(monkeypatch):
+    def preload(module: str, qualname: str, specialization: str) -> str | None:
+        if specialization == "raise":
+            raise RuntimeError("boom")
+        return f"{module}.{qualname}: refused" if specialization == "refuse" else None
+
+    variants = [KernelVariant("kernels.x", "_ok", "ok"), KernelVariant("kernels.x", "_raises", "raise"),
+                KernelVariant("kernels.y", "_refuses", "refuse")]
+    report = precompile(variants, workers=2, preload=preload)
+    assert (report.compiled, report.failed) == (1, 2)
+    assert sorted(report.failures) == ["kernels.x._raises: RuntimeError: boom", "kernels.y._refuses: refused"]
+    many = [KernelVariant("kernels.x", f"_k{n}", "raise") for n in range(REPORTED_FAILURES + 2)]
+    report = precompile(many, workers=2, preload=preload)
+    assert (report.failed, len(report.failures)) == (REPORTED_FAILURES + 2, REPORTED_FAILURES)
+    # Triton's own preload on a variant it cannot compile here (the interpreter; a bad specialization),
+    # after the kernels are prepared on this thread (only for Triton's preload).
+    prepared = []
+    monkeypatch.setattr(kernel_precompile, "_prepare_in_this_process", prepared.append)
     bad = KernelVariant("kernels.row_argmax", "_row_argmax_kernel", "{not json")
-    assert precompile([bad], workers=1, in_threads=True).failed == 1
-
-
-def test_precompile_reports_a_preload_the_workers_cannot_run(tmp_path):
-    # A lambda cannot be sent to a spawned process: every variant fails, nothing raises.
-    variants = [KernelVariant("kernels.x", "_k", json.dumps({"n": n})) for n in range(3)]
-    report = precompile(variants, workers=2, preload=lambda *a: None)
-    assert (report.compiled, report.failed) == (0, 3)
-    assert all(f.startswith("kernels.x._k: ") for f in report.failures)
+    report = precompile([bad], workers=1)
+    assert (report.compiled, report.failed) == (0, 1)
+    assert report.failures[0].startswith("kernels.row_argmax._row_argmax_kernel: ")
+    assert prepared == [[bad]]
+    precompile([bad], workers=1, preload=preload)
+    assert prepared == [[bad]]
 
 
 def _config(model: str, **overrides) -> DataplaneConfig:
@@ -191,11 +212,9 @@ def test_manifest_flags_and_environment_reach_the_config(monkeypatch):
     from dataplane.__main__ import parse_args
 
     monkeypatch.setenv("PW_DATAPLANE_PRECOMPILE_WORKERS", "3")
-    overrides = parse_args(["--model", "/m", "--kernel-manifest", "/in.json", "--kernel-manifest-out", "/out.json",
-                            "--precompile-in-threads"])
+    overrides = parse_args(["--model", "/m", "--kernel-manifest", "/in.json", "--kernel-manifest-out", "/out.json"])
     cfg = DataplaneConfig(**overrides)
-    assert (cfg.kernel_manifest, cfg.kernel_manifest_out) == ("/in.json", "/out.json")
-    assert cfg.precompile_in_threads and cfg.precompile_workers == 3
-    assert not DataplaneConfig(**parse_args(["--model", "/m"])).precompile_in_threads
+    assert (cfg.kernel_manifest, cfg.kernel_manifest_out, cfg.precompile_workers) == ("/in.json", "/out.json", 3)
+    assert parse_args(["--model", "/m", "--precompile-workers", "2"])["precompile_workers"] == 2
     with pytest.raises(ValueError):
         DataplaneConfig(model_path="/m", precompile_workers=-1)
