@@ -36,23 +36,25 @@ _FP16_MAX_C = tl.constexpr(FP16_MAX)
 @triton.jit
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, ready, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                   STAGES: tl.constexpr, SIGNAL: tl.constexpr):
+                   top_k, q_x, q_h, ready, part, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+                   STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
-    # block's BN rows; per tile, the second of the gate/up pair to arrive
-    # (counters[tile index]) combines SiLU(gate) * up and, with SIGNAL,
-    # counts the token tile's h as stored in *ready.
+    # block's BN rows over K range `part` of SPLIT; per tile, the last of the
+    # 2 * SPLIT programs of the gate/up pair to arrive (counters[tile index])
+    # combines SiLU(gate) * up and, with SIGNAL, counts the token tile's h as
+    # stored in *ready.
     for m0 in range(start, end, BM):
         _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
                       counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
-                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, BN, BM, USE_ASM, STAGES, SIGNAL)
+                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM, STAGES,
+                      SIGNAL, SPLIT)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
                   hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
-                  q_x, q_h, ready, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
-                  SIGNAL: tl.constexpr):
+                  q_x, q_h, ready, part, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+                  STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)  # the planes hold each group in the decode's column order (slot order)
     pos = m0 + m
@@ -66,19 +68,27 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
     else:
         xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
         qs_ptrs = xq_scale_ptr
-    acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, 0,
-                           H // 128, log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs,
-                           1, BN, BM, USE_ASM, STAGES)
+    g0 = 0
+    g1 = H // 128
+    if SPLIT > 1:
+        g0 = part * g1 // SPLIT
+        g1 = (part + 1) * g1 // SPLIT
+    acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, g0, g1, log2p, xt_ptrs,
+                           valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs, 1, BN, BM, USE_ASM, STAGES)
     keep = (n < F)[:, None] & valid[None, :]
     pos64 = pos.to(tl.int64)
-    mine = gu_ptr + (pos64[None, :] * 2 + which) * F + n[:, None]
+    # gu [pairs, SPLIT, 2, F]: this program's partial sum
+    mine = gu_ptr + ((pos64[None, :] * SPLIT + part) * 2 + which) * F + n[:, None]
     tl.store(mine, acc, mask=keep)
     tl.debug_barrier()
-    if tl.atomic_add(counter, 1, sem="acq_rel") == 1:
-        other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
-                        mask=keep, other=0.0, cache_modifier=".cg")
-        gate = tl.where(which == 0, acc, other)
-        up = tl.where(which == 0, other, acc)
+    if tl.atomic_add(counter, 1, sem="acq_rel") == 2 * SPLIT - 1:
+        if SPLIT == 1:
+            other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
+                            mask=keep, other=0.0, cache_modifier=".cg")
+            gate = tl.where(which == 0, acc, other)
+            up = tl.where(which == 0, other, acc)
+        else:
+            gate, up = _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
         h = gate / (1.0 + tl.exp(-gate)) * up
         h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
         tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
@@ -101,6 +111,20 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
         # Relaxed: the counter's next use is in a later launch, ordered by
         # this grid's end; acq_rel put a GPU-wide fence before the exit.
         tl.atomic_xchg(counter, 0, sem="relaxed")
+
+
+@triton.jit
+def _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT: tl.constexpr):
+    # (gate, up) fp32 [BN, BM]: the SPLIT partial sums of each, added in
+    # K order whichever program arrived last, so that h does not depend on
+    # the arrival order. From the L2 (.cg): other multiprocessors stored them.
+    at = gu_ptr + pos64[None, :] * (SPLIT * 2 * F) + n[:, None]
+    gate = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg")
+    up = tl.load(at + F, mask=keep, other=0.0, cache_modifier=".cg")
+    for p in tl.static_range(1, SPLIT):
+        gate += tl.load(at + p * 2 * F, mask=keep, other=0.0, cache_modifier=".cg")
+        up += tl.load(at + (p * 2 + 1) * F, mask=keep, other=0.0, cache_modifier=".cg")
+    return gate, up
 
 
 @triton.jit
@@ -134,7 +158,7 @@ def _moe_gate_up_kernel(
     arena_ptr,  # [num_pages * page_bytes / 4] int32 arena words
     pt_ptr,  # [num_blocks, 5, max_pages] int32 page table
     bf_ptr,  # [num_blocks] int32 resident field count per block
-    gu_ptr,  # [T * top_k, 2, F] fp32 scratch: gate / up pre-activations
+    gu_ptr,  # [T * top_k, SPLIT, 2, F] fp32 scratch: gate / up pre-activations, per K range
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
     h_ptr,  # [3, T * top_k, F] fp16 out, sorted, in the slot order of BM: the planes (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 out, scales of the int16 h (BM 1)
@@ -144,14 +168,16 @@ def _moe_gate_up_kernel(
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
+    SPLIT: tl.constexpr,  # K ranges of each projection (MoeTiles.split_up)
 ):
-    # Program (2 * tile + which, slot): gate_up_program.
+    # Program ((tile * SPLIT + part) * 2 + which, slot): gate_up_program.
     wait_for_previous_grid(PDL)
-    gate_up_program(tl.program_id(0) // 2, tl.program_id(0) % 2, tl.program_id(1), xp_ptr, xq_scale_ptr, xsum_ptr,
+    pid = tl.program_id(0)
+    gate_up_program(pid // (2 * SPLIT), pid % 2, tl.program_id(1), xp_ptr, xq_scale_ptr, xsum_ptr,
                     sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
                     count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
                     pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
-                    False)
+                    False, (pid // 2) % SPLIT, SPLIT)
 
 
 @triton.jit
@@ -159,10 +185,12 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
                     num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr, count_ptr, h_ptr, hq_scale_ptr, hsum_ptr,
                     ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
                     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
-                    STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr):
+                    STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr, part=0,
+                    SPLIT: tl.constexpr = 1):
     """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
     rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
-    the slot's expert, over the expert's tokens in tiles of BM, or of
+    the slot's expert, over K range `part` of SPLIT (groups cut evenly) and
+    the expert's tokens in tiles of BM, or of
     BM_WIDE when the expert has more than BM tokens (one pass over the
     weights instead of two; both programs of a pair see the same count, so
     they take the same tiles). With SIGNAL, every combined token tile adds
@@ -190,17 +218,17 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile)
+                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL, SPLIT)
             else:
-                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL)
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -212,7 +240,9 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
-    kernel = _moe_gate_up_kernel[(2 * (ffn // tiles.block_n_up), slots)](
+    if ws.gu.shape[1] != tiles.split_up:
+        raise ValueError("workspace was allocated for another gate/up split")
+    kernel = _moe_gate_up_kernel[(2 * tiles.split_up * (ffn // tiles.block_n_up), slots)](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts,
@@ -222,7 +252,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
-        **tiles.launch_options(),
+        SPLIT=tiles.split_up, **tiles.launch_options(),
         **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

@@ -103,6 +103,11 @@ class MoeTiles:
     one_launch: gate/up and down in one launch whose down programs start as
     their h tiles are stored (kernels/moe_gate_up_down.py); only for the
     one-token tile without a wide tile and block_n_up == block_n_down.
+    split_up: K ranges of each gate/up row tile, one program each (partial
+    sums in the workspace, added in K order by the last to arrive): more
+    programs, each with a shorter K loop, where the row tiles alone leave
+    multiprocessors idle (one token, few small experts); only for the
+    one-token tile in its own launch.
     """
 
     block_n_up: int = 128
@@ -118,6 +123,7 @@ class MoeTiles:
     limit_carveout: bool = True
     balance_down: bool = False
     one_launch: bool = False
+    split_up: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -135,6 +141,10 @@ class MoeTiles:
                              f"no wide tile can read them (block_m_wide must be 0, got {wide})")
         if self.one_launch and not self.fits_one_launch:
             raise ValueError("one_launch needs block_m 1, no wide tile and block_n_up == block_n_down")
+        if self.split_up < 1:
+            raise ValueError(f"split_up must be >= 1, got {self.split_up}")
+        if self.split_up > 1 and (self.block_m != CUDA_CORE_TOKEN_TILE or self.one_launch):
+            raise ValueError("split_up > 1 needs the one-token tile (block_m 1) in its own gate/up launch")
         if self.num_stages < 1 or self.wide_stages < 0:
             raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
                              f"{self.wide_stages}")
@@ -289,4 +299,12 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      maxnreg=maxnreg,
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
                      balance_down=balance_down)
-    return replace(tiles, one_launch=True) if tuning.one_token_one_launch and tiles.fits_one_launch else tiles
+    if tuning.one_token_one_launch and tiles.fits_one_launch:
+        return replace(tiles, one_launch=True)
+    if one_token:
+        split_up = tuning.one_token_split_up
+        if split_up == 0:
+            # Fill one wave of resident programs (rounded down, as the down split).
+            split_up = tiles.resident_programs * num_sms // (2 * (ffn // block_n_up) * active)
+        return replace(tiles, split_up=max(1, min(split_up, hidden // GROUP)))
+    return tiles

@@ -94,6 +94,12 @@ ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 # path was 64.3 us a layer, against 41.8 + 20.7 for the two launches in
 # session 27's profile.
 ONE_TOKEN_ONE_LAUNCH = False
+# one_token_split_up: K ranges of each one-token gate/up row tile
+# (MoeTiles.split_up); 0 fills one wave of resident programs. Qwen1.5-MoE at
+# B=1 has 176 gate/up programs of 64 rows for 132 multiprocessors, whose
+# time was ~8 us plus the bytes at ~3 TB/s whatever the bits (H100,
+# benchmarks/NOTES.md session 41). Not yet measured: 1 until it is.
+ONE_TOKEN_SPLIT_UP = 1
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -123,6 +129,8 @@ class MoeTuning:
     narrow_tile_stages: pipeline depth of the 8-token tile.
     narrow_tile_maxnreg: register cap of the 8-token tile's launches (None:
     the compiler's choice); MoeTiles.resident_programs follows it.
+    one_token_split_up: K ranges of each one-token gate/up row tile
+    (MoeTiles.split_up; 0: as many as fill one wave of resident programs).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -135,6 +143,7 @@ class MoeTuning:
     narrow_tile_max_mean: float = NARROW_TILE_MAX_MEAN
     narrow_tile_stages: int = NARROW_TILE_STAGES
     narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
+    one_token_split_up: int = ONE_TOKEN_SPLIT_UP
 
     def __post_init__(self) -> None:
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
@@ -144,6 +153,8 @@ class MoeTuning:
                      "narrow_tile_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.one_token_split_up < 0:
+            raise ValueError(f"one_token_split_up must be >= 0, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:
             raise ValueError(f"narrow_tile_max_mean must be >= 0, got {self.narrow_tile_max_mean}")
         for name in ("one_token_maxnreg", "narrow_tile_maxnreg"):

@@ -21,7 +21,7 @@ from kernels.weight_layout import GROUP
 @dataclass
 class MoeWorkspace:
     prep: MoePrep
-    gu: torch.Tensor  # [T * k, 2, F] fp32 gate / up pre-activations
+    gu: torch.Tensor  # [T * k, split_up, 2, F] fp32 gate / up pre-activations, per K range
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted, slot order (as prep.narrow_order): plane 0
     hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
@@ -77,7 +77,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype,
                         tiles.narrow_order),
-        gu=torch.empty(pairs, 2, ffn, dtype=torch.float32, device=device),
+        gu=torch.empty(pairs, tiles.split_up, 2, ffn, dtype=torch.float32, device=device),
         counts=zeroed[:n_counts].view(shape), ready=zeroed[n_counts:],
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
