@@ -44,7 +44,9 @@ CUDA_CORE_TOKEN_TILE = 1
 CUDA_CORE_ROWS_PER_WARP = 32
 # Resident programs per multiprocessor when the compiler picks the registers
 # (MoeTiles.maxnreg None): both weight kernels use 225-255 registers per
-# thread at 4 warps (ncu on the H200: "Block Limit Registers 2").
+# thread at 4 warps (ncu on the H200: "Block Limit Registers 2"). Programs
+# of fewer warps are counted at 255 registers a thread instead (4 of 2
+# warps: the one-token tile of 64 rows, Qwen1.5-MoE at B=1).
 PROGRAMS_PER_SM = 2
 # What a register cap allows instead (MoeTiles.resident_programs): the
 # H200's register file per multiprocessor, and the granularity in which a
@@ -200,7 +202,7 @@ def resident_programs(maxnreg: int | None, num_warps: int) -> int:
     """MoeTiles.resident_programs for a register cap (None: the compiler's
     choice) and warps per program."""
     if maxnreg is None:
-        return PROGRAMS_PER_SM
+        return max(PROGRAMS_PER_SM, resident_programs(MAX_REGISTERS_PER_THREAD, num_warps))
     threads = 32 * num_warps
     per_thread = -(-maxnreg // REGISTER_GRANULE) * REGISTER_GRANULE
     return max(1, min(REGISTERS_PER_SM // (per_thread * threads), THREADS_PER_SM // threads))
@@ -302,9 +304,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:
-        split_up = tuning.one_token_split_up
-        if split_up == 0:
-            # Fill one wave of resident programs (rounded down, as the down split).
-            split_up = tiles.resident_programs * num_sms // (2 * (ffn // block_n_up) * active)
-        return replace(tiles, split_up=max(1, min(split_up, hidden // GROUP)))
+        # Up to tuning.one_token_split_up K ranges, as many as one wave of
+        # resident programs holds (rounded down, as the down split).
+        fill = tiles.resident_programs * num_sms // (2 * (ffn // block_n_up) * active)
+        return replace(tiles, split_up=max(1, min(tuning.one_token_split_up, fill, hidden // GROUP)))
     return tiles

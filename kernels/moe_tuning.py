@@ -94,12 +94,18 @@ ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 # path was 64.3 us a layer, against 41.8 + 20.7 for the two launches in
 # session 27's profile.
 ONE_TOKEN_ONE_LAUNCH = False
-# one_token_split_up: K ranges of each one-token gate/up row tile
-# (MoeTiles.split_up); 0 fills one wave of resident programs. Qwen1.5-MoE at
-# B=1 has 176 gate/up programs of 64 rows for 132 multiprocessors, whose
-# time was ~8 us plus the bytes at ~3 TB/s whatever the bits (H100,
-# benchmarks/NOTES.md session 41). Not yet measured: 1 until it is.
-ONE_TOKEN_SPLIT_UP = 1
+# one_token_split_up: the most K ranges of each one-token gate/up row tile
+# (MoeTiles.split_up); choose_tiles takes fewer where one wave of resident
+# programs holds fewer. Qwen1.5-MoE at B=1 has 176 gate/up programs of 64
+# rows (2 warps) for 132 multiprocessors. H100, us per layer at 8 / 4 / 2
+# bits / mixed 2-6 (benchmarks/results/moe_split_up_b1_h100_s46.json; "4
+# resident" = programs of 2 warps counted as 4 per multiprocessor, which
+# also takes the down split from 2 to 4): 1 range 26.8 / 20.5 / 17.4 / 22.4;
+# 4 resident 26.8 / 20.4 / 17.4 / 21.8; with 2 ranges 26.1 / 19.6 / 16.1 /
+# 20.5; 3: 26.4 / 19.9 / 16.0 / 20.6; 4 (over one wave) 29.5 / 22.5 / 18.7 /
+# 22.6. Mixtral-8x7B (448 programs over 264 slots: never split by the fill
+# rule) is slower split: 4-bit 82.8 -> 88.2 / 90.3 us at 2 / 3 ranges.
+ONE_TOKEN_SPLIT_UP = 2
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -129,8 +135,9 @@ class MoeTuning:
     narrow_tile_stages: pipeline depth of the 8-token tile.
     narrow_tile_maxnreg: register cap of the 8-token tile's launches (None:
     the compiler's choice); MoeTiles.resident_programs follows it.
-    one_token_split_up: K ranges of each one-token gate/up row tile
-    (MoeTiles.split_up; 0: as many as fill one wave of resident programs).
+    one_token_split_up: the most K ranges of each one-token gate/up row
+    tile (MoeTiles.split_up; fewer where one wave of resident programs
+    holds fewer; 1: never split).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -153,8 +160,8 @@ class MoeTuning:
                      "narrow_tile_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.one_token_split_up < 0:
-            raise ValueError(f"one_token_split_up must be >= 0, got {self.one_token_split_up}")
+        if self.one_token_split_up < 1:
+            raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:
             raise ValueError(f"narrow_tile_max_mean must be >= 0, got {self.narrow_tile_max_mean}")
         for name in ("one_token_maxnreg", "narrow_tile_maxnreg"):
