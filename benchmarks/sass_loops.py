@@ -126,6 +126,7 @@ def main() -> None:
                          "MoeTuning.wide_tile_stages)")
     ap.add_argument("--no-asm", action="store_true", help="without the PTX byte permute")
     ap.add_argument("--maxnreg", type=int, help="register cap per thread (MoeTiles.maxnreg)")
+    ap.add_argument("--split-up", type=int, default=1, help="gate_up: K ranges per row tile (MoeTiles.split_up)")
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
     tuning = MoeTuning()
@@ -136,6 +137,8 @@ def main() -> None:
     # PDL: as the H200 runs them (kernels/pdl.py; one wait at the kernel's start)
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
                   "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages}
+    if args.kernel == "gate_up":
+        constexprs.update(SPLIT=args.split_up)
     if args.kernel in ("down", "gate_up_down"):
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
