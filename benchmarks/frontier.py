@@ -18,6 +18,13 @@ and mean KL(p_8bit || p) per token. Methods (benchmarks/policy_bits.py):
 * planner_no_sensitivity: the controlplane's fallback table instead;
 * planner_no_routing: uniform activity (no telemetry yet).
 
+With --floor-bits 0 the planner may leave blocks host-only (its last rung,
+priced by expected fetch stalls: expected_fetch_s_per_token). Such a block
+is fetched at the lowest view on its first use and keeps those pages
+(WeightStore.ensure_resident), so its quality is the lowest view's and
+expert_bytes_once_fetched, not expert_bytes, is what the state occupies once
+served. --budget-labels runs a subset of the budgets.
+
 Workloads: "mix" (all domains; activity from all of them, every domain
 evaluated) and single-domain ones (activity and evaluation on that domain).
 Identical bits configurations are evaluated once. Writes JSON and a PNG.
@@ -66,6 +73,18 @@ METHODS = ("static", "planner", "planner_no_sensitivity", "planner_no_routing")
 HALF_LIFE_S = ControlplaneConfig.model_fields["activity_half_life_s"].default
 
 
+def expected_fetch_s_per_token(shape, bits: np.ndarray, routed: np.ndarray, cfg: PlannerConfig) -> float:
+    """Seconds of on-demand fetches a token waits for under ``bits`` [L, E, 3]:
+    each host-only block, fetched at the ceiling view, times the chance that
+    a token routes to its expert (routed [L, E] tokens routed / tokens seen;
+    the planner's RungCost at batch 1, PlannerConfig's latency and bandwidth)."""
+    tokens = routed.sum(axis=1, keepdims=True) / shape.top_k  # [L, 1]
+    route_prob = routed / np.maximum(tokens, 1)  # [L, E]
+    fetch_s = np.asarray([cfg.host_fetch_latency_s + shape.footprint_bytes[p][shape.ceiling_bits]
+                          / cfg.host_bandwidth_bytes_per_s for p in range(bits.shape[2])])  # [3]
+    return float(((bits == 0) * route_prob[:, :, None] * fetch_s).sum())
+
+
 def budgets(shape) -> list[dict]:
     """Budget points, ascending: every uniform view's exact bytes and BETWEEN."""
     points = [{"bytes": uniform_bytes(shape, b), "label": f"uniform {b}-bit"} for b in shape.view_bits]
@@ -91,9 +110,13 @@ def method_bits(shape, table, fallback, activity, budget: int, cfg: PlannerConfi
     return bits, info
 
 
-def describe_bits(shape, bits: np.ndarray) -> dict:
+def describe_bits(shape, bits: np.ndarray, routed: np.ndarray, cfg: PlannerConfig) -> dict:
     values, counts = np.unique(bits, return_counts=True)
     return {"expert_bytes": shape.expert_bytes(bits), "mean_bits": round(float(bits.mean()), 4),
+            "expected_fetch_s_per_token": float(f"{expected_fetch_s_per_token(shape, bits, routed, cfg):.4g}"),
+            # A host-only block is fetched at the lowest view on first use and
+            # stays (WeightStore.ensure_resident): the bytes it then holds.
+            "expert_bytes_once_fetched": shape.expert_bytes(np.where(bits == 0, shape.view_bits[0], bits)),
             "bits_histogram": {str(int(v)): int(c) for v, c in zip(values, counts)},
             "mean_bits_per_layer": [round(float(x), 3) for x in bits.mean(axis=(1, 2))]}
 
@@ -105,7 +128,7 @@ def run_workload(paged: PagedModel, name: str, domains: list[str], args, table, 
     calib = load_domain_windows(args.tokens_dir, domains, args.activity_split, args.seq_len, args.activity_windows)
     routed, mass = routing_over(paged, calib)
     activity = workload_activity(routed, mass, HALF_LIFE_S)
-    points = budgets(shape)
+    points = [p for p in budgets(shape) if args.budget_labels is None or p["label"] in args.budget_labels]
     configs: dict[str, np.ndarray] = {}  # unique bits -> key
     keys: list[dict[str, str]] = []
     infos: list[dict] = []
@@ -133,7 +156,7 @@ def run_workload(paged: PagedModel, name: str, domains: list[str], args, table, 
         methods = {}
         for method, key in row.items():
             per = quality[key]
-            methods[method] = {**describe_bits(shape, configs[key]), **info.get(method, {}),
+            methods[method] = {**describe_bits(shape, configs[key], routed, cfg), **info.get(method, {}),
                                "per_domain": {d: q.as_dict() for d, q in per.items()},
                                "mean": mean_quality(per)}
         out_points.append({**p, "best_static_bits": best_static(shape, p["bytes"]), "methods": methods})
@@ -203,8 +226,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--activity-split", default="validation")
     parser.add_argument("--single-domains", default="python,german", help="comma list ('' for none)")
     parser.add_argument("--no-mix", action="store_true")
+    parser.add_argument("--floor-bits", type=int, default=PlannerConfig().default_floor_bits,
+                        help="the planner's default_floor_bits (0: host-only is its last rung)")
+    parser.add_argument("--host-stall-weight", type=float, default=PlannerConfig().host_stall_weight,
+                        help="the planner's host_stall_weight (the price of a host-only block's fetch stalls)")
+    parser.add_argument("--budget-labels", help="';'-separated budget labels to run (e.g. 'uniform 3-bit'; "
+                                                "default every budget; uniform 3-bit is always run)")
     parser.add_argument("--out", type=Path, default=RESULTS / "frontier_cpu.json")
     args = parser.parse_args(argv)
+    if args.budget_labels is not None:
+        args.budget_labels = {"uniform 3-bit", *args.budget_labels.split(";")}
     if args.eval_split == args.activity_split:
         raise SystemExit("the activity workload must not come from the evaluated split")
     start = time.perf_counter()
@@ -212,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     paged = PagedModel(args.model, args.seq_len, args.batch)
     table = load(args.model / SENSITIVITY_FILE)
     fallback = no_sensitivity_table(paged.shape)
-    cfg = PlannerConfig()
+    cfg = PlannerConfig(default_floor_bits=args.floor_bits, host_stall_weight=args.host_stall_weight)
     domains = corpus_domains(args.tokens_dir)
     workloads = {} if args.no_mix else {"mix": domains}
     workloads.update({d: [d] for d in filter(None, args.single_domains.split(","))})
