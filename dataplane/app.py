@@ -14,6 +14,7 @@ from dataplane.config import DataplaneConfig
 from dataplane.engine import Engine
 from dataplane.engine_builder import build
 from dataplane.kernel_compiles import CompileWatch
+from dataplane.kernel_keys import settle_cache_keys
 from dataplane.kernel_manifest import VariantRecorder, read_manifest
 from dataplane.kernel_precompile import PrecompileReport, precompile
 from dataplane.precision_state import PrecisionReporter, StaticPrecision
@@ -37,6 +38,7 @@ class Dataplane:
         on_plan: PlanCallback | None = None,
     ) -> None:
         self.config = config
+        self.settled_keys = self._settle_kernel_keys(config)
         self.variants = VariantRecorder() if config.kernel_manifest_out is not None else None
         self.precompiled: PrecompileReport | None = self._precompile(config, self.variants)
         # The build launches kernels of its own (quantize/pack on load): recorded too.
@@ -61,6 +63,18 @@ class Dataplane:
         self.warmup: WarmupReport | None = None
         self.compiles = CompileWatch(self.engine.count_kernel_compile,
                                      self.variants.add if self.variants is not None else None)
+
+    @staticmethod
+    def _settle_kernel_keys(config: DataplaneConfig) -> int | None:
+        """On CUDA, every kernel's Triton cache key taken before anything
+        compiles (dataplane/kernel_keys.py), so that this process finds the
+        disk-cache entries an earlier process wrote whatever it compiles
+        first; the count, or None on the CPU (the interpreter compiles nothing)."""
+        if config.resolved_device().type != "cuda":
+            return None
+        settled = settle_cache_keys()
+        log.info("Triton cache keys of %d kernel functions taken before any compile", settled)
+        return settled
 
     @staticmethod
     def _precompile(config: DataplaneConfig, recorder: VariantRecorder | None) -> PrecompileReport | None:

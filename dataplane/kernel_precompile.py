@@ -17,7 +17,10 @@ of warm-up, 77 compiles). Precompiled in 16 processes: 31.1 s of precompile,
 again, because the MoE gate-up and down kernels' source hash
 (``fn_cache_key``) differed between the workers and the dataplane.
 Precompiled in 16 threads: 27.1 s of precompile, 7.2 s of warm-up, 43.2 s to
-serving, no compile in the warm-up.
+serving, no compile in the warm-up. (The cause of the misses, found later:
+Triton 3.6's keys depend on what a process compiled first;
+dataplane/kernel_keys.py now settles them up front. Threads stay: no
+interpreter start or imports per worker.)
 
 The manifest is advisory: a variant that fails to preload (another Triton,
 GPU or kernel source) is counted and named in the report, and the warm-up
