@@ -67,6 +67,11 @@ WIDE_TOKEN_TILE = 32
 # (benchmarks/results/moe_tune_*_s11_h200.json). 16 is the plan's narrowest
 # row (down_plan_width), not a measured crossing point.
 BALANCE_MAX_EXPERTS = 16
+# Fewest K groups in one range of a split one-token gate/up row tile
+# (MoeTiles.split_up): measured only with 5-8 (Qwen1.5-MoE, 16 groups in 2
+# or 3 ranges, benchmarks/NOTES.md session 46); a model with fewer groups
+# (the default model: 2) is not split.
+MIN_GROUPS_PER_RANGE = 4
 
 
 @dataclass(frozen=True)
@@ -305,7 +310,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         return replace(tiles, one_launch=True)
     if one_token:
         # Up to tuning.one_token_split_up K ranges, as many as one wave of
-        # resident programs holds (rounded down, as the down split).
+        # resident programs holds (rounded down, as the down split), each of
+        # at least MIN_GROUPS_PER_RANGE groups.
         fill = tiles.resident_programs * num_sms // (2 * (ffn // block_n_up) * active)
-        return replace(tiles, split_up=max(1, min(tuning.one_token_split_up, fill, hidden // GROUP)))
+        most = hidden // (GROUP * MIN_GROUPS_PER_RANGE)
+        return replace(tiles, split_up=max(1, min(tuning.one_token_split_up, fill, most)))
     return tiles

@@ -96,7 +96,8 @@ ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 ONE_TOKEN_ONE_LAUNCH = False
 # one_token_split_up: the most K ranges of each one-token gate/up row tile
 # (MoeTiles.split_up); choose_tiles takes fewer where one wave of resident
-# programs holds fewer. Qwen1.5-MoE at B=1 has 176 gate/up programs of 64
+# programs holds fewer, or a range would hold fewer than
+# moe_tiles.MIN_GROUPS_PER_RANGE groups. Qwen1.5-MoE at B=1 has 176 gate/up programs of 64
 # rows (2 warps) for 132 multiprocessors. H100, us per layer at 8 / 4 / 2
 # bits / mixed 2-6 (benchmarks/results/moe_split_up_b1_h100_s46.json; "4
 # resident" = programs of 2 warps counted as 4 per multiprocessor, which

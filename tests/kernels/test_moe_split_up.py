@@ -82,12 +82,13 @@ def test_choose_tiles_splits_only_where_the_row_tiles_leave_room():
     assert (shipped.num_warps, shipped.resident_programs) == (2, 4)
     assert shipped.split_up == MoeTuning().one_token_split_up == 2
     assert choose_tiles(**qwen, tuning=MoeTuning(one_token_split_up=3)).split_up == 3
-    assert choose_tiles(**qwen, tuning=MoeTuning(one_token_split_up=9)).split_up == 528 // 176
+    assert choose_tiles(**qwen, tuning=MoeTuning(one_token_split_up=9)).split_up == 528 // 176  # 3: 5-6 groups
     assert choose_tiles(**qwen, tuning=MoeTuning(one_token_split_up=1)).split_up == 1
     # Mixtral: 448 programs of 4 warps over 264 slots: never split.
     assert choose_tiles(**mixtral, tuning=MoeTuning(one_token_split_up=9)).split_up == 1
-    # A K range is at least a group (a small model on many multiprocessors).
-    assert choose_tiles(1, 2, 4, 256, 256, num_sms=1000, tuning=MoeTuning(one_token_split_up=9)).split_up == 2
+    # A K range holds at least MIN_GROUPS_PER_RANGE groups (small models on many multiprocessors).
+    assert choose_tiles(1, 2, 4, 1024, 256, num_sms=1000, tuning=MoeTuning(one_token_split_up=9)).split_up == 2
+    assert choose_tiles(1, 2, 8, 256, 384, tuning=MoeTuning(one_token_split_up=9)).split_up == 1  # the default model
     assert choose_tiles(num_tokens=2, top_k=4, num_experts=60, hidden=2048, ffn=1408).split_up == 1  # tensor cores
     both = MoeTuning(one_token_split_up=3, one_token_one_launch=True)
     assert choose_tiles(**mixtral, tuning=both).one_launch and choose_tiles(**mixtral, tuning=both).split_up == 1
