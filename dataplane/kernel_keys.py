@@ -32,13 +32,19 @@ log = logging.getLogger(__name__)
 def jit_functions(package: str = "kernels") -> dict[str, object]:
     """{"module.name": JITFunction} for every ``@triton.jit`` function defined
     in ``package``'s modules (under autotune/heuristics wrappers too), in name
-    order."""
+    order. A module that fails to import is logged and skipped: its kernels
+    are hashed at their first launch, as before."""
     from triton.runtime.jit import JITFunction
 
     root = importlib.import_module(package)
     found: dict[str, object] = {}
     for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{package}.{info.name}")
+        try:
+            module = importlib.import_module(f"{package}.{info.name}")
+        except Exception as err:  # advisory, like the keys themselves
+            log.warning("kernel module %s.%s not imported for its cache keys: %s: %s", package, info.name,
+                        type(err).__name__, err)
+            continue
         for name, obj in sorted(vars(module).items()):
             while not isinstance(obj, JITFunction) and hasattr(obj, "fn"):
                 obj = obj.fn

@@ -84,3 +84,17 @@ def test_settled_keys_do_not_change_when_a_kernel_compiles(tmp_path):
     result = json.loads(out.read_text())
     assert result["settled_stable"], result["keys"]
     assert set(result["keys"]) == {"fresh", "after_compile", "settled", "settled_after_compile"}
+
+
+def test_a_module_that_fails_to_import_is_skipped(tmp_path, monkeypatch, caplog):
+    package = tmp_path / "pw_fake_kernels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a_broken.py").write_text("raise ImportError('needs a driver')\n")
+    (package / "b_fine.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from dataplane.kernel_keys import jit_functions
+
+    with caplog.at_level("WARNING", logger="dataplane.kernel_keys"):
+        assert jit_functions("pw_fake_kernels") == {}
+    assert "pw_fake_kernels.a_broken" in caplog.text and "needs a driver" in caplog.text
