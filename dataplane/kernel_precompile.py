@@ -37,6 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+from dataplane.kernel_keys import settle_cache_keys
 from dataplane.kernel_manifest import KernelVariant
 
 log = logging.getLogger(__name__)
@@ -99,15 +100,17 @@ def default_workers() -> int:
 
 
 def _prepare_in_this_process(variants: list[KernelVariant]) -> None:
-    """Before the threads preload: each kernel's source hash and per-device
-    cache made once on this thread (Triton creates both lazily, unguarded). A
-    kernel that fails here fails again in its preload, which reports it."""
+    """Before the threads preload, on this thread: every kernel's cache key
+    taken in one fixed order (dataplane/kernel_keys.py; a no-op after the
+    Dataplane's own settle), and each manifest kernel's per-device cache made
+    once (Triton creates it lazily, unguarded). A kernel that fails here fails
+    again in its preload, which reports it."""
     from triton.runtime import driver
 
+    settle_cache_keys()
     for module, qualname in dict.fromkeys((v.module, v.qualname) for v in variants):
         try:
             kernel = resolve_kernel(module, qualname)
-            _ = kernel.cache_key
             caches = getattr(kernel, "device_caches", None)
             if caches is not None:
                 _ = caches[driver.active.get_current_device()]
