@@ -27,11 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kernels.moe_tiles import MoeTiles  # noqa: E402
+
 PROBED = ("kernels.moe_align._moe_prep_kernel", "kernels.moe_entry._moe_entry_kernel",
           "kernels.moe_gate_up._moe_gate_up_kernel", "kernels.moe_down._moe_down_kernel")
 # The down launch of the one-token tile at Qwen1.5-MoE's B=1 shape (sass_loops.py's constexprs).
 DOWN = {"BN": 64, "BM": 1, "BM_WIDE": 0, "USE_ASM": True, "PDL": True, "STAGES": 4, "STAGES_WIDE": 4,
-        "HS_SUB": 1, "E_PAD": 16, "BALANCE": False}
+        "HS_SUB": 1, "E_PAD": 16, "BALANCE": False,
+        "DOWN_COSTS": MoeTiles().down_cost_word}
 MODES = ("fresh", "after_compile", "settled", "settled_after_compile")
 
 

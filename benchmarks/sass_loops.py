@@ -36,7 +36,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import moe_down, moe_gate_up, moe_gate_up_down  # noqa: E402
-from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, default_stages  # noqa: E402
+from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, MoeTiles, default_stages  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
@@ -140,7 +140,8 @@ def main() -> None:
     if args.kernel == "gate_up":
         constexprs.update(SPLIT=args.split_up)
     if args.kernel in ("down", "gate_up_down"):
-        constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance)
+        constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance,
+                          DOWN_COSTS=MoeTiles().down_cost_word)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
     with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
         cubin = Path(tmp) / f"{args.kernel}.cubin"

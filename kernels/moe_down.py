@@ -59,20 +59,17 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
     tl.atomic_add(out_ptr + tok[None, :] * H + n[:, None], acc * wt[None, :], mask=keep, sem="relaxed")
 
 
-# Relative time per weight group of each view (index = resident fields) in the
-# down launch, from the layer's times per view (Mixtral B=16,
-# benchmarks/results/moe_h200_s10.json: 2 / 3 / 4 / 6 / 8 bits at 255 / 315 /
-# 351 / 410 / 478 us, in units of ~32 us); index 0 (host-only) costs nothing.
-DOWN_GROUP_COST = (0, 8, 10, 11, 13, 15)
-_COST1, _COST2, _COST3, _COST4, _COST5 = (tl.constexpr(c) for c in DOWN_GROUP_COST[1:])
 DOWN_PLAN_FIELDS_C = tl.constexpr(DOWN_PLAN_FIELDS)
 PROJS_PER_EXPERT_C = tl.constexpr(PROJS_PER_EXPERT)
 
 
 @triton.jit
-def _group_cost(nf):
-    return tl.where(nf == 1, _COST1, tl.where(nf == 2, _COST2, tl.where(
-        nf == 3, _COST3, tl.where(nf == 4, _COST4, tl.where(nf >= 5, _COST5, 0)))))
+def _group_cost(nf, COSTS: tl.constexpr):
+    # COSTS: MoeTiles.down_cost_word, the cost of a group at f fields in byte
+    # f - 1; host-only (0 fields) costs nothing.
+    return tl.where(nf == 1, COSTS & 255, tl.where(nf == 2, (COSTS >> 8) & 255, tl.where(
+        nf == 3, (COSTS >> 16) & 255, tl.where(nf == 4, (COSTS >> 24) & 255, tl.where(
+            nf >= 5, (COSTS >> 32) & 255, 0)))))
 
 
 @triton.jit
@@ -115,13 +112,14 @@ def _moe_down_kernel(
     USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, PDL: tl.constexpr,
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
+    DOWN_COSTS: tl.constexpr,  # MoeTiles.down_cost_word (BALANCE only)
 ):
     # Program (n, p): down_program, which waits for the gate/up launch
     # after its routing loads (the entry's tables, two launches back).
     down_program(tl.program_id(0), tl.program_id(1), tl.num_programs(1), h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                  offsets_ptr, active_ptr, num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr, plan_ptr,
                  plan_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
-                 q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES_WIDE, False, PDL)
+                 q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES_WIDE, False, PDL, DOWN_COSTS)
 
 
 @triton.jit
@@ -130,7 +128,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                  pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k, q_x,
                  BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
                  USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, STAGES: tl.constexpr,
-                 STAGES_WIDE: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr):
+                 STAGES_WIDE: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr, DOWN_COSTS: tl.constexpr):
     """One program of the down launch (arguments as _moe_down_kernel's),
     program (pid_n, pid_p) of num_p per row tile. With WAIT, h is written by
     other programs of the same launch (kernels/moe_gate_up_down.py): before
@@ -147,7 +145,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
     # groups_per_split groups. With BALANCE: share p of the row tile's work,
     # which is the active experts' groups laid end to end, each group weighted
-    # by its view's cost (DOWN_GROUP_COST); the program takes the groups whose
+    # by its view's cost (DOWN_COSTS); the program takes the groups whose
     # first unit falls in [p total / P, (p + 1) total / P). With equal views
     # that is the same split; with mixed views a program may finish one
     # expert's range and start the next, instead of the launch waiting on the
@@ -164,7 +162,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                                                               tl.minimum(e, E - 1), block0, E)
         wait_for_previous_grid(PDL)
         live = e < n_act
-        unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d), 0)  # [E_PAD]
+        unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d, DOWN_COSTS), 0)  # [E_PAD]
         # The slots' work ends and tables go through this program's row of
         # plan and come back as loads from uniform addresses: values taken
         # from the reduction directly are per-thread to ptxas, and an expert
@@ -275,7 +273,7 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
         BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
-        STAGES_WIDE=tiles.wide_loop_stages,
+        STAGES_WIDE=tiles.wide_loop_stages, DOWN_COSTS=tiles.down_cost_word,
         **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

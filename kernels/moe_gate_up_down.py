@@ -67,6 +67,7 @@ def _moe_gate_up_down_kernel(
     row_tiles, progs_per_tile, split, groups_per_split,  # the down launch's grid and K split
     BN: tl.constexpr, BM: tl.constexpr, HS_SUB: tl.constexpr, USE_ASM: tl.constexpr, E_PAD: tl.constexpr,
     BALANCE: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
+    DOWN_COSTS: tl.constexpr,  # MoeTiles.down_cost_word (BALANCE only)
 ):
     wait_for_previous_grid(PDL)
     n_ready = E * (F // BN)
@@ -87,7 +88,7 @@ def _moe_gate_up_down_kernel(
                      sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr,
                      plan_ptr, ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split,
                      groups_per_split, top_k, q_h, BN, BM, 0, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES, True,
-                     False)
+                     False, DOWN_COSTS)
         # Every thread's reads of ready before this program counts as done.
         # The down programs alone count: when the last of them is done, every
         # ticket was taken (gate/up tickets come first) and every h tile that
@@ -128,6 +129,6 @@ def run_gate_up_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: Page
         slots, gate_up_programs, row_tiles, progs_per_tile, split, groups_per_split,
         BN=tiles.block_n_up, BM=tiles.block_m, HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
-        **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
+        DOWN_COSTS=tiles.down_cost_word, **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from kernels.moe_tuning import MAX_REGISTERS_PER_THREAD, MoeTuning
+from kernels.moe_tuning import DOWN_GROUP_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, check_down_group_cost
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
@@ -104,7 +104,7 @@ class MoeTiles:
     (random routing at B=64: 426 vs 570 us). As two launches, one per tile,
     each launch left half the GPU idle in the down projection (531 us).
     balance_down: the down launch's programs share each row tile's work by
-    view cost (kernels/moe_down.py, DOWN_GROUP_COST), so that in a mixed
+    view cost (down_group_cost: one per view, 1..5 fields), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
     False: split_k equal K ranges per expert.
     one_launch: gate/up and down in one launch whose down programs start as
@@ -131,8 +131,10 @@ class MoeTiles:
     balance_down: bool = False
     one_launch: bool = False
     split_up: int = 1
+    down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         for name in ("block_m", "block_n_up", "block_n_down"):
             value = getattr(self, name)
             if name == "block_m" and value == CUDA_CORE_TOKEN_TILE:
@@ -194,6 +196,12 @@ class MoeTiles:
     def wide_loop_stages(self) -> int:
         """Pipeline depth of the block_m_wide loops."""
         return self.wide_stages or self.num_stages
+
+    @property
+    def down_cost_word(self) -> int:
+        """down_group_cost packed for the down launch's DOWN_COSTS constexpr:
+        the cost of view f (f resident fields) in byte f - 1."""
+        return sum(c << (8 * i) for i, c in enumerate(self.down_group_cost))
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -305,7 +313,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
                      maxnreg=maxnreg,
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                     balance_down=balance_down)
+                     balance_down=balance_down, down_group_cost=tuning.down_group_cost)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:

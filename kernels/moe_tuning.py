@@ -107,6 +107,15 @@ ONE_TOKEN_ONE_LAUNCH = False
 # 22.6. Mixtral-8x7B (448 programs over 264 slots: never split by the fill
 # rule) is slower split: 4-bit 82.8 -> 88.2 / 90.3 us at 2 / 3 ranges.
 ONE_TOKEN_SPLIT_UP = 2
+# down_group_cost: relative time per weight group of each view (1..5 resident
+# fields: 2 / 3 / 4 / 6 / 8 bits) in the down launch, by which its programs
+# share a row tile's work when balance_down is on (kernels/moe_down.py). From
+# the layer's times per view (Mixtral B=16, 16-token tile,
+# benchmarks/results/moe_h200_s10.json: 2 / 3 / 4 / 6 / 8 bits at 255 / 315 /
+# 351 / 410 / 478 us, in units of ~32 us).
+DOWN_GROUP_COST = (8, 10, 11, 13, 15)
+DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
+DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -139,6 +148,9 @@ class MoeTuning:
     one_token_split_up: the most K ranges of each one-token gate/up row
     tile (MoeTiles.split_up; fewer where one wave of resident programs
     holds fewer; 1: never split).
+    down_group_cost: relative cost of a weight group at each view (1..5
+    fields) by which the balanced down launch shares its work
+    (MoeTiles.down_group_cost); a list is taken as a tuple.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -152,8 +164,10 @@ class MoeTuning:
     narrow_tile_stages: int = NARROW_TILE_STAGES
     narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
+    down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")
@@ -169,3 +183,13 @@ class MoeTuning:
             cap = getattr(self, name)
             if cap is not None and not 0 < cap <= MAX_REGISTERS_PER_THREAD:
                 raise ValueError(f"{name} must be None or in 1..{MAX_REGISTERS_PER_THREAD}, got {cap}")
+
+
+def check_down_group_cost(costs) -> tuple[int, ...]:
+    """``costs`` as a tuple of DOWN_COST_VIEWS integers in 1..DOWN_COST_MAX, or ValueError."""
+    costs = tuple(costs)
+    if len(costs) != DOWN_COST_VIEWS or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 < c <= DOWN_COST_MAX for c in costs):
+        raise ValueError(f"down_group_cost must be {DOWN_COST_VIEWS} integers in 1..{DOWN_COST_MAX} "
+                         f"(views 2 / 3 / 4 / 6 / 8 bits), got {costs!r}")
+    return costs

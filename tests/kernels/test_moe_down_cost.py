@@ -1,0 +1,63 @@
+"""The balanced down launch's view costs (MoeTuning.down_group_cost): validated,
+packed one byte per view, carried by choose_tiles, and never changing the result."""
+
+import pytest
+import torch
+
+from kernels.moe_mixed import fused_moe_mixed, moe_mixed_reference
+from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tuning import DOWN_GROUP_COST, MoeTuning
+from tests.kernels.paged_store import random_moe
+
+H, F, E = 256, 384, 5
+PAGE = 8192
+# Every view (1..5 fields) in both layers, expert 4 host-only.
+FIELDS = [5, 1, 3, 2, 4, 3, 1, 5, 2, 4, 4, 2, 3, 5, 1]
+
+
+def mixed_fields(layer, e, proj):
+    return 0 if e == 4 else FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
+
+
+def test_costs_are_validated_and_taken_as_a_tuple():
+    assert MoeTuning().down_group_cost == DOWN_GROUP_COST
+    assert MoeTuning(down_group_cost=[1, 2, 3, 4, 5]).down_group_cost == (1, 2, 3, 4, 5)
+    for bad in ([8, 10, 11, 13], [8, 10, 11, 13, 15, 17], [0, 10, 11, 13, 15], [8, 10, 11, 13, 256],
+                [8, 10, 11.5, 13, 15], [True, 10, 11, 13, 15]):
+        with pytest.raises(ValueError, match="down_group_cost"):
+            MoeTuning(down_group_cost=bad)
+        with pytest.raises(ValueError, match="down_group_cost"):
+            MoeTiles(down_group_cost=bad)
+
+
+def test_cost_word_holds_view_f_in_byte_f_minus_one():
+    word = MoeTiles(down_group_cost=(1, 2, 3, 254, 255)).down_cost_word
+    assert [(word >> (8 * i)) & 255 for i in range(5)] == [1, 2, 3, 254, 255]
+    assert word >> 40 == 0
+
+
+def test_choose_tiles_carries_the_tunings_costs():
+    costs = (8, 12, 14, 21, 26)
+    for tokens in (1, 4, 16, 64):  # one-token, narrow, 16-token and wide-tile launches
+        tiles = choose_tiles(tokens, 2, 8, 4096, 14336, tuning=MoeTuning(down_group_cost=costs))
+        assert tiles.down_group_cost == costs
+    assert choose_tiles(16, 2, 8, 4096, 14336).down_group_cost == DOWN_GROUP_COST
+
+
+@pytest.mark.parametrize("block_m,t,costs", [(8, 7, (1, 1, 1, 1, 1)), (16, 7, (8, 12, 14, 21, 26)),
+                                              (8, 7, (255, 3, 77, 1, 200)), (1, 3, (255, 3, 77, 1, 200))])
+def test_any_costs_give_the_same_layer(device, block_m, t, costs):
+    # The costs only move the programs' shares of a row tile's groups (every
+    # view present, one expert host-only): the layer matches the reference.
+    # (The one-token tile runs a tile per token: 3 tokens keep it short.)
+    weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=5)
+    torch.manual_seed(6)
+    x = torch.randn(t, H)
+    ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)])
+    tw = torch.rand(t, 2)
+    tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=block_m, split_k=3, balance_down=True,
+                     down_group_cost=costs)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
+    err = float((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm())
+    assert out.shape == (t, H) and bool(torch.isfinite(out).all()) and err < 3e-3
