@@ -112,7 +112,13 @@ ONE_TOKEN_SPLIT_UP = 2
 # share a row tile's work when balance_down is on (kernels/moe_down.py). From
 # the layer's times per view (Mixtral B=16, 16-token tile,
 # benchmarks/results/moe_h200_s10.json: 2 / 3 / 4 / 6 / 8 bits at 255 / 315 /
-# 351 / 410 / 478 us, in units of ~32 us).
+# 351 / 410 / 478 us, in units of ~32 us). The 8-token tile's down launch
+# alone keeps those ratios (Mixtral B=16, H200: 2 / 4 / 6 bits 63.0 / 81.3 /
+# 100.5 us, 8 : 10.3 : 12.8), and on mixed states other tables were no faster
+# (layer us at B = 16 / 4 / 1, mixed 2/6: these 274.2-274.4 / 269.7-270.4 /
+# 71.9-72.0; (8, 10, 9, 13, 14) 275.0 / 269.5 / 72.1; all 1 284.9 / 280.4 /
+# 73.2; (8, 11, 13, 18, 22) 288.3 / 282.9 / 74.3;
+# moe_down_cost_b16_h200_s47.json).
 DOWN_GROUP_COST = (8, 10, 11, 13, 15)
 DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
 DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
