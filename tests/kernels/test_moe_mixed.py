@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from kernels import moe_align, moe_mixed
-from kernels.arrival_counters import ArrivalCounters
 from kernels import weight_layout as wl
 from kernels.moe_align import moe_prepare, moe_prepare_reference
 from kernels.moe_mixed import (
@@ -14,7 +13,7 @@ from kernels.moe_mixed import (
     moe_mixed_reference,
     run_gate_up,
 )
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
 from kernels.smem_carveout import carveout_of
 from tests.kernels.paged_store import random_moe
@@ -268,97 +267,6 @@ def test_prepare_matches_reference(device, monkeypatch, in_kernel_sort, plane_dt
         assert active == sorted(active)
 
 
-def test_tiles_validate_and_widen_only_when_needed():
-    with pytest.raises(ValueError, match="block_m_wide"):
-        MoeTiles(block_m=32, block_m_wide=32)
-    with pytest.raises(ValueError, match="block_m "):
-        MoeTiles(block_m=24)
-    # Up to tuning.narrow_tile_max_mean tokens per expert (Mixtral B <= 16)
-    # the 8-token tile, without a wide tile; then 16 tokens.
-    narrow = choose_tiles(16, 2, 8, 4096, 14336)
-    assert (narrow.block_m, narrow.block_m_wide, narrow.activation_dtype) == (8, 0, torch.float16)
-    assert narrow.balance_down  # shared down work, but not with the wide tile
-    assert choose_tiles(4, 2, 8, 4096, 14336).block_m == 8
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m_wide == 0
-    assert choose_tiles(2, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
-    # The narrow tile stages the planes in its own order: never a wide tile.
-    assert (choose_tiles(24, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=6)).block_m_wide) == 0
-    with pytest.raises(ValueError, match="slot order"):
-        MoeTiles(block_m=8, block_m_wide=16)
-    b32 = choose_tiles(32, 2, 8, 4096, 14336)
-    assert (b32.block_m, b32.block_m_wide) == (16, 0)  # mean 8 per expert: rarely over 16
-    assert narrow.narrow_order and not b32.narrow_order and not choose_tiles(1, 2, 8, 4096, 14336).narrow_order
-    wide = choose_tiles(64, 2, 8, 4096, 14336)
-    assert (wide.block_m, wide.block_m_wide) == (16, 32) and not wide.balance_down
-    assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
-    assert choose_tiles(64, 4, 60, 2048, 1408).block_m_wide == 0  # Qwen: mean 4.3 tokens per expert
-    assert not choose_tiles(16, 4, 60, 2048, 1408).balance_down  # 60 experts: the plan walk costs more
-    assert choose_tiles(256, 2, 8, 4096, 14336).block_m_wide == 0  # 64-token tiles already
-    # One token: the CUDA-core tile, one row per thread, int16 activations;
-    # 64 rows where 128 would leave multiprocessors idle in gate/up (Qwen).
-    one = choose_tiles(1, 2, 8, 4096, 14336)
-    assert (one.block_m, one.block_n_up, one.block_n_down, one.num_warps) == (1, 128, 128, 4)
-    assert one.activation_dtype == torch.int16 and one.block_m_wide == 0
-    qwen = choose_tiles(1, 4, 60, 2048, 1408)
-    assert (qwen.block_m, qwen.block_n_up, qwen.block_n_down, qwen.num_warps) == (1, 64, 64, 2)
-    assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16
-    assert choose_tiles(1, 2, 8, 4096, 14336, block_m=16).block_m == 16
-    # Pipeline depth: per tile kind from the tuning unless given.
-    shipped = MoeTuning()
-    assert one.num_stages == shipped.one_token_stages and wide.num_stages == shipped.wide_launch_stages
-    assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == shipped.narrow_tile_stages
-    assert b32.num_stages == shipped.tensor_core_stages
-    assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == shipped.wide_launch_stages  # 64-token tiles
-    assert wide.wide_loop_stages == shipped.wide_tile_stages and one.wide_loop_stages == one.num_stages
-    tuned = MoeTuning(one_token_stages=2, tensor_core_stages=5, wide_launch_stages=6, wide_tile_stages=7,
-                      one_token_maxnreg=200)
-    one_tuned = choose_tiles(1, 2, 8, 4096, 14336, tuning=tuned)
-    assert (one_tuned.num_stages, one_tuned.maxnreg) == (2, 200)
-    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=tuned).num_stages == 5
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_stages=6)).num_stages == 6
-    # The narrow tile's register cap reaches its launches and sizes the down
-    # split by the programs it lets reside; other tiles keep theirs.
-    capped = choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_maxnreg=128))
-    uncapped = choose_tiles(16, 2, 8, 4096, 14336)
-    assert (capped.maxnreg, capped.resident_programs, uncapped.maxnreg) == (128, 4, shipped.narrow_tile_maxnreg)
-    assert capped.launch_options()["maxnreg"] == 128 and capped.split_k > uncapped.split_k
-    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_maxnreg=128)).maxnreg is None
-    with pytest.raises(ValueError, match="narrow_tile_maxnreg"):
-        MoeTuning(narrow_tile_maxnreg=256)
-    with pytest.raises(ValueError, match="narrow_tile_max_mean"):
-        MoeTuning(narrow_tile_max_mean=-1)
-    wide_tuned = choose_tiles(64, 2, 8, 4096, 14336, tuning=tuned)
-    assert (wide_tuned.num_stages, wide_tuned.wide_loop_stages, wide_tuned.maxnreg) == (6, 7, None)
-    with pytest.raises(ValueError, match="tensor_core_stages"):
-        MoeTuning(tensor_core_stages=0)
-    with pytest.raises(ValueError, match="one_token_maxnreg"):
-        MoeTuning(one_token_maxnreg=256)
-    # Two rows a thread: half the warps, and the programs the registers allow
-    # (255 each: 4 of 2 warps) counted for the carveout and the down split.
-    two = choose_tiles(1, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_rows_per_thread=2))
-    assert (two.block_n_up, two.num_warps, two.maxnreg, two.resident_programs, two.split_k) == (128, 2, 255, 4, 8)
-    assert choose_tiles(1, 4, 60, 2048, 1408, tuning=MoeTuning(one_token_rows_per_thread=2)).num_warps == 1
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_rows_per_thread=2)).num_warps == 4
-    with pytest.raises(ValueError, match="one_token_rows_per_thread"):
-        MoeTuning(one_token_rows_per_thread=3)
-    split_depths = choose_tiles(64, 2, 8, 4096, 14336, num_stages=4, wide_stages=3)
-    assert (split_depths.num_stages, split_depths.wide_loop_stages) == (4, 3)
-    with pytest.raises(ValueError, match="wide_stages"):
-        MoeTiles(wide_stages=-1)
-    with pytest.raises(ValueError, match="num_stages"):
-        MoeTiles(num_stages=0)
-    assert choose_tiles(1, 2, 8, 4096, 14336, num_stages=2).num_stages == 2
-    # Resident programs: measured for the compiler's registers, else from the
-    # cap; the down split fills them (Mixtral B=1: 32 row tiles x 2 experts).
-    assert (one.resident_programs, one.split_k) == (2, 4)
-    capped = choose_tiles(1, 2, 8, 4096, 14336, maxnreg=168)
-    assert (capped.maxnreg, capped.resident_programs, capped.split_k) == (168, 3, 6)
-    assert MoeTiles(maxnreg=128, num_warps=4).resident_programs == 4
-    assert MoeTiles(maxnreg=255, num_warps=4).resident_programs == 2  # 256 a thread: 64 Ki exactly
-    assert MoeTiles(maxnreg=24, num_warps=8).resident_programs == 8  # threads, not registers (10), bound it
-
-
 def test_workspace_must_match_the_tiles(device):
     weights = random_moe(1, E, H, F, lambda l, e, p: 3, PAGE, device, seed=2)
     x = torch.randn(1, H, device=device)
@@ -485,46 +393,3 @@ def test_gpu_carveout_limited_only_for_launches_over_48k(wide, stages):
         assert all(0 < c < 100 for c in got), got
     else:
         assert got == [-1, -1]
-
-
-@pytest.mark.parametrize("block_m", [16, 1])
-def test_shared_arrival_counters_serve_layers_and_sizes_and_stay_zero(device, block_m):
-    # One zeroed counter buffer (kernels/arrival_counters.py) serves every
-    # layer and token count with no fill per call: each gate/up launch must
-    # leave it zero, or the next call's pairs would see stale arrivals and
-    # combine before both halves are written.
-    weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=7)
-    counters = ArrivalCounters()
-    torch.manual_seed(8)
-    # Both layers, sizes up and down, the largest in the middle. Few tokens:
-    # at block_m = 1 the interpreter's time is ~7 s a token.
-    sizes = [(0, 2), (1, 1), (0, 2), (1, 3), (1, 1)]
-    for layer, t in sizes:
-        x = torch.randn(t, H, device=device)
-        ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)]).to(device)
-        tw = torch.rand(t, 2, device=device)
-        tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=block_m, split_k=2)
-        out = fused_moe_mixed(x, ids, tw, weights, layer, E, F, tiles, counters=counters)
-        ref = moe_mixed_reference(x, ids, tw, weights, layer, E, F)
-        assert rel_err(out, ref) < 3e-3
-        assert counters.all_zero()
-    # The buffer grew to the largest call's size and the views came from it.
-    largest = max(t for _, t in sizes)
-    assert counters.allocated_bytes() >= 4 * E * (F // 64) * max(1, -(-largest * 2 // block_m))
-
-
-def test_arrival_counters_views_grow_and_keep_old_buffers():
-    counters = ArrivalCounters()
-    a = counters.take((2, 3), "cpu")
-    assert a.shape == (2, 3) and a.dtype == torch.int32 and int(a.count_nonzero()) == 0
-    b = counters.take((1, 4), "cpu")
-    assert b.data_ptr() == a.data_ptr()  # fits: same buffer
-    c = counters.take((5, 5), "cpu")
-    assert c.numel() == 25 and c.data_ptr() != a.data_ptr()
-    assert counters.allocated_bytes() == 4 * (6 + 25)  # the first buffer is kept (graphs may read it)
-    assert counters.all_zero()
-    c.fill_(1)
-    assert not counters.all_zero()
-    assert counters.take((0,), "cpu").numel() == 0
-    with pytest.raises(ValueError, match="negative"):
-        counters.take((-1, 2), "cpu")

@@ -1,0 +1,99 @@
+"""Launch shapes of the fused MoE kernels: MoeTiles' checks and choose_tiles'
+choices per token count, model and tuning (no kernel runs)."""
+
+import pytest
+import torch
+
+from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tuning import MoeTuning
+
+
+def test_tiles_validate_and_widen_only_when_needed():
+    with pytest.raises(ValueError, match="block_m_wide"):
+        MoeTiles(block_m=32, block_m_wide=32)
+    with pytest.raises(ValueError, match="block_m "):
+        MoeTiles(block_m=24)
+    # Up to tuning.narrow_tile_max_mean tokens per expert (Mixtral B <= 16)
+    # the 8-token tile, without a wide tile; then 16 tokens.
+    narrow = choose_tiles(16, 2, 8, 4096, 14336)
+    assert (narrow.block_m, narrow.block_m_wide, narrow.activation_dtype) == (8, 0, torch.float16)
+    assert narrow.balance_down  # shared down work, but not with the wide tile
+    assert choose_tiles(4, 2, 8, 4096, 14336).block_m == 8
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m_wide == 0
+    assert choose_tiles(2, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=0)).block_m == 16
+    # The narrow tile stages the planes in its own order: never a wide tile.
+    assert (choose_tiles(24, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_max_mean=6)).block_m_wide) == 0
+    with pytest.raises(ValueError, match="slot order"):
+        MoeTiles(block_m=8, block_m_wide=16)
+    b32 = choose_tiles(32, 2, 8, 4096, 14336)
+    assert (b32.block_m, b32.block_m_wide) == (16, 0)  # mean 8 per expert: rarely over 16
+    assert narrow.narrow_order and not b32.narrow_order and not choose_tiles(1, 2, 8, 4096, 14336).narrow_order
+    wide = choose_tiles(64, 2, 8, 4096, 14336)
+    assert (wide.block_m, wide.block_m_wide) == (16, 32) and not wide.balance_down
+    assert choose_tiles(64, 2, 8, 4096, 14336, block_m_wide=0).block_m_wide == 0
+    assert choose_tiles(64, 4, 60, 2048, 1408).block_m_wide == 0  # Qwen: mean 4.3 tokens per expert
+    assert not choose_tiles(16, 4, 60, 2048, 1408).balance_down  # 60 experts: the plan walk costs more
+    assert choose_tiles(256, 2, 8, 4096, 14336).block_m_wide == 0  # 64-token tiles already
+    # One token: the CUDA-core tile, one row per thread, int16 activations;
+    # 64 rows where 128 would leave multiprocessors idle in gate/up (Qwen).
+    one = choose_tiles(1, 2, 8, 4096, 14336)
+    assert (one.block_m, one.block_n_up, one.block_n_down, one.num_warps) == (1, 128, 128, 4)
+    assert one.activation_dtype == torch.int16 and one.block_m_wide == 0
+    qwen = choose_tiles(1, 4, 60, 2048, 1408)
+    assert (qwen.block_m, qwen.block_n_up, qwen.block_n_down, qwen.num_warps) == (1, 64, 64, 2)
+    assert choose_tiles(2, 2, 8, 4096, 14336).activation_dtype == torch.float16
+    assert choose_tiles(1, 2, 8, 4096, 14336, block_m=16).block_m == 16
+    # Pipeline depth: per tile kind from the tuning unless given.
+    shipped = MoeTuning()
+    assert one.num_stages == shipped.one_token_stages and wide.num_stages == shipped.wide_launch_stages
+    assert choose_tiles(16, 2, 8, 4096, 14336).num_stages == shipped.narrow_tile_stages
+    assert b32.num_stages == shipped.tensor_core_stages
+    assert choose_tiles(256, 2, 8, 4096, 14336).num_stages == shipped.wide_launch_stages  # 64-token tiles
+    assert wide.wide_loop_stages == shipped.wide_tile_stages and one.wide_loop_stages == one.num_stages
+    tuned = MoeTuning(one_token_stages=2, tensor_core_stages=5, wide_launch_stages=6, wide_tile_stages=7,
+                      one_token_maxnreg=200)
+    one_tuned = choose_tiles(1, 2, 8, 4096, 14336, tuning=tuned)
+    assert (one_tuned.num_stages, one_tuned.maxnreg) == (2, 200)
+    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=tuned).num_stages == 5
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_stages=6)).num_stages == 6
+    # The narrow tile's register cap reaches its launches and sizes the down
+    # split by the programs it lets reside; other tiles keep theirs.
+    capped = choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_maxnreg=128))
+    uncapped = choose_tiles(16, 2, 8, 4096, 14336)
+    assert (capped.maxnreg, capped.resident_programs, uncapped.maxnreg) == (128, 4, shipped.narrow_tile_maxnreg)
+    assert capped.launch_options()["maxnreg"] == 128 and capped.split_k > uncapped.split_k
+    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=MoeTuning(narrow_tile_maxnreg=128)).maxnreg is None
+    with pytest.raises(ValueError, match="narrow_tile_maxnreg"):
+        MoeTuning(narrow_tile_maxnreg=256)
+    with pytest.raises(ValueError, match="narrow_tile_max_mean"):
+        MoeTuning(narrow_tile_max_mean=-1)
+    wide_tuned = choose_tiles(64, 2, 8, 4096, 14336, tuning=tuned)
+    assert (wide_tuned.num_stages, wide_tuned.wide_loop_stages, wide_tuned.maxnreg) == (6, 7, None)
+    with pytest.raises(ValueError, match="tensor_core_stages"):
+        MoeTuning(tensor_core_stages=0)
+    with pytest.raises(ValueError, match="one_token_maxnreg"):
+        MoeTuning(one_token_maxnreg=256)
+    # Two rows a thread: half the warps, and the programs the registers allow
+    # (255 each: 4 of 2 warps) counted for the carveout and the down split.
+    two = choose_tiles(1, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_rows_per_thread=2))
+    assert (two.block_n_up, two.num_warps, two.maxnreg, two.resident_programs, two.split_k) == (128, 2, 255, 4, 8)
+    assert choose_tiles(1, 4, 60, 2048, 1408, tuning=MoeTuning(one_token_rows_per_thread=2)).num_warps == 1
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(one_token_rows_per_thread=2)).num_warps == 4
+    with pytest.raises(ValueError, match="one_token_rows_per_thread"):
+        MoeTuning(one_token_rows_per_thread=3)
+    split_depths = choose_tiles(64, 2, 8, 4096, 14336, num_stages=4, wide_stages=3)
+    assert (split_depths.num_stages, split_depths.wide_loop_stages) == (4, 3)
+    with pytest.raises(ValueError, match="wide_stages"):
+        MoeTiles(wide_stages=-1)
+    with pytest.raises(ValueError, match="num_stages"):
+        MoeTiles(num_stages=0)
+    assert choose_tiles(1, 2, 8, 4096, 14336, num_stages=2).num_stages == 2
+    # Resident programs: measured for the compiler's registers, else from the
+    # cap; the down split fills them (Mixtral B=1: 32 row tiles x 2 experts).
+    assert (one.resident_programs, one.split_k) == (2, 4)
+    capped = choose_tiles(1, 2, 8, 4096, 14336, maxnreg=168)
+    assert (capped.maxnreg, capped.resident_programs, capped.split_k) == (168, 3, 6)
+    assert MoeTiles(maxnreg=128, num_warps=4).resident_programs == 4
+    assert MoeTiles(maxnreg=255, num_warps=4).resident_programs == 2  # 256 a thread: 64 Ki exactly
+    assert MoeTiles(maxnreg=24, num_warps=8).resident_programs == 8  # threads, not registers (10), bound it
