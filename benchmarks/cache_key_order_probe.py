@@ -54,6 +54,7 @@ def child(mode: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
         run = subprocess.run([sys.executable, __file__, "--child", mode], env=env, cwd=ROOT, capture_output=True,
                              text=True, check=True, timeout=600)
         keys[mode] = json.loads(run.stdout.strip().splitlines()[-1])
-    result = {"benchmark": "cache_key_order_probe", **cpu_header("benchmarks/cache_key_order_probe.py", argv),
+    result = {"benchmark": "cache_key_order_probe", **cpu_header("benchmarks/cache_key_order_probe.py", argv,
+                                                                   args.commit),
               "pythonpath": os.environ.get("PYTHONPATH", ""), "triton": triton.__version__, "keys": keys,
               "order_dependent": keys["after_compile"] != keys["fresh"],
               "settled_stable": keys["settled_after_compile"] == keys["settled"]}

@@ -37,13 +37,15 @@ def git_commit(override: str | None = None) -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def cpu_header(script: str, argv: list[str] | None) -> dict:
-    """command / date_utc / commit / device of a CPU benchmark run as ``script`` with ``argv``."""
+def cpu_header(script: str, argv: list[str] | None, commit: str | None = None) -> dict:
+    """command / date_utc / commit / device of a CPU benchmark run as ``script``
+    with ``argv``; ``commit`` as git_commit's override (a run on the GPU
+    machine, whose .git is stale)."""
     args = argv if argv is not None else sys.argv[1:]
     return {
         "command": " ".join([script, *args]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(),
+        "commit": git_commit(commit),
         "device": f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
                   f"{torch.get_num_threads()} threads",
     }

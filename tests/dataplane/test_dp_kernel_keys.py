@@ -79,9 +79,10 @@ def test_settled_keys_do_not_change_when_a_kernel_compiles(tmp_path):
     # MoE down kernel for sm_90 (no GPU needed) after settling the keys.
     out = tmp_path / "probe.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cache_key_order_probe.py"), "--out", str(out)],
-                   check=True, env=env, cwd=ROOT, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cache_key_order_probe.py"), "--out", str(out),
+                    "--commit", "0a1b2c3"], check=True, env=env, cwd=ROOT, capture_output=True, timeout=600)
     result = json.loads(out.read_text())
+    assert result["commit"] == "0a1b2c3"  # the measured tree's, as on the GPU machine (stale .git)
     assert result["settled_stable"], result["keys"]
     assert set(result["keys"]) == {"fresh", "after_compile", "settled", "settled_after_compile"}
 
