@@ -7,8 +7,8 @@ import torch
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_mixed import fused_moe_mixed, moe_mixed_reference
 from kernels.moe_tiles import MoeTiles
+from tests.kernels.mixed_layer import E, F, H, PAGE, mixed_fields, rel_err
 from tests.kernels.paged_store import random_moe
-from tests.kernels.test_moe_mixed import E, F, H, PAGE, mixed_fields, rel_err
 
 
 @pytest.mark.parametrize("block_m", [16, 1])

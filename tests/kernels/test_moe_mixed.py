@@ -16,21 +16,8 @@ from kernels.moe_mixed import (
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
 from kernels.smem_carveout import carveout_of
+from tests.kernels.mixed_layer import E, F, H, PAGE, mixed_fields, rel_err
 from tests.kernels.paged_store import random_moe
-
-H, F, E = 256, 384, 5
-PAGE = 8192  # 64-row tiles of the down blocks (6 KiB) straddle pages
-FIELDS = [5, 1, 3, 2, 4, 3, 1, 5, 2, 4, 4, 2, 3, 5, 1]
-
-
-def rel_err(a, b):
-    return float((a.float().cpu() - b.float().cpu()).norm() / b.float().cpu().norm())
-
-
-def mixed_fields(layer, e, proj):
-    if e == 4:
-        return 0  # host-only expert
-    return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
 @pytest.mark.parametrize("bn_up,split,balance,block_m", [(128, 2, True, 16), (64, 3, True, 16), (128, 2, False, 16),
