@@ -44,6 +44,7 @@ from benchmarks.moe_setup import (  # noqa: E402
     build_store,
     fields_config,
     mixed_views,
+    projection_views,
     routing,
     touched_bytes,
 )
@@ -339,8 +340,9 @@ def main() -> None:
                                          "object of MoeTuning fields) to autotune instead of TUNE_CANDIDATES")
     ap.add_argument("--tune-cases", help="comma list of B:bits cases to autotune on (default "
                                          "1:4,16:4,64:4,1:2)")
-    ap.add_argument("--routing", default="roundrobin", choices=ROUTINGS,
-                    help="token-to-expert routing of the timed layers (default roundrobin: equal loads)")
+    ap.add_argument("--routing", default="roundrobin",
+                    help=f"token-to-expert routing of the timed layers: one of {ROUTINGS} or roundrobin:N "
+                         "(default roundrobin: equal loads)")
     ap.add_argument("--stage-bits", default="4", help="comma list of views whose rows also time each "
                                                       "launch alone at B in {1, 16, 64} ('all' for every view)")
     ap.add_argument("--commit", help="commit of the measured tree (the GPU machine's .git is stale)")
@@ -358,14 +360,18 @@ def main() -> None:
         batches = [int(b) for b in args.batches.split(",")]
     if args.bits:
         bits = args.bits.split(",")
-        unknown = {b for b in set(bits) - set(BITS) if not b.startswith("mixed")}
+        unknown = {b for b in set(bits) - set(BITS) if not b.startswith(("mixed", "views-"))}
         if unknown:
-            ap.error(f"unknown views {sorted(unknown)}; choose from {BITS} or mixedA-B")
+            ap.error(f"unknown views {sorted(unknown)}; choose from {BITS}, mixedA-B or views-G.U.D-G.U.D")
         for b in bits:
             try:
-                mixed_views(b)
+                projection_views(b)
             except ValueError as exc:
                 ap.error(str(exc))
+    try:
+        routing(MIXTRAL, 1, "cpu", mode=args.routing)
+    except ValueError as exc:
+        ap.error(str(exc))
     hbm = copy_bandwidth()
     print(f"device-to-device copy: {hbm:.0f} GB/s", flush=True)
     result = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -396,8 +402,15 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print("\nmodel              B    bits   us      GB/s  %HBM")
     for r in timed:
-        print(f"{r['model'][:18]:18s} {r['batch']:3d} {r['bits']:6s} {r['time_us']:7.1f} {r['GBps']:6.0f} "
+        print(f"{r['model'][:18]:18s} {r['batch']:3d} {r['bits']:16s} {r['time_us']:7.1f} {r['GBps']:6.0f} "
               f"{r['pct_hbm']:5.1f}")
+    staged = [r for r in timed if "stage_us" in r]
+    if staged:
+        print("\nper launch, us: model              B    bits     prepare  gate_up   down")
+        for r in staged:
+            st = r["stage_us"]
+            print(f"{r['model'][:18]:18s} {r['batch']:3d} {r['bits']:16s} {st['prepare']:7.1f} {st['gate_up']:8.1f} "
+                  f"{st['down']:7.1f}")
     for m in mixed:
         print(f"mixed vs 4-bit {m['model'][:12]} B={m['batch']}: {m['slowdown_pct']:+.1f}%")
     for m in vs_views:

@@ -88,8 +88,30 @@ def mixed_views(bits: str) -> tuple[int, int] | None:
     return lo, hi
 
 
+def projection_views(bits: str) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """Views (gate, up, down) of even and of odd experts for a configuration
+    name: 'mixedA-B' = ((A, B, A), (B, A, B)); 'views-G.U.D-G.U.D' names both
+    triples (e.g. 'views-2.6.4-6.2.4': gate and up mixed, every down block at
+    4 bits); None for a uniform name."""
+    if bits.startswith("views-"):
+        try:
+            even, odd = (tuple(int(v) for v in part.split(".")) for part in bits[len("views-"):].split("-"))
+        except ValueError:
+            raise ValueError(f"configuration must be 'views-G.U.D-G.U.D', got {bits!r}") from None
+        if len(even) != PROJS_PER_EXPERT or len(odd) != PROJS_PER_EXPERT or \
+                any(v not in wl.VIEW_BITS for v in even + odd):
+            raise ValueError(f"views-G.U.D-G.U.D takes six views of {wl.VIEW_BITS}; got {bits!r}")
+        return even, odd
+    views = mixed_views(bits)
+    if views is None:
+        return None
+    lo, hi = views
+    return (lo, hi, lo), (hi, lo, hi)
+
+
 def fields_config(shape: MoeShape, layers: int, bits: str) -> torch.Tensor:
-    """block_fields for a configuration: '8', '4', ... uniform, or mixed.
+    """block_fields for a configuration: '8', '4', ... uniform, or mixed
+    (projection_views).
 
     mixedA-B ('mixed' = 'mixed2-6'): even experts (gate, up, down) at
     (A, B, A) bits, odd at (B, A, B): every pair of experts averages (A + B) / 2
@@ -97,16 +119,13 @@ def fields_config(shape: MoeShape, layers: int, bits: str) -> torch.Tensor:
     expert differ.
     """
     n_blocks = layers * shape.experts * PROJS_PER_EXPERT
-    views = mixed_views(bits)
+    views = projection_views(bits)
     if views is None:
         return torch.full((n_blocks,), wl.fields_for_bits(int(bits)), dtype=torch.int32)
-    lo, hi = (wl.fields_for_bits(v) for v in views)
     out = torch.empty(n_blocks, dtype=torch.int32)
     for b in range(n_blocks):
         expert = (b // PROJS_PER_EXPERT) % shape.experts
-        proj = b % PROJS_PER_EXPERT
-        even = [lo, hi, lo][proj]
-        out[b] = even if expert % 2 == 0 else (hi if even == lo else lo)
+        out[b] = wl.fields_for_bits(views[expert % 2][b % PROJS_PER_EXPERT])
     return out
 
 
@@ -116,16 +135,25 @@ ROUTINGS = ("roundrobin", "random")
 def routing(shape: MoeShape, batch: int, device: str, seed: int = 0, mode: str = "roundrobin"):
     """Top-k routing, distinct experts per token. roundrobin: token t takes
     experts t*k .. t*k+k-1 mod E (touches min(E, B*k) experts, equal loads);
+    roundrobin:N the same over the first N experts only (N in [k, E]: a
+    launch sized for min(E, B*k) expert slots with fewer active);
     random: k experts drawn uniformly per token (seeded), so loads vary as
     with a router (at B=64 on Mixtral some experts get more than 16 tokens)."""
-    if mode not in ROUTINGS:
-        raise ValueError(f"routing must be one of {ROUTINGS}, got {mode!r}")
+    base, _, used = mode.partition(":")
+    if base not in ROUTINGS or (used and base != "roundrobin"):
+        raise ValueError(f"routing must be one of {ROUTINGS} or roundrobin:N, got {mode!r}")
+    experts = shape.experts
+    if used:
+        if not used.isdigit() or not shape.top_k <= int(used) <= shape.experts:
+            raise ValueError(f"roundrobin:N needs {shape.top_k} <= N <= {shape.experts}, got {mode!r}")
+        experts = int(used)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    if mode == "random":
+    if base == "random":
         ids = torch.rand(batch, shape.experts, generator=gen).topk(shape.top_k, dim=1).indices.to(torch.int32)
     else:
-        flat = torch.arange(batch * shape.top_k) % shape.experts
-        ids = flat.reshape(batch, shape.top_k).to(torch.int32)
+        # token t's k slots are consecutive mod N (distinct while k <= N)
+        flat = (torch.arange(batch)[:, None] * shape.top_k + torch.arange(shape.top_k)[None, :]) % experts
+        ids = flat.to(torch.int32)
     w = torch.rand(batch, shape.top_k, generator=gen)
     w = w / w.sum(-1, keepdim=True)
     return ids.to(device), w.to(device)
