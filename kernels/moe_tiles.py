@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from kernels.moe_tuning import DOWN_GROUP_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, check_down_group_cost
+from kernels.moe_tuning import DOWN_GROUP_COST, DOWN_SEGMENT_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, \
+    check_down_group_cost, check_down_segment_cost
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
@@ -106,7 +107,9 @@ class MoeTiles:
     balance_down: the down launch's programs share each row tile's work by
     view cost (down_group_cost: one per view, 1..5 fields), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
-    False: split_k equal K ranges per expert.
+    False: split_k equal K ranges per expert. down_segment_cost: the cost
+    (same units) added at each expert's start, which a program pays to begin
+    another expert's range.
     one_launch: gate/up and down in one launch whose down programs start as
     their h tiles are stored (kernels/moe_gate_up_down.py); only for the
     one-token tile without a wide tile and block_n_up == block_n_down.
@@ -132,9 +135,11 @@ class MoeTiles:
     one_launch: bool = False
     split_up: int = 1
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
+    down_segment_cost: int = DOWN_SEGMENT_COST
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
+        check_down_segment_cost(self.down_segment_cost)
         for name in ("block_m", "block_n_up", "block_n_down"):
             value = getattr(self, name)
             if name == "block_m" and value == CUDA_CORE_TOKEN_TILE:
@@ -199,9 +204,11 @@ class MoeTiles:
 
     @property
     def down_cost_word(self) -> int:
-        """down_group_cost packed for the down launch's DOWN_COSTS constexpr:
-        the cost of view f (f resident fields) in byte f - 1."""
-        return sum(c << (8 * i) for i, c in enumerate(self.down_group_cost))
+        """down_group_cost and down_segment_cost packed for the down launch's
+        DOWN_COSTS constexpr: the cost of view f (f resident fields) in byte
+        f - 1, the segment cost in bytes 5 and 6."""
+        views = sum(c << (8 * i) for i, c in enumerate(self.down_group_cost))
+        return views | self.down_segment_cost << (8 * len(self.down_group_cost))
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -313,7 +320,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
                      maxnreg=maxnreg,
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
-                     balance_down=balance_down, down_group_cost=tuning.down_group_cost)
+                     balance_down=balance_down, down_group_cost=tuning.down_group_cost,
+                     down_segment_cost=tuning.down_segment_cost)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:
