@@ -141,7 +141,7 @@ def main() -> None:
         constexprs.update(SPLIT=args.split_up)
     if args.kernel in ("down", "gate_up_down"):
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance,
-                          DOWN_COSTS=MoeTiles().down_cost_word)
+                          DOWN_COSTS=MoeTiles(balance_down=args.balance).down_cost_word)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
     with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
         cubin = Path(tmp) / f"{args.kernel}.cubin"

@@ -206,7 +206,11 @@ class MoeTiles:
     def down_cost_word(self) -> int:
         """down_group_cost and down_segment_cost packed for the down launch's
         DOWN_COSTS constexpr: the cost of view f (f resident fields) in byte
-        f - 1, the segment cost in bytes 5 and 6."""
+        f - 1, the segment cost in bytes 5 and 6. 0 without balance_down,
+        whose launch never reads them: costs that differ there must not make
+        another compiled variant."""
+        if not self.balance_down:
+            return 0
         views = sum(c << (8 * i) for i, c in enumerate(self.down_group_cost))
         return views | self.down_segment_cost << (8 * len(self.down_group_cost))
 

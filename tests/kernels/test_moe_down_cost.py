@@ -25,12 +25,19 @@ def test_costs_are_validated_and_taken_as_a_tuple():
 
 
 def test_cost_word_holds_view_f_in_byte_f_minus_one():
-    word = MoeTiles(down_group_cost=(1, 2, 3, 254, 255)).down_cost_word
+    word = MoeTiles(balance_down=True, down_group_cost=(1, 2, 3, 254, 255)).down_cost_word
     assert [(word >> (8 * i)) & 255 for i in range(5)] == [1, 2, 3, 254, 255]
     assert word >> 40 == DOWN_SEGMENT_COST
-    word = MoeTiles(down_group_cost=(255,) * 5, down_segment_cost=65535).down_cost_word
+    word = MoeTiles(balance_down=True, down_group_cost=(255,) * 5, down_segment_cost=65535).down_cost_word
     assert word == 2**56 - 1
-    assert MoeTiles(down_segment_cost=300).down_cost_word >> 40 == 300
+    assert MoeTiles(balance_down=True, down_segment_cost=300).down_cost_word >> 40 == 300
+
+
+def test_an_unbalanced_launch_compiles_no_costs():
+    # The costs are not read without balance_down: one compiled variant for any.
+    assert MoeTiles(down_group_cost=(1, 2, 3, 254, 255), down_segment_cost=300).down_cost_word == 0
+    wide = choose_tiles(64, 2, 8, 4096, 14336, tuning=MoeTuning(down_group_cost=(8, 12, 14, 21, 26)))
+    assert wide.block_m_wide and not wide.balance_down and wide.down_cost_word == 0
 
 
 def test_segment_cost_is_validated():
