@@ -80,6 +80,30 @@ def _segment_cost(COSTS: tl.constexpr):
 
 
 @triton.jit
+def _zigzag(COSTS: tl.constexpr):
+    # COSTS: MoeTiles.down_cost_word, down_zigzag in bit 56.
+    return (COSTS >> 56) & 1
+
+
+@triton.jit
+def _plan_order(e, live, n_act, work, ZIGZAG: tl.constexpr):
+    # -> (position of each slot in the row tile's work laid end to end, the
+    # running sum of work there), both [E_PAD]. Slots come costliest first
+    # (moe_align); with ZIGZAG the live ones alternate from both ends
+    # (costliest, cheapest, second costliest, ...), so that with two views
+    # in equal numbers every other expert end meets a share's end.
+    if ZIGZAG:
+        half = (n_act + 1) // 2
+        pos = tl.where(e < half, 2 * e, tl.where(live, 2 * (n_act - 1 - e) + 1, e))  # a permutation of e
+        # [E_PAD, E_PAD]: slot j's work counts toward slot e's end when j sits at or before e
+        ends = tl.sum(tl.where(pos[None, :] <= pos[:, None], work[None, :], 0), axis=1)
+    else:
+        pos = e
+        ends = tl.cumsum(work, axis=0)
+    return pos, ends
+
+
+@triton.jit
 def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
                   start, end, g0, g1, n, rows, H, F, pt_block_stride, pt_field_stride, log2p, top_k,
                   q_x, BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
@@ -182,11 +206,12 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         # 224 bytes of spills; measured +18 % on the down launch). Row: work
         # ends | first block | down fields | start | end, E_PAD each.
         plan = plan_ptr + (pid_n * num_p + pid_p).to(tl.int64) * (DOWN_PLAN_FIELDS_C * E_PAD)
-        tl.store(plan + e, tl.cumsum(work, axis=0))
-        tl.store(plan + E_PAD + e, blks)
-        tl.store(plan + 2 * E_PAD + e, nf_d)
-        tl.store(plan + 3 * E_PAD + e, starts)
-        tl.store(plan + 4 * E_PAD + e, ends)
+        pos, work_ends = _plan_order(e, live, n_act, work, _zigzag(DOWN_COSTS))
+        tl.store(plan + pos, work_ends)
+        tl.store(plan + E_PAD + pos, blks)
+        tl.store(plan + 2 * E_PAD + pos, nf_d)
+        tl.store(plan + 3 * E_PAD + pos, starts)
+        tl.store(plan + 4 * E_PAD + pos, ends)
         tl.debug_barrier()
         for slot in range(0, n_act):
             # The share's bounds are reloaded per slot, not carried across

@@ -166,6 +166,8 @@ class MoeTuning:
     (MoeTiles.down_group_cost); a list is taken as a tuple.
     down_segment_cost: the cost added at each expert's start in that
     sharing (MoeTiles.down_segment_cost).
+    down_zigzag: that sharing lays the experts end to end costliest,
+    cheapest, second costliest, ... (MoeTiles.down_zigzag); unmeasured, off.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -181,10 +183,13 @@ class MoeTuning:
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_segment_cost: int = DOWN_SEGMENT_COST
+    down_zigzag: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_segment_cost(self.down_segment_cost)
+        if not isinstance(self.down_zigzag, bool):
+            raise ValueError(f"down_zigzag must be a bool, got {self.down_zigzag!r}")
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")
