@@ -117,7 +117,6 @@ def main() -> None:
     ap.add_argument("--block-m", type=int, default=16)
     ap.add_argument("--block-m-wide", type=int, default=0)
     ap.add_argument("--balance", action="store_true", help="down: the cost-shared split (MoeTiles.balance_down)")
-    ap.add_argument("--segment-cost", type=int, default=0, help="down: MoeTiles.down_segment_cost (with --balance)")
     ap.add_argument("--zigzag", action="store_true", help="down: MoeTiles.down_zigzag (with --balance)")
     ap.add_argument("--experts", type=int, default=8, help="down: sets the plan width")
     ap.add_argument("--num-warps", type=int, default=4)
@@ -143,8 +142,7 @@ def main() -> None:
         constexprs.update(SPLIT=args.split_up)
     if args.kernel in ("down", "gate_up_down"):
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance,
-                          DOWN_COSTS=MoeTiles(balance_down=args.balance, down_segment_cost=args.segment_cost,
-                                             down_zigzag=args.zigzag).down_cost_word)
+                          DOWN_COSTS=MoeTiles(balance_down=args.balance, down_zigzag=args.zigzag).down_cost_word)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
     with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
         cubin = Path(tmp) / f"{args.kernel}.cubin"

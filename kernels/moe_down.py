@@ -73,16 +73,9 @@ def _group_cost(nf, COSTS: tl.constexpr):
 
 
 @triton.jit
-def _segment_cost(COSTS: tl.constexpr):
-    # COSTS: MoeTiles.down_cost_word, the segment cost in bytes 5 and 6 (after
-    # the five views' bytes).
-    return (COSTS >> 40) & 65535
-
-
-@triton.jit
 def _zigzag(COSTS: tl.constexpr):
-    # COSTS: MoeTiles.down_cost_word, down_zigzag in bit 56.
-    return (COSTS >> 56) & 1
+    # COSTS: MoeTiles.down_cost_word, down_zigzag in bit 40 (after the five views' bytes).
+    return (COSTS >> 40) & 1
 
 
 @triton.jit
@@ -176,9 +169,9 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
     # groups_per_split groups. With BALANCE: share p of the row tile's work,
     # which is the active experts' groups laid end to end, each group weighted
-    # by its view's cost (DOWN_COSTS), each expert's groups after a start
-    # cost (the segment cost, also in DOWN_COSTS); the program takes the
-    # groups whose first unit falls in [p total / P, (p + 1) total / P). With equal views
+    # by its view's cost (DOWN_COSTS), the experts in the order of
+    # _plan_order; the program takes the groups whose first unit falls in
+    # [p total / P, (p + 1) total / P). With equal views
     # that is the same split; with mixed views a program may finish one
     # expert's range and start the next, instead of the launch waiting on the
     # slowest views' programs.
@@ -195,9 +188,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         wait_for_previous_grid(PDL)
         live = e < n_act
         unit = tl.where(live & (nf_g > 0) & (nf_u > 0), _group_cost(nf_d, DOWN_COSTS), 0)  # [E_PAD]
-        segment_cost = _segment_cost(DOWN_COSTS)
-        # each expert's work: its groups, and the cost of starting its range
-        work = unit * n_groups + tl.where(unit > 0, segment_cost, 0)  # [E_PAD]
+        work = unit * n_groups  # [E_PAD]
         # The slots' work ends and tables go through this program's row of
         # plan and come back as loads from uniform addresses: values taken
         # from the reduction directly are per-thread to ptxas, and an expert
@@ -221,13 +212,11 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
             hi = ((pid_p + 1) * total // num_p).to(tl.int32)
             begin = tl.load(plan + slot - 1, mask=slot > 0, other=0)
             finish = tl.load(plan + slot)
-            first = begin + segment_cost
-            c = (finish - first) // n_groups  # <= 0: not active, or a block host-only
+            c = (finish - begin) // n_groups  # 0: not active, or a block host-only
             if (c > 0) & (finish > lo) & (begin < hi):
-                # groups whose first unit first + g c lies in [lo, hi); the
-                # range's start cost goes with group 0
-                g0 = tl.maximum(lo - first + c - 1, 0) // c
-                g1 = tl.minimum(tl.maximum(hi - first + c - 1, 0) // c, n_groups)
+                # groups whose first unit begin + g c lies in [lo, hi)
+                g0 = tl.maximum(lo - begin + c - 1, 0) // c
+                g1 = tl.minimum(tl.maximum(hi - begin + c - 1, 0) // c, n_groups)
                 if g0 < g1:
                     blk = tl.load(plan + E_PAD + slot)
                     start = tl.load(plan + 3 * E_PAD + slot)

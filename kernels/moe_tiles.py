@@ -10,8 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from kernels.moe_tuning import DOWN_GROUP_COST, DOWN_SEGMENT_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, \
-    check_down_group_cost, check_down_segment_cost
+from kernels.moe_tuning import DOWN_GROUP_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, check_down_group_cost
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
@@ -107,10 +106,9 @@ class MoeTiles:
     balance_down: the down launch's programs share each row tile's work by
     view cost (down_group_cost: one per view, 1..5 fields), so that in a mixed
     state no program holds a whole K range of a wide view while others idle;
-    False: split_k equal K ranges per expert. down_segment_cost: the cost
-    (same units) added at each expert's start, which a program pays to begin
-    another expert's range. down_zigzag: the experts laid end to end
-    costliest, cheapest, second costliest, ... instead of costliest first.
+    False: split_k equal K ranges per expert. down_zigzag: the experts laid
+    end to end costliest, cheapest, second costliest, ... instead of
+    costliest first.
     one_launch: gate/up and down in one launch whose down programs start as
     their h tiles are stored (kernels/moe_gate_up_down.py); only for the
     one-token tile without a wide tile and block_n_up == block_n_down.
@@ -136,12 +134,10 @@ class MoeTiles:
     one_launch: bool = False
     split_up: int = 1
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
-    down_segment_cost: int = DOWN_SEGMENT_COST
     down_zigzag: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
-        check_down_segment_cost(self.down_segment_cost)
         if not isinstance(self.down_zigzag, bool):
             raise ValueError(f"down_zigzag must be a bool, got {self.down_zigzag!r}")
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -208,17 +204,15 @@ class MoeTiles:
 
     @property
     def down_cost_word(self) -> int:
-        """down_group_cost and down_segment_cost packed for the down launch's
+        """down_group_cost and down_zigzag packed for the down launch's
         DOWN_COSTS constexpr: the cost of view f (f resident fields) in byte
-        f - 1, the segment cost in bytes 5 and 6, down_zigzag in bit 56. 0
-        without balance_down,
+        f - 1, down_zigzag in bit 40. 0 without balance_down,
         whose launch never reads them: costs that differ there must not make
         another compiled variant."""
         if not self.balance_down:
             return 0
         views = sum(c << (8 * i) for i, c in enumerate(self.down_group_cost))
-        shift = 8 * len(self.down_group_cost)
-        return views | self.down_segment_cost << shift | int(self.down_zigzag) << (shift + 16)
+        return views | int(self.down_zigzag) << (8 * len(self.down_group_cost))
 
     def launch_options(self) -> dict:
         """Compiler options of both weight launches."""
@@ -331,7 +325,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      maxnreg=maxnreg,
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
                      balance_down=balance_down, down_group_cost=tuning.down_group_cost,
-                     down_segment_cost=tuning.down_segment_cost, down_zigzag=tuning.down_zigzag)
+                     down_zigzag=tuning.down_zigzag)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:

@@ -122,13 +122,6 @@ ONE_TOKEN_SPLIT_UP = 2
 DOWN_GROUP_COST = (8, 10, 11, 13, 15)
 DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
 DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
-# down_segment_cost: the cost, in the same units, that the balanced down launch
-# adds at the start of each expert's share of a row tile: what a program pays
-# to begin another expert's range (its routing and page-table loads, a
-# pipeline fill, an epilogue), so that programs which straddle two experts
-# are given fewer groups. 0 (unmeasured so far).
-DOWN_SEGMENT_COST = 0
-DOWN_SEGMENT_COST_MAX = 65535  # two bytes of MoeTiles.down_cost_word
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -164,8 +157,6 @@ class MoeTuning:
     down_group_cost: relative cost of a weight group at each view (1..5
     fields) by which the balanced down launch shares its work
     (MoeTiles.down_group_cost); a list is taken as a tuple.
-    down_segment_cost: the cost added at each expert's start in that
-    sharing (MoeTiles.down_segment_cost).
     down_zigzag: that sharing lays the experts end to end costliest,
     cheapest, second costliest, ... (MoeTiles.down_zigzag); unmeasured, off.
     """
@@ -182,12 +173,10 @@ class MoeTuning:
     narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
-    down_segment_cost: int = DOWN_SEGMENT_COST
     down_zigzag: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
-        check_down_segment_cost(self.down_segment_cost)
         if not isinstance(self.down_zigzag, bool):
             raise ValueError(f"down_zigzag must be a bool, got {self.down_zigzag!r}")
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
@@ -216,9 +205,3 @@ def check_down_group_cost(costs) -> tuple[int, ...]:
                          f"(views 2 / 3 / 4 / 6 / 8 bits), got {costs!r}")
     return costs
 
-
-def check_down_segment_cost(cost) -> int:
-    """``cost`` if an integer in 0..DOWN_SEGMENT_COST_MAX, else ValueError."""
-    if not isinstance(cost, int) or isinstance(cost, bool) or not 0 <= cost <= DOWN_SEGMENT_COST_MAX:
-        raise ValueError(f"down_segment_cost must be an integer in 0..{DOWN_SEGMENT_COST_MAX}, got {cost!r}")
-    return cost

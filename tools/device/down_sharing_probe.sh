@@ -3,20 +3,18 @@
 # yet run (benchmarks/NOTES.md, session 48). Usage, with carry [".carry", "pagedweight", ".whl"]
 # after `make install proto` and tools/device/stage.sh:
 #   bash tools/device/down_sharing_probe.sh <commit>
-# (1) mixed 2/6 under the shipped sharing (first and last), a segment cost, the zigzag order and
-#     both; then per view and per launch: uniform 6 / 4 / 2, mixed 2/6, down alone mixed;
+# (1) mixed 2/6 under the shipped sharing (first and last) and the zigzag order (MoeTuning.down_zigzag)
+#     at B = 16 / 4; then per view and per launch at B=16: uniform 6 / 4 / 2, mixed 2/6, down alone mixed;
 # (2) uniform 4-bit routed round-robin over 7 of 8 experts: the launch keeps 8 programs a row tile,
 #     so 6 of the 8 programs start a second expert's range with no mixing at all (against 7/8 of
 #     the 8-expert down launch, the straddle's own cost).
 source .carry/on_device.sh || exit 1
 C='[{"block_n":128,"num_warps":4,"use_asm":true},
-{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"down_segment_cost":40}},
 {"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"down_zigzag":true}},
-{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"down_zigzag":true,"down_segment_cost":40}},
 {"block_n":128,"num_warps":4,"use_asm":true}]'
-timeout 400 python3 benchmarks/bench_moe.py --models mixtral --autotune --candidates "$C" --tune-cases 16:mixed,4:mixed \
+timeout 360 python3 benchmarks/bench_moe.py --models mixtral --autotune --candidates "$C" --tune-cases 16:mixed,4:mixed \
   --batches 16 --bits 6,4,2,mixed,views-4.4.2-4.4.6 --stage-bits all --no-check \
-  --kernels-only --budget 520 --commit "$1" --out "${OUT:-/tmp}/moe_down_sharing_b16.json" 2>&1 | grep -v "^ *$" | tail -22
+  --kernels-only --budget 480 --commit "$1" --out "${OUT:-/tmp}/moe_down_sharing_b16.json" 2>&1 | grep -v "^ *$" | tail -22
 timeout 120 python3 benchmarks/bench_moe.py --models mixtral --batches 16 --routing roundrobin:7 \
   --bits 4,2 --stage-bits all --no-check \
   --kernels-only --budget 110 --commit "$1" --out "${OUT:-/tmp}/moe_straddle_rr7.json" 2>&1 | grep -v "^ *$" | tail -6
