@@ -204,4 +204,3 @@ def check_down_group_cost(costs) -> tuple[int, ...]:
         raise ValueError(f"down_group_cost must be {DOWN_COST_VIEWS} integers in 1..{DOWN_COST_MAX} "
                          f"(views 2 / 3 / 4 / 6 / 8 bits), got {costs!r}")
     return costs
-
