@@ -25,18 +25,20 @@ def one_launch_tiles(rows: int, split: int, balance: bool, **kw) -> MoeTiles:
                     balance_down=balance, one_launch=True, **kw)
 
 
-@pytest.mark.parametrize("rows,split,balance,t", [(64, 3, True, 1), (128, 2, False, 1), (128, 2, False, 3),
-                                                  (128, 3, True, 4)])
-def test_one_launch_matches_reference_and_two_launches(device, rows, split, balance, t):
+@pytest.mark.parametrize("rows,split,balance,t,zigzag", [(64, 3, True, 1, False), (128, 2, False, 1, False),
+                                                         (128, 2, False, 3, False), (128, 3, True, 4, False),
+                                                         (128, 3, True, 4, True)])
+def test_one_launch_matches_reference_and_two_launches(device, rows, split, balance, t, zigzag):
     # Mixed views and a host-only expert (4); 3 and 4 tokens: several token
-    # tiles per expert, so a tile is ready only when all of them are counted.
+    # tiles per expert, so a tile is ready only when all of them are counted;
+    # zigzag: the balanced down programs' experts in the other order.
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=31)
     torch.manual_seed(32)
     x = torch.randn(t, H, device=device)
     ids = torch.stack([torch.randperm(E)[:2] for _ in range(t)]).to(device)
     tw = torch.rand(t, 2, device=device)
     counters = ArrivalCounters()
-    tiles = one_launch_tiles(rows, split, balance)
+    tiles = one_launch_tiles(rows, split, balance, down_zigzag=zigzag)
     out = fused_moe_mixed(x, ids, tw, weights, 1, E, F, tiles, counters=counters).clone()
     two = fused_moe_mixed(x, ids, tw, weights, 1, E, F, MoeTiles(**{**tiles.__dict__, "one_launch": False}))
     ref = moe_mixed_reference(x, ids, tw, weights, 1, E, F)
