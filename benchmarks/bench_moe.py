@@ -372,17 +372,18 @@ def main() -> None:
                 projection_views(b)
             except ValueError as exc:
                 ap.error(str(exc))
-    try:
-        routing(MIXTRAL, 1, "cpu", mode=args.routing)
-    except ValueError as exc:
-        ap.error(str(exc))
+    shapes = [s for s in (MIXTRAL, QWEN) if s.name.split("-")[0].split("1")[0] in args.models]
+    for shape in shapes:  # roundrobin:N depends on the model's experts
+        try:
+            routing(shape, 1, "cpu", mode=args.routing)
+        except ValueError as exc:
+            ap.error(f"{shape.name}: {exc}")
     hbm = copy_bandwidth()
     print(f"device-to-device copy: {hbm:.0f} GB/s", flush=True)
     result = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                   command=" ".join(sys.argv), git_commit=git_commit(args.commit), torch=torch.__version__,
                   triton=triton.__version__, copy_GBps=hbm, tuned=tune, moe=[], bf16=[],
                   attention=[])
-    shapes = [s for s in (MIXTRAL, QWEN) if s.name.split("-")[0].split("1")[0] in args.models]
     for shape in shapes:
         # Each model is tuned on its own (the best shape differs with the expert count).
         tune_log = [] if args.autotune or args.tune_only else None
