@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from kernels.moe_tuning import DOWN_GROUP_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, check_down_group_cost
+from kernels.moe_tuning import DOWN_GROUP_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, check_down_group_cost, \
+    check_down_zigzag
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
@@ -138,8 +139,7 @@ class MoeTiles:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
-        if not isinstance(self.down_zigzag, bool):
-            raise ValueError(f"down_zigzag must be a bool, got {self.down_zigzag!r}")
+        check_down_zigzag(self.down_zigzag)
         for name in ("block_m", "block_n_up", "block_n_down"):
             value = getattr(self, name)
             if name == "block_m" and value == CUDA_CORE_TOKEN_TILE:

@@ -177,8 +177,7 @@ class MoeTuning:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
-        if not isinstance(self.down_zigzag, bool):
-            raise ValueError(f"down_zigzag must be a bool, got {self.down_zigzag!r}")
+        check_down_zigzag(self.down_zigzag)
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")
@@ -204,3 +203,10 @@ def check_down_group_cost(costs) -> tuple[int, ...]:
         raise ValueError(f"down_group_cost must be {DOWN_COST_VIEWS} integers in 1..{DOWN_COST_MAX} "
                          f"(views 2 / 3 / 4 / 6 / 8 bits), got {costs!r}")
     return costs
+
+
+def check_down_zigzag(zigzag) -> bool:
+    """``zigzag`` if a bool, else ValueError."""
+    if not isinstance(zigzag, bool):
+        raise ValueError(f"down_zigzag must be a bool, got {zigzag!r}")
+    return zigzag
