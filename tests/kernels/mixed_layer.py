@@ -1,10 +1,14 @@
 """The small mixed-bits MoE layer several kernel tests share: its shapes, the
-resident field count of each block (every view, expert 4 host-only) and the
-relative error they compare with."""
+resident field count of each block (every view, expert 4 host-only), the
+relative error they compare with, and the eager-then-graph-replay check of a
+larger layer."""
 
 from __future__ import annotations
 
 import torch
+
+from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference
+from tests.kernels.paged_store import random_moe
 
 H, F, E = 256, 384, 5
 PAGE = 8192  # 64-row tiles of the down blocks (6 KiB) straddle pages
@@ -20,3 +24,32 @@ def mixed_fields(layer: int, e: int, proj: int) -> int:
     if e == 4:
         return 0  # host-only expert
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
+
+
+def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False, workspace=None):
+    """The layer (1024 x 1408, 8 experts, mixed bits) against the fp32
+    reference eagerly, then (on CUDA) replayed from a graph after the routing
+    changes in place to new_ids and, optionally, block 0 drops to one field:
+    the graph reads the tables, so neither needs a re-capture."""
+    hidden, ffn, experts = 1024, 1408, 8
+    weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
+    torch.manual_seed(seed)
+    t, k = ids.shape
+    x = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
+    ids = ids.to(device=device, dtype=torch.int32)
+    tw = torch.rand(t, k, device=device)
+    ws = workspace or alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
+    out = fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws).clone()
+    assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
+    if device != "cuda":
+        return
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws)
+    ws.prep.out.fill_(float("nan"))
+    ids.copy_(new_ids.to(device=device, dtype=torch.int32))
+    if demote_first_block:
+        weights.block_fields[0] = 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(ws.prep.out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3

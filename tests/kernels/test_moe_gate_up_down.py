@@ -17,7 +17,7 @@ from kernels.moe_tiles import MoeTiles, choose_tiles
 from kernels.moe_tuning import MoeTuning
 from kernels.moe_workspace import ready_size
 from tests.kernels.paged_store import random_moe
-from tests.kernels.test_moe_mixed import E, F, H, PAGE, check_eager_and_replay, mixed_fields, rel_err
+from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, mixed_fields, rel_err
 
 
 def one_launch_tiles(rows: int, split: int, balance: bool, **kw) -> MoeTiles:

@@ -16,7 +16,7 @@ from kernels.moe_mixed import (
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
 from kernels.smem_carveout import carveout_of
-from tests.kernels.mixed_layer import E, F, H, PAGE, mixed_fields, rel_err
+from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, mixed_fields, rel_err
 from tests.kernels.paged_store import random_moe
 
 
@@ -278,35 +278,6 @@ def test_rejects_small_pages(device):
     ids = torch.zeros(1, 1, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="page_bytes"):
         fused_moe_mixed(x, ids, torch.ones(1, 1, device=device), weights, 0, 2, 1024)
-
-
-def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False, workspace=None):
-    """The layer (1024 x 1408, 8 experts, mixed bits) against the fp32
-    reference eagerly, then (on CUDA) replayed from a graph after the routing
-    changes in place to new_ids and, optionally, block 0 drops to one field:
-    the graph reads the tables, so neither needs a re-capture."""
-    hidden, ffn, experts = 1024, 1408, 8
-    weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
-    torch.manual_seed(seed)
-    t, k = ids.shape
-    x = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
-    ids = ids.to(device=device, dtype=torch.int32)
-    tw = torch.rand(t, k, device=device)
-    ws = workspace or alloc_workspace(t, k, hidden, ffn, experts, tiles, device)
-    out = fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws).clone()
-    assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
-    if device != "cuda":
-        return
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fused_moe_mixed(x, ids, tw, weights, 0, experts, ffn, tiles, ws)
-    ws.prep.out.fill_(float("nan"))
-    ids.copy_(new_ids.to(device=device, dtype=torch.int32))
-    if demote_first_block:
-        weights.block_fields[0] = 1
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel_err(ws.prep.out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3
 
 
 @pytest.mark.gpu

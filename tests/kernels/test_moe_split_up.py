@@ -10,7 +10,7 @@ from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_refere
 from kernels.moe_tiles import MoeTiles, choose_tiles
 from kernels.moe_tuning import MoeTuning
 from tests.kernels.paged_store import random_moe
-from tests.kernels.test_moe_mixed import PAGE, check_eager_and_replay, mixed_fields, rel_err
+from tests.kernels.mixed_layer import PAGE, check_eager_and_replay, mixed_fields, rel_err
 
 # Three groups of K: split 2 cuts them unevenly (1 + 2), split 3 one each.
 H, F, E = 384, 256, 5
