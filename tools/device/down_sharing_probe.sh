@@ -12,9 +12,9 @@ source .carry/on_device.sh || exit 1
 C='[{"block_n":128,"num_warps":4,"use_asm":true},
 {"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"down_zigzag":true}},
 {"block_n":128,"num_warps":4,"use_asm":true}]'
-timeout 360 python3 benchmarks/bench_moe.py --models mixtral --autotune --candidates "$C" --tune-cases 16:mixed,4:mixed \
+timeout 330 python3 benchmarks/bench_moe.py --models mixtral --autotune --candidates "$C" --tune-cases 16:mixed,4:mixed \
   --batches 16 --bits 6,4,2,mixed,views-4.4.2-4.4.6 --stage-bits all --no-check \
-  --kernels-only --budget 480 --commit "$1" --out "${OUT:-/tmp}/moe_down_sharing_b16.json" 2>&1 | grep -v "^ *$" | tail -22
-timeout 120 python3 benchmarks/bench_moe.py --models mixtral --batches 16 --routing roundrobin:7 \
+  --kernels-only --budget 300 --commit "$1" --out "${OUT:-/tmp}/moe_down_sharing_b16.json" 2>&1 | grep -v "^ *$" | tail -22
+timeout 110 python3 benchmarks/bench_moe.py --models mixtral --batches 16 --routing roundrobin:7 \
   --bits 4,2 --stage-bits all --no-check \
-  --kernels-only --budget 110 --commit "$1" --out "${OUT:-/tmp}/moe_straddle_rr7.json" 2>&1 | grep -v "^ *$" | tail -6
+  --kernels-only --budget 90 --commit "$1" --out "${OUT:-/tmp}/moe_straddle_rr7.json" 2>&1 | grep -v "^ *$" | tail -6
