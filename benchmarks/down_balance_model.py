@@ -1,0 +1,137 @@
+"""The balanced down launch's shares under a cost table, timed by measured
+per-view costs (CPU, instant).
+
+    .venv/bin/python benchmarks/down_balance_model.py \
+        --from-json benchmarks/results/moe_down_sharing_h100_s49.json [--views 2,6] [--programs 8]
+
+The balanced down launch (kernels/moe_down.py, down_program) lays a row
+tile's active experts end to end, each group weighted by its view's cost
+(MoeTuning.down_group_cost), and gives program p of P the groups whose first
+unit falls in [p total / P, (p + 1) total / P). If the table's ratios are
+not the card's, the programs holding the costlier view run longest. Here
+each group's time is taken from the uniform down launch of its view (the
+per-launch rows of bench_moe.py, or --times), so a program's predicted time
+is the sum over its groups, and the launch's is the longest program's.
+Fixed costs per program or per expert range are left out: the model
+predicts the imbalance, not the launch time.
+
+For the mixed state of bench_moe.py (even experts at the low view, odd at
+the high one), prints per cost table (the shipped one, the one derived from
+the times, each with and without the zigzag order): the longest program
+over the ideal (total / P), and how many programs start a second expert's
+range. Writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.moe_tuning import DOWN_GROUP_COST  # noqa: E402
+from kernels.weight_layout import VIEW_BITS  # noqa: E402
+
+MIXTRAL_DOWN_GROUPS = 14336 // 128  # groups of 128 along the down blocks' K (ffn)
+
+
+def plan_order(costs_by_slot: list[int], zigzag: bool) -> list[int]:
+    """Slot indices in the order the plan lays them out (slots come
+    costliest first, as moe_align numbers them); kernels/moe_down.py
+    _plan_order."""
+    n = len(costs_by_slot)
+    if not zigzag:
+        return list(range(n))
+    half = (n + 1) // 2
+    pos = [2 * e if e < half else 2 * (n - 1 - e) + 1 for e in range(n)]
+    return sorted(range(n), key=lambda e: pos[e])
+
+
+def program_groups(units: list[int], n_groups: int, programs: int) -> list[list[tuple[int, int]]]:
+    """units: the cost of one group of each expert, in plan order. -> per
+    program, its (expert position, groups) pairs, by down_program's integer
+    share arithmetic."""
+    total = sum(units) * n_groups
+    shares = []
+    for p in range(programs):
+        lo, hi = p * total // programs, (p + 1) * total // programs
+        begin, taken = 0, []
+        for pos, c in enumerate(units):
+            finish = begin + c * n_groups
+            if c > 0 and finish > lo and begin < hi:
+                g0 = max(lo - begin + c - 1, 0) // c
+                g1 = min(max(hi - begin + c - 1, 0) // c, n_groups)
+                if g0 < g1:
+                    taken.append((pos, g1 - g0))
+            begin = finish
+        shares.append(taken)
+    return shares
+
+
+def imbalance(slot_views: list[int], costs: tuple[int, ...], group_time: dict[int, float], n_groups: int,
+              programs: int, zigzag: bool) -> dict:
+    """slot_views: the down view (bits) of each active slot. -> the longest
+    program's predicted time over the ideal, and the programs that take
+    more than one expert's range."""
+    unit = {bits: costs[VIEW_BITS.index(bits)] for bits in set(slot_views)}
+    # moe_align: costliest first, ties keep the slot order
+    slots = sorted(range(len(slot_views)), key=lambda s: -unit[slot_views[s]])
+    laid = [slots[i] for i in plan_order([unit[slot_views[s]] for s in slots], zigzag)]
+    shares = program_groups([unit[slot_views[s]] for s in laid], n_groups, programs)
+    times = [sum(group_time[slot_views[laid[pos]]] * g for pos, g in share) for share in shares]
+    ideal = sum(group_time[v] for v in slot_views) * n_groups / programs
+    if sum(g for share in shares for _, g in share) != n_groups * len(slot_views):
+        raise AssertionError("the shares do not cover every group once")
+    return dict(longest_over_ideal=max(times) / ideal, straddling=sum(len(share) > 1 for share in shares))
+
+
+def derived_costs(group_time: dict[int, float], shipped: tuple[int, ...]) -> tuple[int, ...]:
+    """The table whose ratios are the measured times', scaled so that the
+    cheapest measured view keeps its shipped cost; unmeasured views keep
+    theirs."""
+    base = min(group_time, key=group_time.get)
+    scale = shipped[VIEW_BITS.index(base)] / group_time[base]
+    return tuple(round(group_time[b] * scale) if b in group_time else c for b, c in zip(VIEW_BITS, shipped))
+
+
+def times_from_bench(path: Path, batch: int) -> dict[int, float]:
+    """The uniform views' down-launch us at `batch` from a bench_moe.py JSON."""
+    rows = json.loads(path.read_text())["moe"]
+    return {int(r["bits"]): r["stage_us"]["down"] for r in rows
+            if r.get("batch") == batch and "stage_us" in r and r["bits"].isdigit()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-json", type=Path, help="bench_moe.py output with per-launch rows")
+    src.add_argument("--times", help="uniform down-launch us per view, e.g. 2=68.3,4=100.1,6=135.8")
+    ap.add_argument("--batch", type=int, default=16, help="the rows of --from-json to read")
+    ap.add_argument("--views", default="2,6", help="the mixed state's low and high down views")
+    ap.add_argument("--experts", type=int, default=8, help="active experts (half at each view)")
+    ap.add_argument("--programs", type=int, default=8, help="programs per row tile")
+    ap.add_argument("--groups", type=int, default=MIXTRAL_DOWN_GROUPS, help="groups along K per expert")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        group_time = times_from_bench(args.from_json, args.batch)
+    else:
+        group_time = {int(k): float(v) for k, v in (kv.split("=") for kv in args.times.split(","))}
+    low, high = (int(v) for v in args.views.split(","))
+    missing = {low, high} - set(group_time)
+    if missing:
+        ap.error(f"no uniform down time for views {sorted(missing)} (have {sorted(group_time)})")
+    slot_views = [low if e % 2 == 0 else high for e in range(args.experts)]
+    tables = {"shipped": DOWN_GROUP_COST, "derived": derived_costs(group_time, DOWN_GROUP_COST)}
+    print(f"uniform down us by view: {group_time}")
+    print("table    costs (2/3/4/6/8 bits)   zigzag  longest/ideal  straddling")
+    for name, costs in tables.items():
+        for zigzag in (False, True):
+            r = imbalance(slot_views, costs, group_time, args.groups, args.programs, zigzag)
+            print(f"{name:8s} {str(costs):24s} {str(zigzag):7s} {r['longest_over_ideal']:13.3f} "
+                  f"{r['straddling']:5d} of {args.programs}")
+
+
+if __name__ == "__main__":
+    main()
