@@ -13,6 +13,6 @@ C='[{"block_n":128,"num_warps":4,"use_asm":true},
 {"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"down_group_cost":[8,10,12,16,20],"down_zigzag":true}},
 {"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"down_group_cost":[8,11,13,18,22]}},
 {"block_n":128,"num_warps":4,"use_asm":true}]'
-timeout 400 python3 benchmarks/bench_moe.py --models mixtral --autotune --candidates "$C" \
+timeout 280 python3 benchmarks/bench_moe.py --models mixtral --autotune --candidates "$C" \
   --tune-cases 16:mixed,4:mixed,1:mixed --batches 16 --bits 2,3,4,6,8,mixed --stage-bits all --no-check \
-  --kernels-only --budget 370 --commit "$1" --out "${OUT:-/tmp}/moe_down_cost.json" 2>&1 | grep -v "^ *$" | tail -24
+  --kernels-only --budget 260 --commit "$1" --out "${OUT:-/tmp}/moe_down_cost.json" 2>&1 | grep -v "^ *$" | tail -24
