@@ -118,7 +118,12 @@ ONE_TOKEN_SPLIT_UP = 2
 # (layer us at B = 16 / 4 / 1, mixed 2/6: these 274.2-274.4 / 269.7-270.4 /
 # 71.9-72.0; (8, 10, 9, 13, 14) 275.0 / 269.5 / 72.1; all 1 284.9 / 280.4 /
 # 73.2; (8, 11, 13, 18, 22) 288.3 / 282.9 / 74.3;
-# moe_down_cost_b16_h200_s47.json).
+# moe_down_cost_b16_h200_s47.json). On the H100 too, though its uniform down
+# launches run 2 / 4 / 6 bits at 66.6 / 96.9 / 131.7 us (8 : 11.6 : 15.8):
+# the table of those ratios, (8, 10, 12, 16, 20), took mixed 2/6 at B = 16 /
+# 4 to 317.0 / 312.2 us against these 307.4-308.0 / 301.8-302.5
+# (moe_down_cost_h100_s49.json; benchmarks/down_balance_model.py says why the
+# uniform times mislead).
 DOWN_GROUP_COST = (8, 10, 11, 13, 15)
 DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
 DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
@@ -158,7 +163,12 @@ class MoeTuning:
     fields) by which the balanced down launch shares its work
     (MoeTiles.down_group_cost); a list is taken as a tuple.
     down_zigzag: that sharing lays the experts end to end costliest,
-    cheapest, second costliest, ... (MoeTiles.down_zigzag); unmeasured, off.
+    cheapest, second costliest, ... (MoeTiles.down_zigzag). Off: on the
+    H100 (Mixtral mixed 2/6, B=16) the layer took 312.6 us against
+    313.7-314.2 without, and 306.6 against 307.3 on another machine, where
+    the down launch alone took 105.3 us against 100.6
+    (moe_down_sharing_h100_s49.json, moe_zigzag_b16_h100_s49.json,
+    moe_views_b16_h100_s49.json): within the noise in the layer, slower alone.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES

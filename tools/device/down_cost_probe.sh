@@ -2,6 +2,7 @@
 # The balanced down launch's view costs on the lent card (session 49): on the H100 the uniform
 # down launch at B=16 ran 2 / 4 / 6 bits in 68.3 / 100.1 / 135.8 us (8 : 11.7 : 15.9;
 # moe_down_sharing_h100_s49.json), steeper than the table measured on the H200 (8 : 11 : 13).
+# Run short in session 49 (moe_down_cost_h100_s49.json): that steeper table made the layer 3 % slower.
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make install proto` and
 # tools/device/stage.sh:  bash tools/device/down_cost_probe.sh <commit> [short]
 # (1) Mixtral mixed 2/6 at B = 16 / 4 / 1 under the shipped costs (timed twice), the H100's
