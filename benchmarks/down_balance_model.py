@@ -124,7 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_json:
         group_time = times_from_bench(args.from_json, args.batch)
     else:
-        group_time = {int(k): float(v) for k, v in (kv.split("=") for kv in args.times.split(","))}
+        try:
+            group_time = {int(k): float(v) for k, v in (kv.split("=") for kv in args.times.split(","))}
+        except ValueError:
+            ap.error(f"--times must be a comma list of bits=time, got {args.times!r}")
     low, high = (int(v) for v in args.views.split(","))
     missing = {low, high} - set(group_time)
     if missing:

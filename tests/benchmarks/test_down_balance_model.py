@@ -53,3 +53,12 @@ def test_reads_uniform_down_rows_from_a_bench_json(tmp_path, capsys):
     assert "derived" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--from-json", str(path), "--views", "2,8"])
+
+
+def test_times_on_the_command_line(capsys):
+    main(["--times", "2=233,6=383"])
+    out = capsys.readouterr().out
+    assert "shipped" in out and "4 of 8" in out
+    for bad in ("2=233,6", "2=fast", "4=1,6=2"):  # malformed, or no time for the low view
+        with pytest.raises(SystemExit):
+            main(["--times", bad])
