@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The balanced down launch's sharing on Mixtral B=16 (8-token tile), prepared in session 48, run in
-# session 49 on an H100 (benchmarks/results/moe_down_sharing_h100_s49.json, moe_straddle_rr7_h100_s49.json). Usage, with carry [".carry", "pagedweight", ".whl"]
+# session 49 on an H100 (benchmarks/results/moe_down_sharing_h100_s49.json,
+# moe_straddle_rr7_h100_s49.json). Usage, with carry [".carry", "pagedweight", ".whl"]
 # after `make install proto` and tools/device/stage.sh:
 #   bash tools/device/down_sharing_probe.sh <commit>
 # (1) mixed 2/6 under the shipped sharing (first and last) and the zigzag order (MoeTuning.down_zigzag)
