@@ -22,9 +22,10 @@ bits in 66.6 / 96.9 / 131.7 us, from which the model gives the shipped
 table +7.9 % on the 6-bit programs and the derived (8, 10, 12, 16, ...) +0.7
 %, yet mixed 2/6's down launch came within +1.5 % of its views' mean under
 the shipped table, and the derived one made the layer 3.1 % slower
-(moe_views_b16_h100_s49.json, moe_down_cost_h100_s49.json). A uniform 6-bit
-launch is bandwidth-bound where a mixed one is not, so its time overstates
-a 6-bit group's cost in a mixed launch; the SASS instruction counts of the
+(moe_views_b16_h100_s49.json, moe_down_cost_h100_s49.json). Probably (a
+guess, not profiled) a uniform 6-bit launch is bandwidth-bound where a
+mixed one is not, so its time overstates a 6-bit group's cost in a mixed
+launch; the SASS instruction counts of the
 8-token loops (233 / 383 at 2 / 6 bits, benchmarks/sass_loops.py) keep the
 shipped ratio.
 """
@@ -44,11 +45,10 @@ from kernels.weight_layout import VIEW_BITS  # noqa: E402
 MIXTRAL_DOWN_GROUPS = 14336 // 128  # groups of 128 along the down blocks' K (ffn)
 
 
-def plan_order(costs_by_slot: list[int], zigzag: bool) -> list[int]:
-    """Slot indices in the order the plan lays them out (slots come
+def plan_order(n: int, zigzag: bool) -> list[int]:
+    """The order in which the plan lays out n active slots (numbered
     costliest first, as moe_align numbers them); kernels/moe_down.py
     _plan_order."""
-    n = len(costs_by_slot)
     if not zigzag:
         return list(range(n))
     half = (n + 1) // 2
@@ -85,7 +85,7 @@ def imbalance(slot_views: list[int], costs: tuple[int, ...], group_time: dict[in
     unit = {bits: costs[VIEW_BITS.index(bits)] for bits in set(slot_views)}
     # moe_align: costliest first, ties keep the slot order
     slots = sorted(range(len(slot_views)), key=lambda s: -unit[slot_views[s]])
-    laid = [slots[i] for i in plan_order([unit[slot_views[s]] for s in slots], zigzag)]
+    laid = [slots[i] for i in plan_order(len(slots), zigzag)]
     shares = program_groups([unit[slot_views[s]] for s in laid], n_groups, programs)
     times = [sum(group_time[slot_views[laid[pos]]] * g for pos, g in share) for share in shares]
     ideal = sum(group_time[v] for v in slot_views) * n_groups / programs
