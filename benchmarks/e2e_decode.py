@@ -55,6 +55,7 @@ from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
+from kernels.dense_mma import MmaTiles  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE, NARROW_TOKEN_TILE  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 
@@ -243,6 +244,8 @@ def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_
         "fuse_qkv": not args.no_fuse_qkv,
         "fuse_moe_entry": not args.no_fuse_moe_entry,
         "dense_gemv_max_tokens": args.dense_gemv_max_tokens,
+        "dense_mma_max_tokens": args.dense_mma_max_tokens,
+        "dense_mma_tiles": args.dense_mma_tiles,
         "fuse_qkv_rotary": config.fuse_qkv_rotary,
         "pdl_max_rows": config.pdl_max_rows,
         "moe_tuning": asdict(config.moe_tuning),
@@ -290,6 +293,13 @@ def main() -> int:
                         default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
                         help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
                              "rows by kernels/dense_gemv.py; 0: cuBLAS)")
+    parser.add_argument("--dense-mma-max-tokens", type=int,
+                        default=DataplaneConfig.model_fields["dense_mma_max_tokens"].default,
+                        help="DataplaneConfig.dense_mma_max_tokens (attention projections of batches past the "
+                             "GEMV's and up to N rows by kernels/dense_mma.py; 0: cuBLAS)")
+    parser.add_argument("--dense-mma-tiles", type=json.loads, default=None,
+                        help="JSON object of kernels/dense_mma.MmaTiles fields for those projections "
+                             "(A/B runs; default: its defaults)")
     parser.add_argument("--fuse-qkv-rotary", action="store_true",
                         help="DataplaneConfig.fuse_qkv_rotary = True (rotary and the KV store in the q/k/v GEMV's "
                              "launch at B=1; A/B runs)")
@@ -332,7 +342,8 @@ def main() -> int:
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
         fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
-        dense_gemv_max_tokens=args.dense_gemv_max_tokens, fuse_qkv_rotary=args.fuse_qkv_rotary,
+        dense_gemv_max_tokens=args.dense_gemv_max_tokens, dense_mma_max_tokens=args.dense_mma_max_tokens,
+        fuse_qkv_rotary=args.fuse_qkv_rotary,
         max_arena_pages=args.max_arena_pages,
         overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows,
         moe_tuning=tuning_from_args(args),
@@ -341,6 +352,8 @@ def main() -> int:
     build_s = time.perf_counter() - t0
     engine, store = built.engine, built.precision.store
     runner = engine.runner
+    if args.dense_mma_tiles is not None:  # before any step: no graph holds the default yet
+        runner.model.use_dense_mma(args.dense_mma_max_tokens, MmaTiles(**args.dense_mma_tiles))
     spec = runner.model.spec
     dense_bytes = sum(p.numel() * p.element_size() for n, p in runner.model.named_parameters()
                       if not p.is_meta and "embed_tokens" not in n)

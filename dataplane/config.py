@@ -114,6 +114,11 @@ class DataplaneConfig(BaseSettings):
     # At most kernels/dense_gemv.GEMV_MAX_TOKENS (a test holds them equal; the
     # config does not import Triton).
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
+    # On CUDA, the attention projections of batches past dense_gemv_max_tokens
+    # and up to this many rows by kernels/dense_mma.py (a tensor-core product
+    # taking part in PDL) instead of cuBLAS; 0: cuBLAS. At most
+    # kernels/dense_mma.MMA_MAX_TOKENS (a test holds them equal).
+    dense_mma_max_tokens: int = Field(default=0, ge=0, le=64)
     # Decode steps whose fused q/k/v product takes that GEMV rotate q and k and
     # store k and v in its launch (kernels/qkv_rotary_gemv.py). Off: end to end
     # at B=1 it measured no gain (4-bit 296.5 / 298.3 against 299.0 / 298.7

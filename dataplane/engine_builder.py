@@ -160,7 +160,8 @@ def load_model(
 
 def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneConfig) -> None:
     """Transforms applied to a loaded model (MixtralForCausalLM.fuse_qkv, then
-    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens and
+    use_dense_gemv for DataplaneConfig.dense_gemv_max_tokens, use_dense_mma
+    for DataplaneConfig.dense_mma_max_tokens and
     use_qkv_rotary_gemv for DataplaneConfig.fuse_qkv_rotary)."""
     if config.fuse_qkv:
         model.fuse_qkv()
@@ -170,6 +171,8 @@ def _fuse_projections(model: nn.Module, device: torch.device, config: DataplaneC
             torch.cuda.empty_cache()
     if config.dense_gemv_max_tokens:
         model.use_dense_gemv(config.dense_gemv_max_tokens)
+    if config.dense_mma_max_tokens:
+        model.use_dense_mma(config.dense_mma_max_tokens)
     model.use_qkv_rotary_gemv(config.fuse_qkv_rotary)
 
 

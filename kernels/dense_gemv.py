@@ -108,6 +108,27 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = 
     """[T, N] = x [T, K] @ weight [N, K]^T for 1 <= T <= GEMV_MAX_TOKENS, in
     one launch (the module docstring); out: an optional [T, N] result buffer;
     pdl: which launches take part in PDL (kernels/pdl.py)."""
+    out = checked_operands(x, weight, out, GEMV_MAX_TOKENS, "dense_gemv")
+    tokens, k = x.shape
+    n = weight.shape[0]
+    tiles = tiles or GemvTiles()
+    grid = (triton.cdiv(n, tiles.block_n),)
+    _gemv_kernel[grid](
+        x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        BT=triton.next_power_of_2(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_options(x.device, tokens, pdl),
+    )
+    return out
+
+
+def checked_operands(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None, max_tokens: int,
+                     kernel: str) -> torch.Tensor:
+    """The checks of a dense decode product's operands (this GEMV's and
+    kernels/dense_mma.py's): x [T, K] and weight [N, K] of one fp16/bf16
+    dtype with unit last strides on one device, 1 <= T <= max_tokens; returns
+    out, allocated [T, N] when None, else checked to be that shape with a
+    unit last stride."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x [T, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
@@ -118,20 +139,12 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = 
         raise ValueError("x and weight must be on one device")
     tokens, k = x.shape
     n = weight.shape[0]
-    if not 1 <= tokens <= GEMV_MAX_TOKENS or k == 0 or n == 0:
-        raise ValueError(f"dense_gemv takes 1..{GEMV_MAX_TOKENS} tokens and K, N > 0; got {tokens} x {k} -> {n}")
+    if not 1 <= tokens <= max_tokens or k == 0 or n == 0:
+        raise ValueError(f"{kernel} takes 1..{max_tokens} tokens and K, N > 0; got {tokens} x {k} -> {n}")
     if out is None:
-        out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
-    elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{tokens}, {n}] {x.dtype} with a unit last stride")
-    tiles = tiles or GemvTiles()
-    grid = (triton.cdiv(n, tiles.block_n),)
-    _gemv_kernel[grid](
-        x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        BT=triton.next_power_of_2(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_options(x.device, tokens, pdl),
-    )
+        return torch.empty(tokens, n, dtype=x.dtype, device=x.device)
+    if out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1 or out.device != x.device:
+        raise ValueError(f"out must be [{tokens}, {n}] {x.dtype} on {x.device} with a unit last stride")
     return out
 
 

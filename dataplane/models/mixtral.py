@@ -24,6 +24,7 @@ from dataplane.layers.moe import SparseMoeBlock
 from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
 from kernels.dense_gemv import GEMV_DTYPES, GemvTiles
+from kernels.dense_mma import MmaTiles
 from kernels.pdl import DEFAULT_PDL, PdlPolicy
 from kernels.qkv_rotary_gemv import qkv_rotary_gemv, qkv_rotary_gemv_suits
 
@@ -134,6 +135,8 @@ class MixtralAttention(nn.Module):
         fused = Linear(self.q_proj.in_features, sum(w.shape[0] for w in parts), torch.device("meta"), parts[0].dtype)
         fused.weight = nn.Parameter(torch.cat([w.detach() for w in parts]), requires_grad=False)  # [q+k+v, H]
         fused.gemv_max_tokens = self.q_proj.gemv_max_tokens
+        fused.mma_max_tokens = self.q_proj.mma_max_tokens
+        fused.mma_tiles = self.q_proj.mma_tiles
         self.qkv_proj = fused
         self.q_proj = self.k_proj = self.v_proj = None
 
@@ -145,6 +148,16 @@ class MixtralAttention(nn.Module):
             if proj is not None:
                 proj.gemv_max_tokens = max_tokens
         self.o_proj.gemv_tiles = O_PROJ_GEMV_TILES
+
+    def use_dense_mma(self, max_tokens: int, tiles: MmaTiles | None = None) -> None:
+        """Batches of up to max_tokens rows past the GEMV's take the decode
+        tensor-core kernel in every projection of this layer
+        (Linear.mma_max_tokens; 0: torch), at launch shape tiles (None: its
+        default)."""
+        for proj in (self.qkv_proj, self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+            if proj is not None:
+                proj.mma_max_tokens = max_tokens
+                proj.mma_tiles = tiles
 
     def use_qkv_rotary_gemv(self, on: bool) -> None:
         """Decode steps whose fused q/k/v product takes the dense GEMV rotate
@@ -303,6 +316,14 @@ class MixtralForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, MixtralAttention):
                 module.use_dense_gemv(max_tokens)
+
+    def use_dense_mma(self, max_tokens: int, tiles: MmaTiles | None = None) -> None:
+        """Every attention projection takes the decode tensor-core kernel for
+        batches of up to max_tokens rows past the GEMV's
+        (MixtralAttention.use_dense_mma)."""
+        for module in self.modules():
+            if isinstance(module, MixtralAttention):
+                module.use_dense_mma(max_tokens, tiles)
 
     def use_qkv_rotary_gemv(self, on: bool) -> None:
         """Every attention layer's decode steps that take the dense GEMV rotate

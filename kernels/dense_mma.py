@@ -1,0 +1,128 @@
+"""y = x @ W^T for a decode batch of a few to 64 tokens on the tensor cores,
+one launch taking part in programmatic dependent launch (kernels/pdl.py).
+
+Why: past the one-token GEMV (kernels/dense_gemv.py) the attention
+projections went to cuBLAS, which does not take part in PDL, so every
+decode layer broke the PDL chain twice: the q/k/v product launched only
+once the launch before it had completed, and the launch after it (rotary
+and the KV store, then attention) likewise; the same around the o
+projection. At B=1 the GEMV with PDL decoded 4.0 % faster than cuBLAS
+(kernels/dense_gemv.py). Session 6 (benchmarks/NOTES.md) measured a
+tensor-core tile without PDL level with cuBLAS at B=16 (q/k/v 18.8 against
+19.2 us, o 14.6 against 16.0): what a launch of this size loses is its ramp,
+which PDL overlaps with the launch before.
+
+Shape: swap-AB. A program owns BN rows of W (the tensor cores' M side,
+where the rows are many) and all BT tokens (N side, 16 at least, tokens
+past T read clamped and never stored): acc [BN, BT] += W [BN, BK] @ x^T
+[BK, BT] over the whole K in BK chunks, so W is read once and there is no
+split-K reduce launch.
+
+Contract: x [T, K] and W [N, K] of one dtype (fp16 or bf16), unit last
+stride, 1 <= T <= MMA_MAX_TOKENS; out [T, N] in x's dtype (may be a
+strided view), fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.dense_gemv import checked_operands, dense_gemv_reference
+from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
+
+# tl.dot needs 16 on a side: fewer tokens are padded to this tile.
+MIN_TOKEN_TILE = 16
+# The largest batch the kernel takes (token tile 64; past it cuBLAS's
+# tiles are the better GEMM).
+MMA_MAX_TOKENS = 64
+# Launch shape: session 6's fastest tensor-core tile on the H200 at Mixtral
+# q/k/v and o (benchmarks/results/dense_tc_sweep_h200.json: 64 rows, K in
+# chunks of 256, 5 stages; the most bytes in flight per multiprocessor).
+BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 64, 256, 4, 5
+
+
+@dataclass(frozen=True)
+class MmaTiles:
+    """Rows per program (a power of two >= 16), K chunk (a power of two >=
+    16), warps and pipeline stages of one launch."""
+
+    block_n: int = BLOCK_N
+    block_k: int = BLOCK_K
+    num_warps: int = NUM_WARPS
+    num_stages: int = NUM_STAGES
+
+    def __post_init__(self) -> None:
+        for name, least in (("block_n", 16), ("block_k", 16), ("num_warps", 1)):
+            v = getattr(self, name)
+            if v < least or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
+
+
+def token_tile(tokens: int) -> int:
+    """The kernel's token tile for a batch of `tokens` rows."""
+    return max(MIN_TOKEN_TILE, triton.next_power_of_2(tokens))
+
+
+@triton.jit(do_not_specialize=["T"])
+def _mma_kernel(
+    x_ptr,  # [T, K] fp16/bf16
+    w_ptr,  # [N, K] fp16/bf16
+    out_ptr,  # [T, N]
+    T, N, K, stride_x, stride_w, stride_o,
+    BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    rows = tl.minimum(n, N - 1).to(tl.int64)  # rows past N read row N - 1, never stored
+    t = tl.arange(0, BT)
+    toks = tl.minimum(t, T - 1).to(tl.int64)  # likewise tokens past T
+    kk = tl.arange(0, BK)
+    w_ptrs = w_ptr + rows[:, None] * stride_w + kk[None, :]  # [BN, BK]
+    x_ptrs = x_ptr + toks[None, :] * stride_x + kk[:, None]  # [BK, BT]: x^T
+    # x is the previous launch's output (kernels/pdl.py's contract).
+    wait_for_previous_grid(PDL)
+    acc = tl.zeros((BN, BT), tl.float32)
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            x = tl.load(x_ptrs)
+        else:
+            inside = (k0 + kk) < K
+            w = tl.load(w_ptrs, mask=inside[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=inside[:, None], other=0.0)
+        acc = tl.dot(w, x, acc)  # [BN, BT]
+        w_ptrs += BK
+        x_ptrs += BK
+    keep = (n < N)[:, None] & (t < T)[None, :]
+    out_ptrs = out_ptr + t.to(tl.int64)[None, :] * stride_o + n[:, None]  # [BN, BT]: out^T
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def dense_mma(x: torch.Tensor, weight: torch.Tensor, tiles: MmaTiles | None = None,
+              out: torch.Tensor | None = None, pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
+    """[T, N] = x [T, K] @ weight [N, K]^T for 1 <= T <= MMA_MAX_TOKENS, in
+    one launch (the module docstring); out: an optional [T, N] result buffer
+    with a unit last stride; pdl: which launches take part in PDL."""
+    out = checked_operands(x, weight, out, MMA_MAX_TOKENS, "dense_mma")
+    tokens, k = x.shape
+    n = weight.shape[0]
+    tiles = tiles or MmaTiles()
+    grid = (triton.cdiv(n, tiles.block_n),)
+    _mma_kernel[grid](
+        x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        BT=token_tile(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_options(x.device, tokens, pdl),
+    )
+    return out
+
+
+# The same product in fp32, rounded once to x's dtype (one reference for
+# both dense decode kernels).
+dense_mma_reference = dense_gemv_reference
