@@ -55,20 +55,21 @@ def measure(n: int, k: int, tokens: int, candidates: list[MmaTiles]) -> dict:
         try:
             got = dense_mma(x, ws[0], t, pdl=NO_PDL)
         except OutOfResources as exc:  # too many stages for the shared memory
-            skipped[tile_key(t)] = str(exc)[:120]
+            skipped[tile_key(t)] = str(exc)[:200]
             continue
         err = float((got.float() - want.float()).norm() / want.float().norm())
         if err > 1e-2:
             raise RuntimeError(f"dense_mma {t} off by {err} at {n}x{k}, {tokens} tokens")
         alone[tile_key(t)] = graph_us(lambda i, t=t: dense_mma(x, ws[i], t, out=out, pdl=NO_PDL), copies)
         chained[tile_key(t)] = graph_us(lambda i, t=t: dense_mma(x, ws[i], t, out=out, pdl=ALL_PDL), copies)
-    best = min(chained, key=chained.get)
+    best = min(chained, key=chained.get) if chained else None
     default = tile_key(MmaTiles())
     return {"n": n, "k": k, "tokens": tokens, "w_bytes": w_bytes, "copies": copies, "cublas_us": cublas_us,
             "alone_us": alone, "pdl_us": chained, "skipped": skipped,
             "default": default, "default_alone_us": alone.get(default), "default_pdl_us": chained.get(default),
-            "best_pdl": best, "best_pdl_us": chained[best], "best_alone": min(alone, key=alone.get),
-            "cublas_GBps": w_bytes / cublas_us / 1e3, "best_pdl_GBps": w_bytes / chained[best] / 1e3}
+            "best_pdl": best, "best_pdl_us": chained.get(best),
+            "best_alone": min(alone, key=alone.get) if alone else None,
+            "cublas_GBps": w_bytes / cublas_us / 1e3, "best_pdl_GBps": w_bytes / chained[best] / 1e3 if best else None}
 
 
 def main() -> int:
@@ -100,6 +101,11 @@ def main() -> int:
                                     "rows": rows}, indent=1))
     print("shape  T  cuBLAS us  default alone/pdl us  best pdl tiles  us  GB/s (cuBLAS GB/s)")
     for r in rows:
+        for key, why in r["skipped"].items():
+            print(f"  skipped {r['shape']} T={r['tokens']} {key}: {why}")
+        if r["best_pdl"] is None:
+            print(f"{r['shape']:5s} {r['tokens']:2d} {r['cublas_us']:9.1f}  no tile ran")
+            continue
         print(f"{r['shape']:5s} {r['tokens']:2d} {r['cublas_us']:9.1f} {r['default_alone_us'] or 0:8.1f} / "
               f"{r['default_pdl_us'] or 0:5.1f} {r['best_pdl']:>14s} {r['best_pdl_us']:5.1f} "
               f"{r['best_pdl_GBps']:5.0f} ({r['cublas_GBps']:.0f})")
