@@ -18,6 +18,7 @@ import argparse
 import itertools
 import json
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_gemv import ROTATION_BYTES, SHAPES, graph_us  # noqa: E402
-from kernels.dense_mma import MMA_MAX_TOKENS, MmaTiles, dense_mma, dense_mma_reference  # noqa: E402
+from kernels.dense_mma import MMA_MAX_TOKENS, MmaTiles, dense_mma, dense_mma_reference, pipeline_stages  # noqa: E402
 from kernels.pdl import PdlPolicy  # noqa: E402
 
 BLOCK_N = (32, 64, 128)
@@ -51,7 +52,11 @@ def measure(n: int, k: int, tokens: int, candidates: list[MmaTiles]) -> dict:
     want = dense_mma_reference(x, ws[0])
     cublas_us = graph_us(lambda i: torch.matmul(x, ws[i].T, out=out), copies)
     alone, chained, skipped = {}, {}, {}
-    for t in candidates:
+    for asked in candidates:
+        # The stages the launch will take at this token count (dense_mma fits them to the shared memory).
+        t = replace(asked, num_stages=pipeline_stages(asked, tokens, x.element_size()))
+        if tile_key(t) in alone:
+            continue
         try:
             got = dense_mma(x, ws[0], t, pdl=NO_PDL)
         except OutOfResources as exc:  # too many stages for the shared memory
@@ -63,7 +68,7 @@ def measure(n: int, k: int, tokens: int, candidates: list[MmaTiles]) -> dict:
         alone[tile_key(t)] = graph_us(lambda i, t=t: dense_mma(x, ws[i], t, out=out, pdl=NO_PDL), copies)
         chained[tile_key(t)] = graph_us(lambda i, t=t: dense_mma(x, ws[i], t, out=out, pdl=ALL_PDL), copies)
     best = min(chained, key=chained.get) if chained else None
-    default = tile_key(MmaTiles())
+    default = tile_key(replace(MmaTiles(), num_stages=pipeline_stages(MmaTiles(), tokens, x.element_size())))
     return {"n": n, "k": k, "tokens": tokens, "w_bytes": w_bytes, "copies": copies, "cublas_us": cublas_us,
             "alone_us": alone, "pdl_us": chained, "skipped": skipped,
             "default": default, "default_alone_us": alone.get(default), "default_pdl_us": chained.get(default),

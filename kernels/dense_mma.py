@@ -43,6 +43,12 @@ MMA_MAX_TOKENS = 64
 # q/k/v and o (benchmarks/results/dense_tc_sweep_h200.json: 64 rows, K in
 # chunks of 256, 5 stages; the most bytes in flight per multiprocessor).
 BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 64, 256, 4, 5
+# Shared memory a launch's pipeline stages may take: the H100 and H200 allow
+# 227 KiB a program, and the default tile's 5 stages of W and x at 16 tokens
+# take 200 KiB; a wider token tile gets fewer stages (pipeline_stages) instead
+# of failing to launch (at 32 and 64 tokens it needed 240 and 320 KiB:
+# benchmarks/results/dense_mma_h100_s50.json).
+STAGE_SHARED_BUDGET = 216 * 1024
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,13 @@ class MmaTiles:
 def token_tile(tokens: int) -> int:
     """The kernel's token tile for a batch of `tokens` rows."""
     return max(MIN_TOKEN_TILE, triton.next_power_of_2(tokens))
+
+
+def pipeline_stages(tiles: MmaTiles, tokens: int, element_bytes: int) -> int:
+    """tiles.num_stages, fewer where a stage's W and x^T tiles would take the
+    pipeline past STAGE_SHARED_BUDGET at this batch's token tile."""
+    stage_bytes = (tiles.block_n + token_tile(tokens)) * tiles.block_k * element_bytes
+    return max(1, min(tiles.num_stages, STAGE_SHARED_BUDGET // stage_bytes))
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -117,7 +130,7 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, tiles: MmaTiles | None = No
     _mma_kernel[grid](
         x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BT=token_tile(tokens), BN=tiles.block_n, BK=tiles.block_k, EVEN_K=k % tiles.block_k == 0,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=pipeline_stages(tiles, tokens, x.element_size()),
         **pdl_options(x.device, tokens, pdl),
     )
     return out

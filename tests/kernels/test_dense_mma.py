@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dense_mma import MMA_MAX_TOKENS, MmaTiles, dense_mma, dense_mma_reference, token_tile
+from kernels.dense_mma import (MMA_MAX_TOKENS, STAGE_SHARED_BUDGET, MmaTiles, dense_mma, dense_mma_reference,
+                               pipeline_stages, token_tile)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -47,6 +48,17 @@ def test_writes_every_element_and_nothing_else(device):
 
 def test_token_tile():
     assert [token_tile(t) for t in (1, 4, 16, 17, 33, 64)] == [16, 16, 16, 32, 64, 64]
+
+
+def test_pipeline_stages_fit_the_shared_memory():
+    default = MmaTiles()
+    assert [pipeline_stages(default, t, 2) for t in (4, 16, 32, 64)] == [5, 5, 4, 3]
+    assert pipeline_stages(MmaTiles(block_n=64, block_k=128), 16, 2) == 5  # the asked stages when they fit
+    assert pipeline_stages(MmaTiles(block_n=128, block_k=256), 64, 2) == 2
+    assert pipeline_stages(MmaTiles(block_n=128, block_k=1024), 64, 4) == 1  # one stage at least
+    for t in (1, 16, 17, 64):
+        stages = pipeline_stages(default, t, 2)
+        assert stages * (default.block_n + token_tile(t)) * default.block_k * 2 <= STAGE_SHARED_BUDGET
 
 
 def test_rejects_bad_input(device):
