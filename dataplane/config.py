@@ -116,9 +116,13 @@ class DataplaneConfig(BaseSettings):
     dense_gemv_max_tokens: int = Field(default=1, ge=0, le=4)
     # On CUDA, the attention projections of batches past dense_gemv_max_tokens
     # and up to this many rows by kernels/dense_mma.py (a tensor-core product
-    # taking part in PDL) instead of cuBLAS; 0: cuBLAS. At most
+    # taking part in PDL) instead of cuBLAS; 0: cuBLAS. End to end on the
+    # H100 (synthetic Mixtral-8x7B, 4-bit, three interleaved rounds):
+    # B=4 453.4 -> 464.6 tok/s, B=16 1373.0 -> 1399.5; at B=64, where no
+    # launch takes part in PDL, 4164.6 -> 4142.9, so 16
+    # (benchmarks/results/e2e_mma_*_h100_s50*.json). At most
     # kernels/dense_mma.MMA_MAX_TOKENS (a test holds them equal).
-    dense_mma_max_tokens: int = Field(default=0, ge=0, le=64)
+    dense_mma_max_tokens: int = Field(default=16, ge=0, le=64)
     # Decode steps whose fused q/k/v product takes that GEMV rotate q and k and
     # store k and v in its launch (kernels/qkv_rotary_gemv.py). Off: end to end
     # at B=1 it measured no gain (4-bit 296.5 / 298.3 against 299.0 / 298.7
