@@ -10,7 +10,14 @@ projection. At B=1 the GEMV with PDL decoded 4.0 % faster than cuBLAS
 (kernels/dense_gemv.py). Session 6 (benchmarks/NOTES.md) measured a
 tensor-core tile without PDL level with cuBLAS at B=16 (q/k/v 18.8 against
 19.2 us, o 14.6 against 16.0): what a launch of this size loses is its ramp,
-which PDL overlaps with the launch before.
+which PDL overlaps with the launch before. Measured on the H100 (session 50,
+benchmarks/results/*_h100_s50*.json): alone at 16 tokens q/k/v 20.2 us and
+o 14.1 against cuBLAS's 20.7 and 15.5; end to end (synthetic Mixtral-8x7B,
+4-bit, three interleaved rounds) B=4 453.4 -> 464.6 tok/s and B=16 1373.0
+-> 1399.5, more than the kernels' own time saves (~2 us a layer), so most
+of it is the launch gaps the unbroken PDL chain removes. At B=64, where no
+launch takes part in PDL, 0.5 % slower than cuBLAS
+(DataplaneConfig.dense_mma_max_tokens).
 
 Shape: swap-AB. A program owns BN rows of W (the tensor cores' M side,
 where the rows are many) and all BT tokens (N side, 16 at least, tokens
