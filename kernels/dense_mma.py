@@ -16,7 +16,8 @@ o 14.1 against cuBLAS's 20.7 and 15.5; end to end (synthetic Mixtral-8x7B,
 4-bit, three interleaved rounds) B=4 453.4 -> 464.6 tok/s and B=16 1373.0
 -> 1399.5, more than the kernels' own time saves (~2 us a layer), so most
 of it is the launch gaps the unbroken PDL chain removes. At B=64, where no
-launch takes part in PDL, 0.5 % slower than cuBLAS
+launch takes part in PDL, 0.5 % slower than cuBLAS; at B=1, padded to 16
+tokens, 3.3 % slower than the one-token GEMV (247.2 against 255.7 tok/s)
 (DataplaneConfig.dense_mma_max_tokens).
 
 Shape: swap-AB. A program owns BN rows of W (the tensor cores' M side,
