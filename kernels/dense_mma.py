@@ -14,8 +14,9 @@ which PDL overlaps with the launch before. Measured on the H100 (session 50,
 benchmarks/results/*_h100_s50*.json): alone at 16 tokens q/k/v 20.2 us and
 o 14.1 against cuBLAS's 20.7 and 15.5; end to end (synthetic Mixtral-8x7B,
 4-bit, three interleaved rounds) B=4 453.4 -> 464.6 tok/s and B=16 1373.0
--> 1399.5, more than the kernels' own time saves (~2 us a layer), so most
-of it is the launch gaps the unbroken PDL chain removes. At B=64, where no
+-> 1399.5: ~7 us a layer at B=16, of which the kernels' own time saves
+~2 us; the rest is, by inference (not profiled), the launch gaps that the
+unbroken PDL chain removes. At B=64, where no
 launch takes part in PDL, 0.5 % slower than cuBLAS; at B=1, padded to 16
 tokens, 3.3 % slower than the one-token GEMV (247.2 against 255.7 tok/s)
 (DataplaneConfig.dense_mma_max_tokens).
@@ -44,8 +45,8 @@ from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_g
 
 # tl.dot needs 16 on a side: fewer tokens are padded to this tile.
 MIN_TOKEN_TILE = 16
-# The largest batch the kernel takes (token tile 64; past it cuBLAS's
-# tiles are the better GEMM).
+# The largest batch the kernel takes (token tile 64; at 64 tokens cuBLAS
+# was already the faster end to end, so nothing wider was built).
 MMA_MAX_TOKENS = 64
 # Launch shape: session 6's fastest tensor-core tile on the H200 at Mixtral
 # q/k/v and o (benchmarks/results/dense_tc_sweep_h200.json: 64 rows, K in
