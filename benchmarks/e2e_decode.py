@@ -38,7 +38,7 @@ import statistics
 import threading
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -49,15 +49,14 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.decode_batch import run_batch  # noqa: E402
 from benchmarks.decode_profile import profile_decode  # noqa: E402
+from benchmarks.e2e_knobs import add_knob_arguments, apply_knobs, knob_config  # noqa: E402
 from benchmarks.precision_states import (MIXED_PREFIX, expert_bytes, precision_label, set_precision,  # noqa: E402
                                         state_bits)
 from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.kv_cache import kv_block_bytes  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
-from kernels.dense_mma import MmaTiles  # noqa: E402
 from kernels.moe_tiles import BASE_TOKEN_TILE, NARROW_TOKEN_TILE  # noqa: E402
-from kernels.moe_tuning import MoeTuning  # noqa: E402
 
 COPY_BYTES = 2 << 30
 # Device-to-device copy of the H200 in ../shared/ANCHORS.md (bytes read +
@@ -209,26 +208,6 @@ class EngineThreadCalls:
             raise TimeoutError("the engine thread did not run the call")
 
 
-def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per MoeTuning field (--one-token-stages, --narrow-tile-maxnreg,
-    ...), defaulting to the shipped value, for A/B runs; kernels/moe_tuning.py
-    says what each is and what was measured. The flag's type follows the
-    default's: a bool takes --name / --no-name, a None default an int."""
-    for f in fields(MoeTuning):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"DataplaneConfig.moe_tuning.{f.name} (kernels/moe_tuning.py; A/B runs)"
-        if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
-        else:
-            kind = int if f.default is None else type(f.default)
-            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
-
-
-def tuning_from_args(args: argparse.Namespace) -> MoeTuning:
-    """The MoeTuning that add_tuning_arguments' flags describe."""
-    return MoeTuning(**{f.name: getattr(args, f.name) for f in fields(MoeTuning)})
-
-
 def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_s: float, rows: list,
                  profiles: list, complete: bool) -> dict:
     """Writes the JSON of the run so far to args.out (after every row, so that
@@ -248,6 +227,7 @@ def write_result(args, config: DataplaneConfig, engine, bandwidth: float, build_
         "dense_mma_tiles": args.dense_mma_tiles,
         "fuse_qkv_rotary": config.fuse_qkv_rotary,
         "pdl_max_rows": config.pdl_max_rows,
+        "pdl_moe_weight_max_rows": config.pdl_moe_weight_max_rows,
         "moe_tuning": asdict(config.moe_tuning),
         # The earlier files' keys for these three.
         "one_token_stages": config.moe_tuning.one_token_stages,
@@ -286,30 +266,7 @@ def main() -> int:
     parser.add_argument("--no-graphs", action="store_true", help="eager decode steps (no CUDA graphs)")
     parser.add_argument("--eager-too", action="store_true",
                         help="after the graph rows, the last bits again with eager steps")
-    parser.add_argument("--no-fuse-qkv", action="store_true", help="keep q/k/v as three projections")
-    parser.add_argument("--no-fuse-moe-entry", action="store_true",
-                        help="DataplaneConfig.fuse_moe_entry = False (add-norm, router and MoE prep apart)")
-    parser.add_argument("--dense-gemv-max-tokens", type=int,
-                        default=DataplaneConfig.model_fields["dense_gemv_max_tokens"].default,
-                        help="DataplaneConfig.dense_gemv_max_tokens (attention projections of batches up to N "
-                             "rows by kernels/dense_gemv.py; 0: cuBLAS)")
-    parser.add_argument("--dense-mma-max-tokens", type=int,
-                        default=DataplaneConfig.model_fields["dense_mma_max_tokens"].default,
-                        help="DataplaneConfig.dense_mma_max_tokens (attention projections of batches past the "
-                             "GEMV's and up to N rows by kernels/dense_mma.py; 0: cuBLAS)")
-    parser.add_argument("--dense-mma-tiles", type=json.loads, default=None,
-                        help="JSON object of kernels/dense_mma.MmaTiles fields for those projections "
-                             "(A/B runs; default: its defaults)")
-    parser.add_argument("--fuse-qkv-rotary", action="store_true",
-                        help="DataplaneConfig.fuse_qkv_rotary = True (rotary and the KV store in the q/k/v GEMV's "
-                             "launch at B=1; A/B runs)")
-    parser.add_argument("--pdl-max-rows", type=int,
-                        default=DataplaneConfig.model_fields["pdl_max_rows"].default,
-                        help="DataplaneConfig.pdl_max_rows (launches over up to N rows take part in PDL; "
-                             "0 for kernel-time profiles whose durations are not inflated by PDL waits)")
-    add_tuning_arguments(parser)
-    parser.add_argument("--no-overlap", action="store_true",
-                        help="DataplaneConfig.overlap_steps = False (one decode step at a time)")
+    add_knob_arguments(parser)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample the timed requests (seeded); 0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -341,19 +298,13 @@ def main() -> int:
         synthetic=args.preset, device=args.device, dtype="bfloat16", initial_expert_bits=first_bits,
         dynamic_precision=False, max_running_seqs=max(batches), max_batched_tokens=4096,
         max_context_length=args.prompt_len + args.steps + 16, cuda_graphs=not args.no_graphs,
-        fuse_qkv=not args.no_fuse_qkv, fuse_moe_entry=not args.no_fuse_moe_entry,
-        dense_gemv_max_tokens=args.dense_gemv_max_tokens, dense_mma_max_tokens=args.dense_mma_max_tokens,
-        fuse_qkv_rotary=args.fuse_qkv_rotary,
-        max_arena_pages=args.max_arena_pages,
-        overlap_steps=not args.no_overlap, pdl_max_rows=args.pdl_max_rows,
-        moe_tuning=tuning_from_args(args),
+        max_arena_pages=args.max_arena_pages, **knob_config(args),
     )
     built = build(config)
     build_s = time.perf_counter() - t0
     engine, store = built.engine, built.precision.store
     runner = engine.runner
-    if args.dense_mma_tiles is not None:  # before any step: no graph holds the default yet
-        runner.model.use_dense_mma(args.dense_mma_max_tokens, MmaTiles(**args.dense_mma_tiles))
+    apply_knobs(args, runner.model)  # before any step: no graph holds the defaults yet
     spec = runner.model.spec
     dense_bytes = sum(p.numel() * p.element_size() for n, p in runner.model.named_parameters()
                       if not p.is_meta and "embed_tokens" not in n)

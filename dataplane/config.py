@@ -140,6 +140,10 @@ class DataplaneConfig(BaseSettings):
     # equal: the config does not import Triton); 0: no PDL (kernel-time
     # profiles, A/B runs).
     pdl_max_rows: int = Field(default=16, ge=0)
+    # The MoE weight launches' own limit (gate/up and down; PdlPolicy.
+    # moe_weight_max_rows); None: pdl_max_rows. An A/B knob: with
+    # pdl_max_rows 64 and this 16, a B=64 step chains its small launches only.
+    pdl_moe_weight_max_rows: int | None = Field(default=None, ge=0)
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

@@ -254,7 +254,7 @@ def build(config: DataplaneConfig, reclaim_pages: ReclaimPages | None = None) ->
         else:
             before_step = store.poll
     # After quantize_experts: it replaces the experts, whose launches take part too.
-    model.use_pdl(PdlPolicy(config.pdl_max_rows))
+    model.use_pdl(PdlPolicy(config.pdl_max_rows, config.pdl_moe_weight_max_rows))
     engine = assemble_engine(
         config, info, model, arena, plan.fixed_resident_bytes, reclaim_pages, before_step=before_step
     )

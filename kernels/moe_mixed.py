@@ -106,7 +106,8 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
 
 def _run_projections(workspace: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
                      num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy) -> None:
-    # Launches 2 and 3, or both in one (MoeTiles.one_launch).
+    # Launches 2 and 3, or both in one (MoeTiles.one_launch), under the weight launches' policy.
+    pdl = pdl.moe_weights()
     if tiles.one_launch:
         run_gate_up_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
     else:

@@ -99,6 +99,18 @@ def test_pdl_max_rows_from_the_environment_reaches_every_launching_module(monkey
         assert found and all(m.pdl == PdlPolicy(max_rows=3) for m in found), kind.__name__
 
 
+def test_the_moe_weight_launches_own_pdl_limit_reaches_the_experts(monkeypatch):
+    assert DataplaneConfig.model_fields["pdl_moe_weight_max_rows"].default is None
+    with pytest.raises(ValidationError):
+        DataplaneConfig(synthetic="mixtral-tiny", pdl_moe_weight_max_rows=-1)
+    monkeypatch.setenv("PW_DATAPLANE_PDL_MAX_ROWS", "64")
+    monkeypatch.setenv("PW_DATAPLANE_PDL_MOE_WEIGHT_MAX_ROWS", "16")
+    model = build(DataplaneConfig(synthetic="mixtral-tiny", cpu_arena_bytes=4 << 20)).engine.runner.model
+    experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
+    assert experts and all(m.pdl == PdlPolicy(max_rows=64, moe_weight_max_rows=16) for m in experts)
+    assert all(m.pdl.moe_weights() == PdlPolicy(max_rows=16) for m in experts)
+
+
 def test_unset_watermarks_are_derived_from_one_steps_kv_pages():
     cfg = DataplaneConfig(model_path="/m", max_batched_tokens=2000, max_running_seqs=40, kv_block_size=16)
     step = step_kv_pages(cfg)

@@ -2,9 +2,12 @@
 for large launches; on the GPU, a launch that may start early still reads its
 inputs only once the launch before it has written them."""
 
+import types
+
 import pytest
 import torch
 
+from kernels import moe_mixed
 from kernels.paged_attention import kv_cache_view, paged_attention_decode, paged_attention_decode_reference
 from kernels.pdl import DEFAULT_PDL, PDL_MAX_ROWS, PdlPolicy, pdl_options
 
@@ -20,6 +23,29 @@ def test_pdl_policy_is_validated():
     for bad in (-1, 2.5, "16", None):
         with pytest.raises(ValueError):
             PdlPolicy(max_rows=bad)
+
+
+def test_moe_weight_launches_have_their_own_limit():
+    assert DEFAULT_PDL.moe_weights() is DEFAULT_PDL  # None: the one limit
+    assert PdlPolicy(max_rows=64, moe_weight_max_rows=16).moe_weights() == PdlPolicy(max_rows=16)
+    assert PdlPolicy(max_rows=64, moe_weight_max_rows=0).moe_weights() == PdlPolicy(max_rows=0)
+    for bad in (-1, 2.5, "16"):
+        with pytest.raises(ValueError, match="moe_weight_max_rows"):
+            PdlPolicy(moe_weight_max_rows=bad)
+
+
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_the_layer_gives_the_weight_launches_their_policy(monkeypatch, one_launch):
+    # kernels/moe_mixed.py's launches 2 and 3 take the weight policy; the
+    # caller's (prep or entry) keeps the whole one.
+    seen = []
+    for name in ("run_gate_up", "run_down", "run_gate_up_down"):
+        monkeypatch.setattr(moe_mixed, name, lambda *args, name=name: seen.append((name, args[-1])))
+    policy = PdlPolicy(max_rows=64, moe_weight_max_rows=16)
+    moe_mixed._run_projections(None, None, None, 0, 8, 2, 128, types.SimpleNamespace(one_launch=one_launch), 16,
+                               policy)
+    launches = ["run_gate_up_down"] if one_launch else ["run_gate_up", "run_down"]
+    assert seen == [(name, PdlPolicy(max_rows=16)) for name in launches]
 
 
 @pytest.mark.gpu
