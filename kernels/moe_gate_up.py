@@ -169,11 +169,18 @@ def _moe_gate_up_kernel(
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
     SPLIT: tl.constexpr,  # K ranges of each projection (MoeTiles.split_up)
+    INTERLEAVE: tl.constexpr,  # the grid is (slot, row program) (MoeTiles.gate_up_interleave)
 ):
-    # Program ((tile * SPLIT + part) * 2 + which, slot): gate_up_program.
+    # Program ((tile * SPLIT + part) * 2 + which, slot), or the transpose with
+    # INTERLEAVE (the first grid dimension is dispatched first): gate_up_program.
     wait_for_previous_grid(PDL)
-    pid = tl.program_id(0)
-    gate_up_program(pid // (2 * SPLIT), pid % 2, tl.program_id(1), xp_ptr, xq_scale_ptr, xsum_ptr,
+    if INTERLEAVE:
+        pid = tl.program_id(1)
+        slot = tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
+        slot = tl.program_id(1)
+    gate_up_program(pid // (2 * SPLIT), pid % 2, slot, xp_ptr, xq_scale_ptr, xsum_ptr,
                     sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
                     count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
                     pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
@@ -242,7 +249,9 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     check_h_planes(ws, tiles)
     if ws.gu.shape[1] != tiles.split_up:
         raise ValueError("workspace was allocated for another gate/up split")
-    kernel = _moe_gate_up_kernel[(2 * tiles.split_up * (ffn // tiles.block_n_up), slots)](
+    row_programs = 2 * tiles.split_up * (ffn // tiles.block_n_up)
+    grid = (slots, row_programs) if tiles.gate_up_interleave else (row_programs, slots)
+    kernel = _moe_gate_up_kernel[grid](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts,
@@ -252,7 +261,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         BN=tiles.block_n_up, BM=tiles.block_m,
         BM_WIDE=tiles.block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
-        SPLIT=tiles.split_up, **tiles.launch_options(),
+        SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, **tiles.launch_options(),
         **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

@@ -11,7 +11,7 @@ import torch
 import triton
 
 from kernels.moe_tuning import DOWN_GROUP_COST, MAX_REGISTERS_PER_THREAD, MoeTuning, check_down_group_cost, \
-    check_down_zigzag
+    check_bool, check_down_zigzag
 from kernels.weight_layout import GROUP
 
 DEFAULT_SMS = 132
@@ -109,7 +109,9 @@ class MoeTiles:
     state no program holds a whole K range of a wide view while others idle;
     False: split_k equal K ranges per expert. down_zigzag: the experts laid
     end to end costliest, cheapest, second costliest, ... instead of
-    costliest first.
+    costliest first. gate_up_interleave: the gate/up launch's programs
+    numbered row tile major, every active expert's program of a row tile
+    together, instead of expert major (MoeTuning.gate_up_interleave).
     one_launch: gate/up and down in one launch whose down programs start as
     their h tiles are stored (kernels/moe_gate_up_down.py); only for the
     one-token tile without a wide tile and block_n_up == block_n_down.
@@ -136,10 +138,12 @@ class MoeTiles:
     split_up: int = 1
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
+    gate_up_interleave: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
+        check_bool("gate_up_interleave", self.gate_up_interleave)
         for name in ("block_m", "block_n_up", "block_n_down"):
             value = getattr(self, name)
             if name == "block_m" and value == CUDA_CORE_TOKEN_TILE:
@@ -325,7 +329,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      maxnreg=maxnreg,
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
                      balance_down=balance_down, down_group_cost=tuning.down_group_cost,
-                     down_zigzag=tuning.down_zigzag)
+                     down_zigzag=tuning.down_zigzag, gate_up_interleave=tuning.gate_up_interleave)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:

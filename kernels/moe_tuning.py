@@ -169,6 +169,15 @@ class MoeTuning:
     the down launch alone took 105.3 us against 100.6
     (moe_down_sharing_h100_s49.json, moe_zigzag_b16_h100_s49.json,
     moe_views_b16_h100_s49.json): within the noise in the layer, slower alone.
+    gate_up_interleave: the gate/up launch numbers its programs row tile
+    major (every active expert's program of row tile 0, then of row tile 1,
+    ...) instead of expert major (MoeTiles.gate_up_interleave), so that in a
+    state that gives whole experts one width the resident programs mix
+    widths all through the launch rather than running every wide expert
+    first and every narrow one after. Off until measured: the benchmark's
+    own mixed state mixes widths inside each expert, where this changes
+    little; end to end (whole experts) mixed 2/6 ran 4.0 % under uniform
+    4-bit at B=16 on the H100 (benchmarks/NOTES.md session 50).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -184,10 +193,12 @@ class MoeTuning:
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
+    gate_up_interleave: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
+        check_bool("gate_up_interleave", self.gate_up_interleave)
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")
@@ -217,6 +228,11 @@ def check_down_group_cost(costs) -> tuple[int, ...]:
 
 def check_down_zigzag(zigzag) -> bool:
     """``zigzag`` if a bool, else ValueError."""
-    if not isinstance(zigzag, bool):
-        raise ValueError(f"down_zigzag must be a bool, got {zigzag!r}")
-    return zigzag
+    return check_bool("down_zigzag", zigzag)
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` if a bool, else ValueError naming the field ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value

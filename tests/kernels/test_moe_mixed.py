@@ -147,16 +147,17 @@ def test_stale_slots_past_num_active_are_ignored(device, monkeypatch, block_m, b
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("block_m", [16, 8, 1])
-def test_gate_up_writes_every_routed_row(device, block_m):
+@pytest.mark.parametrize("block_m,interleave", [(16, False), (8, False), (1, False), (16, True), (1, True)])
+def test_gate_up_writes_every_routed_row(device, block_m, interleave):
     # block_m 1: the CUDA-core tile, h quantized to int16 per span of 64 rows.
+    # interleave: the grid row tile major (MoeTiles.gate_up_interleave).
     weights = random_moe(1, E, H, F, lambda l, e, p: 1 + (e + p) % 5, PAGE, device, seed=7)
     torch.manual_seed(8)
     t, k = 5, 2
     x = torch.randn(t, H)
     ids = torch.tensor([[0, 3], [3, 1], [1, 0], [4, 3], [2, 4]])
     tiles = MoeTiles(block_n_up=64, block_n_down=128, block_m=block_m, split_k=1,
-                     num_warps=2 if block_m == 1 else 4)
+                     num_warps=2 if block_m == 1 else 4, gate_up_interleave=interleave)
     assert ws_dtype_of(tiles) == (torch.int16 if block_m == 1 else torch.float16)
     ws = alloc_workspace(t, k, H, F, E, tiles, device)
     for buf in (ws.prep.xsum, ws.prep.out, ws.prep.xq_scale, ws.hsum, ws.hq_scale):

@@ -97,3 +97,14 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert MoeTiles(maxnreg=128, num_warps=4).resident_programs == 4
     assert MoeTiles(maxnreg=255, num_warps=4).resident_programs == 2  # 256 a thread: 64 Ki exactly
     assert MoeTiles(maxnreg=24, num_warps=8).resident_programs == 8  # threads, not registers (10), bound it
+
+
+def test_gate_up_interleave_is_validated_and_carried():
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="gate_up_interleave"):
+            MoeTuning(gate_up_interleave=bad)
+        with pytest.raises(ValueError, match="gate_up_interleave"):
+            MoeTiles(gate_up_interleave=bad)
+    for tokens in (1, 4, 16, 64):  # one-token, narrow, 16-token and wide-tile launches
+        assert choose_tiles(tokens, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_interleave=True)).gate_up_interleave
+        assert not choose_tiles(tokens, 2, 8, 4096, 14336).gate_up_interleave
