@@ -28,8 +28,8 @@ from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_gemv import ROTATION_BYTES, SHAPES, graph_us  # noqa: E402
-from kernels.dense_mma import MMA_MAX_TOKENS, MmaTiles, dense_mma, dense_mma_reference, pipeline_stages  # noqa: E402
+from benchmarks.bench_gemv import SHAPES, graph_us, projection  # noqa: E402
+from kernels.dense_mma import MMA_MAX_TOKENS, MmaTiles, dense_mma, pipeline_stages  # noqa: E402
 from kernels.pdl import PdlPolicy  # noqa: E402
 
 BLOCK_N = (32, 64, 128)
@@ -44,13 +44,8 @@ def tile_key(t: MmaTiles) -> str:
 
 
 def measure(n: int, k: int, tokens: int, candidates: list[MmaTiles]) -> dict:
-    w_bytes = n * k * 2
-    copies = max(2, -(-ROTATION_BYTES // w_bytes))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    want = dense_mma_reference(x, ws[0])
-    cublas_us = graph_us(lambda i: torch.matmul(x, ws[i].T, out=out), copies)
+    p = projection(n, k, tokens)
+    w_bytes, copies, ws, x, out, want, cublas_us = p.w_bytes, p.copies, p.ws, p.x, p.out, p.want, p.cublas_us
     alone, chained, skipped = {}, {}, {}
     for asked in candidates:
         # The stages the launch will take at this token count (dense_mma fits them to the shared memory).

@@ -19,6 +19,7 @@ import argparse
 import itertools
 import json
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -65,14 +66,35 @@ def graph_us(launch, copies: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(n: int, k: int, tokens: int, block_n=BLOCK_N, block_k=BLOCK_K, warps=(NUM_WARPS,)) -> dict:
+@dataclass
+class Projection:
+    """One projection's operands for timing: copies of W [N, K] past the L2,
+    x [T, K], an out buffer, the fp32 reference on the first copy, and
+    cuBLAS's time for it (bf16)."""
+
+    w_bytes: int
+    copies: int
+    ws: list
+    x: torch.Tensor
+    out: torch.Tensor
+    want: torch.Tensor
+    cublas_us: float
+
+
+def projection(n: int, k: int, tokens: int) -> Projection:
+    """Random operands for an [N, K] projection of `tokens` rows, cuBLAS timed."""
     w_bytes = n * k * 2
     copies = max(2, -(-ROTATION_BYTES // w_bytes))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    want = dense_gemv_reference(x, ws[0])
     cublas_us = graph_us(lambda i: torch.matmul(x, ws[i].T, out=out), copies)
+    return Projection(w_bytes, copies, ws, x, out, dense_gemv_reference(x, ws[0]), cublas_us)
+
+
+def measure(n: int, k: int, tokens: int, block_n=BLOCK_N, block_k=BLOCK_K, warps=(NUM_WARPS,)) -> dict:
+    p = projection(n, k, tokens)
+    w_bytes, copies, ws, x, out, want, cublas_us = p.w_bytes, p.copies, p.ws, p.x, p.out, p.want, p.cublas_us
     tiles = {}
     for bn, bk, nw in itertools.product(block_n, block_k, warps):
         if bk > k or tokens * bn * bk // (nw * 32) > MAX_ACC_PER_THREAD:
