@@ -118,11 +118,13 @@ class DataplaneConfig(BaseSettings):
     # and up to this many rows by kernels/dense_mma.py (a tensor-core product
     # taking part in PDL) instead of cuBLAS; 0: cuBLAS. End to end on the
     # H100 (synthetic Mixtral-8x7B, 4-bit, three interleaved rounds):
-    # B=4 453.4 -> 464.6 tok/s, B=16 1373.0 -> 1399.5; at B=64, where no
-    # launch takes part in PDL, 4164.6 -> 4142.9, so 16
-    # (benchmarks/results/e2e_mma_*_h100_s50*.json). At most
-    # kernels/dense_mma.MMA_MAX_TOKENS (a test holds them equal).
-    dense_mma_max_tokens: int = Field(default=16, ge=0, le=64)
+    # B=4 453.4 -> 464.6 tok/s, B=16 1373.0 -> 1399.5
+    # (benchmarks/results/e2e_mma_*_h100_s50*.json); past 16 rows with the
+    # small launches in the PDL chain (pdl_max_rows 64): B=32 2493.9 ->
+    # 2529.1, B=64 4160.0 -> 4176.3 (kernels/pdl.py); alone at B=64 4164.6 ->
+    # 4142.9. At most kernels/dense_mma.MMA_MAX_TOKENS (a test holds them
+    # equal).
+    dense_mma_max_tokens: int = Field(default=64, ge=0, le=64)
     # Decode steps whose fused q/k/v product takes that GEMV rotate q and k and
     # store k and v in its launch (kernels/qkv_rotary_gemv.py). Off: end to end
     # at B=1 it measured no gain (4-bit 296.5 / 298.3 against 299.0 / 298.7
@@ -136,14 +138,15 @@ class DataplaneConfig(BaseSettings):
     # On CUDA (sm_90+), the decode step's Triton launches over at most this
     # many token rows take part in programmatic dependent launch (each one's
     # programs become resident under the previous launch; kernels/pdl.py has
-    # the measurements behind 16, kernels.pdl.PDL_MAX_ROWS, which a test holds
+    # the measurements behind 64, kernels.pdl.PDL_MAX_ROWS, which a test holds
     # equal: the config does not import Triton); 0: no PDL (kernel-time
     # profiles, A/B runs).
-    pdl_max_rows: int = Field(default=16, ge=0)
+    pdl_max_rows: int = Field(default=64, ge=0)
     # The MoE weight launches' own limit (gate/up and down; PdlPolicy.
-    # moe_weight_max_rows); None: pdl_max_rows. An A/B knob: with
-    # pdl_max_rows 64 and this 16, a B=64 step chains its small launches only.
-    pdl_moe_weight_max_rows: int | None = Field(default=None, ge=0)
+    # moe_weight_max_rows, never above pdl_max_rows): 16, kernels.pdl.
+    # PDL_MOE_WEIGHT_MAX_ROWS (a test holds them equal), so that a B=64 step
+    # chains its small launches only; None: pdl_max_rows.
+    pdl_moe_weight_max_rows: int | None = Field(default=16, ge=0)
     # Queue the next greedy decode step before the current one's tokens reach
     # the host (dataplane/engine.py); False: one step at a time (A/B runs).
     overlap_steps: bool = True

@@ -111,7 +111,7 @@ class MoeTiles:
     end to end costliest, cheapest, second costliest, ... instead of
     costliest first. gate_up_interleave: the gate/up launch's programs
     numbered row tile major, every active expert's program of a row tile
-    together, instead of expert major (MoeTuning.gate_up_interleave).
+    together, instead of expert major (MoeTuning.gate_up_interleave_max_tokens).
     one_launch: gate/up and down in one launch whose down programs start as
     their h tiles are stored (kernels/moe_gate_up_down.py); only for the
     one-token tile without a wide tile and block_n_up == block_n_down.
@@ -329,7 +329,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      maxnreg=maxnreg,
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
                      balance_down=balance_down, down_group_cost=tuning.down_group_cost,
-                     down_zigzag=tuning.down_zigzag, gate_up_interleave=tuning.gate_up_interleave)
+                     down_zigzag=tuning.down_zigzag, gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:

@@ -127,6 +127,22 @@ ONE_TOKEN_SPLIT_UP = 2
 DOWN_GROUP_COST = (8, 10, 11, 13, 15)
 DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
 DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
+# gate_up_interleave_max_tokens: the gate/up launches of at most this many
+# tokens number their programs row tile major (MoeTiles.gate_up_interleave).
+# A state that gives whole experts one width (the planner's, e2e mixed 2/6)
+# otherwise runs every wide expert's programs first and every narrow one's
+# after, each phase at its own width's pace. End to end on the H100
+# (synthetic Mixtral-8x7B, two interleaved rounds; tok/s expert major ->
+# row tile major; e2e_gate_up_interleave_h100_s51.json,
+# e2e_interleave_b64_ab_h100_s51.json): mixed 2/6 B=1 246.2 -> 248.5, B=4
+# 450.6 -> 463.2, B=16 1341.1 -> 1368.8, B=32 2393.6 -> 2420.0, B=64 4160.1
+# -> 4150.2; uniform 4-bit B=1 250.2 -> 250.5, B=4 464.6 -> 464.5, B=16
+# 1397.8 -> 1392.4, B=32 2493.9 -> 2490.4, B=64 4158.0 -> 4141.6. The layer
+# alone (B=16, moe_gate_up_interleave_h100_s51.json): whole-expert mix
+# 324.0 -> 315.5 us, the benchmark's in-expert mix 314.5 -> 317.4, uniform
+# 4-bit 308.4 -> 309.7. So up to 32 tokens, where the mixed gain is 1-3 %
+# and the uniform loss at most 0.4 %; not at 64, where both lose.
+GATE_UP_INTERLEAVE_MAX_TOKENS = 32
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -169,15 +185,12 @@ class MoeTuning:
     the down launch alone took 105.3 us against 100.6
     (moe_down_sharing_h100_s49.json, moe_zigzag_b16_h100_s49.json,
     moe_views_b16_h100_s49.json): within the noise in the layer, slower alone.
-    gate_up_interleave: the gate/up launch numbers its programs row tile
-    major (every active expert's program of row tile 0, then of row tile 1,
-    ...) instead of expert major (MoeTiles.gate_up_interleave), so that in a
-    state that gives whole experts one width the resident programs mix
-    widths all through the launch rather than running every wide expert
-    first and every narrow one after. Off until measured: the benchmark's
-    own mixed state mixes widths inside each expert, where this changes
-    little; end to end (whole experts) mixed 2/6 ran 4.0 % under uniform
-    4-bit at B=16 on the H100 (benchmarks/NOTES.md session 50).
+    gate_up_interleave_max_tokens: launches of at most this many tokens
+    number the gate/up programs row tile major (every active expert's
+    program of row tile 0, then of row tile 1, ...) instead of expert major
+    (MoeTiles.gate_up_interleave), so that in a state that gives whole
+    experts one width the resident programs mix widths all through the
+    launch; 0: never (GATE_UP_INTERLEAVE_MAX_TOKENS has the measurements).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -193,12 +206,14 @@ class MoeTuning:
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
-    gate_up_interleave: bool = False
+    gate_up_interleave_max_tokens: int = GATE_UP_INTERLEAVE_MAX_TOKENS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
-        check_bool("gate_up_interleave", self.gate_up_interleave)
+        limit = self.gate_up_interleave_max_tokens
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"gate_up_interleave_max_tokens must be an int >= 0, got {limit!r}")
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")

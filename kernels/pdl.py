@@ -52,11 +52,21 @@ PDL_MIN_CAPABILITY = (9, 0)
 # end on the H200 (synthetic Mixtral-8x7B, 4-bit experts, graphs; one call
 # each against 34b9a82, benchmarks/results/e2e_h200_s17_pdl*.json): B=1
 # 243.4 -> 254.1 tok/s, B=16 1342.6 -> 1342.9, B=64 4497.9 -> 4435.2 with
-# every launch taking part. 16 is the largest measured size that did not lose.
-# Repeated at B=64 with the MoE entry launch (de1bbd8, one call,
-# e2e_h200_s18_b64_pdl{_all,16}.json): 4453.3 with every launch, 4523.1 with
-# this limit.
-PDL_MAX_ROWS = 16
+# every launch taking part; repeated at B=64 with the MoE entry launch
+# (de1bbd8, e2e_h200_s18_b64_pdl{_all,16}.json): 4453.3 with every launch,
+# 4523.1 with a limit of 16. Past 16 rows the MoE weight launches stay out
+# (PDL_MOE_WEIGHT_MAX_ROWS) and the attention projections run on
+# kernels/dense_mma.py, which takes part, instead of cuBLAS, which does not
+# (DataplaneConfig.dense_mma_max_tokens): then the small launches of a wide
+# batch chain. H100, two interleaved rounds each, tok/s with a limit of 16
+# (projections on cuBLAS) -> 64: B=32 2493.9 -> 2529.1
+# (e2e_interleave_b64_ab_h100_s51.json), B=64 4160.0 -> 4176.3, and 4172.1
+# with the weight launches taking part too (e2e_pdl_b64_ab_h100_s51.json).
+PDL_MAX_ROWS = 64
+# The MoE gate/up and down launches' own limit (PdlPolicy.moe_weight_max_rows):
+# their resident waiting programs would share the multiprocessors with the
+# launch before, which past 16 rows is long enough to lose by it (above).
+PDL_MOE_WEIGHT_MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -64,15 +74,15 @@ class PdlPolicy:
     """Which launches take part in PDL: those over at most max_rows token
     rows (or sequences); 0 turns PDL off (kernel-time profiles, kernels timed
     alone). moe_weight_max_rows: the MoE weight launches' own limit (gate/up
-    and down, kernels/moe_mixed.py; None: max_rows), so that the small
-    launches of a wide batch can chain while the weight launches, whose
-    resident waiting programs would share the multiprocessors with the
-    launch before, do not (every launch at B=64 lost 1.5 %, above). Passed
+    and down, kernels/moe_mixed.py; None: max_rows; never above max_rows),
+    so that the small launches of a wide batch chain while the weight
+    launches, whose resident waiting programs would share the
+    multiprocessors with the launch before, do not. Passed
     down from DataplaneConfig.pdl_max_rows and pdl_moe_weight_max_rows to
     every wrapper of a taking-part kernel (model.use_pdl, PagedExperts.pdl)."""
 
     max_rows: int = PDL_MAX_ROWS
-    moe_weight_max_rows: int | None = None
+    moe_weight_max_rows: int | None = PDL_MOE_WEIGHT_MAX_ROWS
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_rows, int) or self.max_rows < 0:
@@ -85,7 +95,7 @@ class PdlPolicy:
         """The policy of the MoE weight launches."""
         if self.moe_weight_max_rows is None:
             return self
-        return PdlPolicy(max_rows=self.moe_weight_max_rows)
+        return PdlPolicy(max_rows=min(self.max_rows, self.moe_weight_max_rows))
 
 
 DEFAULT_PDL = PdlPolicy()

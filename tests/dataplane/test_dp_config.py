@@ -20,7 +20,7 @@ from dataplane.layers.norm import RMSNorm
 from dataplane.layers.rotary import RotaryEmbedding
 from dataplane.models.mixtral import MixtralAttention
 from kernels.moe_tuning import MoeTuning
-from kernels.pdl import PDL_MAX_ROWS, PdlPolicy
+from kernels.pdl import PDL_MAX_ROWS, PDL_MOE_WEIGHT_MAX_ROWS, PdlPolicy
 from pagedweight.v1 import inference_pb2, inference_pb2_grpc
 
 CLI_TIMEOUT_S = 120
@@ -96,19 +96,21 @@ def test_pdl_max_rows_from_the_environment_reaches_every_launching_module(monkey
     kinds = (RMSNorm, Linear, RotaryEmbedding, MixtralAttention, SparseMoeBlock, PagedExperts)
     for kind in kinds:
         found = [m for m in model.modules() if isinstance(m, kind)]
-        assert found and all(m.pdl == PdlPolicy(max_rows=3) for m in found), kind.__name__
+        assert found and all(m.pdl.max_rows == 3 for m in found), kind.__name__
+    experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
+    assert all(m.pdl.moe_weights().max_rows == 3 for m in experts)  # the weights' 16 capped by 3
 
 
 def test_the_moe_weight_launches_own_pdl_limit_reaches_the_experts(monkeypatch):
-    assert DataplaneConfig.model_fields["pdl_moe_weight_max_rows"].default is None
+    assert DataplaneConfig.model_fields["pdl_moe_weight_max_rows"].default == PDL_MOE_WEIGHT_MAX_ROWS
     with pytest.raises(ValidationError):
         DataplaneConfig(synthetic="mixtral-tiny", pdl_moe_weight_max_rows=-1)
-    monkeypatch.setenv("PW_DATAPLANE_PDL_MAX_ROWS", "64")
-    monkeypatch.setenv("PW_DATAPLANE_PDL_MOE_WEIGHT_MAX_ROWS", "16")
+    monkeypatch.setenv("PW_DATAPLANE_PDL_MAX_ROWS", "48")
+    monkeypatch.setenv("PW_DATAPLANE_PDL_MOE_WEIGHT_MAX_ROWS", "8")
     model = build(DataplaneConfig(synthetic="mixtral-tiny", cpu_arena_bytes=4 << 20)).engine.runner.model
     experts = [m for m in model.modules() if isinstance(m, PagedExperts)]
-    assert experts and all(m.pdl == PdlPolicy(max_rows=64, moe_weight_max_rows=16) for m in experts)
-    assert all(m.pdl.moe_weights() == PdlPolicy(max_rows=16) for m in experts)
+    assert experts and all(m.pdl == PdlPolicy(max_rows=48, moe_weight_max_rows=8) for m in experts)
+    assert all(m.pdl.moe_weights() == PdlPolicy(max_rows=8) for m in experts)
 
 
 def test_unset_watermarks_are_derived_from_one_steps_kv_pages():

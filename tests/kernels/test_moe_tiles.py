@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.moe_tiles import MoeTiles, choose_tiles
-from kernels.moe_tuning import MoeTuning
+from kernels.moe_tuning import GATE_UP_INTERLEAVE_MAX_TOKENS, MoeTuning
 
 
 def test_tiles_validate_and_widen_only_when_needed():
@@ -99,12 +99,20 @@ def test_tiles_validate_and_widen_only_when_needed():
     assert MoeTiles(maxnreg=24, num_warps=8).resident_programs == 8  # threads, not registers (10), bound it
 
 
-def test_gate_up_interleave_is_validated_and_carried():
+def test_gate_up_interleave_follows_the_token_limit():
+    for bad in (True, -1, 1.5, "32", None):
+        with pytest.raises(ValueError, match="gate_up_interleave_max_tokens"):
+            MoeTuning(gate_up_interleave_max_tokens=bad)
     for bad in (1, "yes", None):
         with pytest.raises(ValueError, match="gate_up_interleave"):
-            MoeTuning(gate_up_interleave=bad)
-        with pytest.raises(ValueError, match="gate_up_interleave"):
             MoeTiles(gate_up_interleave=bad)
-    for tokens in (1, 4, 16, 64):  # one-token, narrow, 16-token and wide-tile launches
-        assert choose_tiles(tokens, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_interleave=True)).gate_up_interleave
-        assert not choose_tiles(tokens, 2, 8, 4096, 14336).gate_up_interleave
+    limit = GATE_UP_INTERLEAVE_MAX_TOKENS
+    assert MoeTuning().gate_up_interleave_max_tokens == limit
+    # one-token, narrow, 16-token and wide-tile launches on either side of the limit
+    for tokens in (1, 4, 16, limit, limit + 1, 64):
+        shipped = choose_tiles(tokens, 2, 8, 4096, 14336)
+        assert shipped.gate_up_interleave == (tokens <= limit)
+        assert not choose_tiles(tokens, 2, 8, 4096, 14336,
+                                tuning=MoeTuning(gate_up_interleave_max_tokens=0)).gate_up_interleave
+        assert choose_tiles(tokens, 2, 8, 4096, 14336,
+                            tuning=MoeTuning(gate_up_interleave_max_tokens=64)).gate_up_interleave

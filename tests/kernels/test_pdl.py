@@ -9,7 +9,7 @@ import torch
 
 from kernels import moe_mixed
 from kernels.paged_attention import kv_cache_view, paged_attention_decode, paged_attention_decode_reference
-from kernels.pdl import DEFAULT_PDL, PDL_MAX_ROWS, PdlPolicy, pdl_options
+from kernels.pdl import DEFAULT_PDL, PDL_MAX_ROWS, PDL_MOE_WEIGHT_MAX_ROWS, PdlPolicy, pdl_options
 
 
 def test_pdl_is_off_on_the_cpu():
@@ -18,7 +18,7 @@ def test_pdl_is_off_on_the_cpu():
 
 
 def test_pdl_policy_is_validated():
-    assert DEFAULT_PDL == PdlPolicy(max_rows=PDL_MAX_ROWS)
+    assert DEFAULT_PDL == PdlPolicy(max_rows=PDL_MAX_ROWS, moe_weight_max_rows=PDL_MOE_WEIGHT_MAX_ROWS)
     assert PdlPolicy(max_rows=0).max_rows == 0
     for bad in (-1, 2.5, "16", None):
         with pytest.raises(ValueError):
@@ -26,7 +26,12 @@ def test_pdl_policy_is_validated():
 
 
 def test_moe_weight_launches_have_their_own_limit():
-    assert DEFAULT_PDL.moe_weights() is DEFAULT_PDL  # None: the one limit
+    assert DEFAULT_PDL.moe_weights() == PdlPolicy(max_rows=PDL_MOE_WEIGHT_MAX_ROWS)
+    one_limit = PdlPolicy(max_rows=64, moe_weight_max_rows=None)
+    assert one_limit.moe_weights() is one_limit  # None: the one limit
+    # Never above the whole limit: 0 turns every launch's PDL off.
+    assert PdlPolicy(max_rows=0).moe_weights() == PdlPolicy(max_rows=0)
+    assert PdlPolicy(max_rows=8, moe_weight_max_rows=16).moe_weights().max_rows == 8
     assert PdlPolicy(max_rows=64, moe_weight_max_rows=16).moe_weights() == PdlPolicy(max_rows=16)
     assert PdlPolicy(max_rows=64, moe_weight_max_rows=0).moe_weights() == PdlPolicy(max_rows=0)
     for bad in (-1, 2.5, "16"):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MoeTuning.gate_up_interleave (session 50, not yet run): the gate/up grid row tile major, so that a
+# MoeTuning.gate_up_interleave_max_tokens (session 50; run in 51): the gate/up grid row tile major, so that a
 # state giving whole experts one width mixes widths in the resident programs all through the launch.
 # (1) the layer, Mixtral, round-robin: the shipped order, interleaved, the shipped order again, on
 #     whole-expert mixing (even experts 6 bits, odd 2) at B=16 and 4, the in-expert mix and uniform 4;
@@ -10,13 +10,13 @@ source .carry/on_device.sh || exit 1
 C=$1
 timeout 200 python3 benchmarks/bench_moe.py --models mixtral --tune-only --budget 185 --commit "$C" \
   --tune-cases 16:views-6.6.6-2.2.2,4:views-6.6.6-2.2.2,16:mixed,16:4 \
-  --candidates '[{"block_n":128,"num_warps":4,"use_asm":true},{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"gate_up_interleave":true}},{"block_n":128,"num_warps":4,"use_asm":true}]' \
+  --candidates '[{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"gate_up_interleave_max_tokens":0}},{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"gate_up_interleave_max_tokens":64}},{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"gate_up_interleave_max_tokens":0}}]' \
   --out "${OUT:-/tmp}/moe_gate_up_interleave.json" 2>&1 | grep "^tune" | tail -4
 mkdir -p /tmp/runs
 e2e() { timeout "$1" python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --bits 4,mixed26 --batches 4,16 \
   --commit "$C" --out "/tmp/runs/$2.json" "${@:3}" > "/tmp/runs/$2.log" 2>&1 || tail -3 "/tmp/runs/$2.log"; }
 for r in a b; do
-  e2e 150 "expert_major_r$r"
-  e2e 90 "interleaved_r$r" --gate-up-interleave
+  e2e 150 "expert_major_r$r" --gate-up-interleave-max-tokens 0
+  e2e 90 "interleaved_r$r" --gate-up-interleave-max-tokens 64
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_gate_up_interleave.json" | tail -9
