@@ -15,3 +15,6 @@ for r in a b; do
   e2e 110 "s51_r$r" --bits 4,mixed26 --batches 4,16,32,64
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_defaults_s51_ab.json" | tail -17
+# The GPU tests of the launches whose defaults changed (decode graphs at B past 16, dense_mma, PDL).
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/dataplane/test_dp_decode_graphs.py \
+  tests/dataplane/test_dp_dense_mma.py tests/kernels/test_pdl.py 2>&1 | tail -3
