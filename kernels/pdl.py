@@ -62,6 +62,10 @@ PDL_MIN_CAPABILITY = (9, 0)
 # (projections on cuBLAS) -> 64: B=32 2493.9 -> 2529.1
 # (e2e_interleave_b64_ab_h100_s51.json), B=64 4160.0 -> 4176.3, and 4172.1
 # with the weight launches taking part too (e2e_pdl_b64_ab_h100_s51.json).
+# With the gate/up interleave (moe_tuning.GATE_UP_INTERLEAVE_MAX_TOKENS),
+# session 50's defaults -> these (e2e_defaults_ab_h100_s51.json): 4-bit B=32
+# 2489.7 -> 2528.8, B=64 4158.2 -> 4183.2; mixed 2/6 B=32 2386.6 -> 2452.8,
+# B=64 4147.8 -> 4162.2.
 PDL_MAX_ROWS = 64
 # The MoE gate/up and down launches' own limit (PdlPolicy.moe_weight_max_rows):
 # their resident waiting programs would share the multiprocessors with the
