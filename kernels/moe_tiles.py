@@ -329,7 +329,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      maxnreg=maxnreg,
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
                      balance_down=balance_down, down_group_cost=tuning.down_group_cost,
-                     down_zigzag=tuning.down_zigzag, gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens)
+                     down_zigzag=tuning.down_zigzag,
+                     gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:
