@@ -16,9 +16,10 @@ o 14.1 against cuBLAS's 20.7 and 15.5; end to end (synthetic Mixtral-8x7B,
 4-bit, three interleaved rounds) B=4 453.4 -> 464.6 tok/s and B=16 1373.0
 -> 1399.5: ~7 us a layer at B=16, of which the kernels' own time saves
 ~2 us; the rest is, by inference (not profiled), the launch gaps that the
-unbroken PDL chain removes. At B=64, where no
-launch takes part in PDL, 0.5 % slower than cuBLAS; at B=1, padded to 16
-tokens, 3.3 % slower than the one-token GEMV (247.2 against 255.7 tok/s)
+unbroken PDL chain removes. At B=64 with no launch in PDL, 0.5 % slower
+than cuBLAS; with the small launches in PDL (session 51) B=32 +1.4 % and
+B=64 +0.4 % (kernels/pdl.py). At B=1, padded to 16 tokens, 3.3 % slower
+than the one-token GEMV (247.2 against 255.7 tok/s)
 (DataplaneConfig.dense_mma_max_tokens).
 
 Shape: swap-AB. A program owns BN rows of W (the tensor cores' M side,
