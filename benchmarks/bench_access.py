@@ -37,7 +37,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_moe import bench_graph, copy_bandwidth  # noqa: E402
+from benchmarks.graph_timing import bench_graph, copy_bandwidth  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 
 N, K, GROUP = 14336, 4096, 128

@@ -47,7 +47,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_access import BLOCKS, GROUP, K, N, rotated_copies  # noqa: E402  (Mixtral B=1 gate/up)
-from benchmarks.bench_moe import bench_graph, copy_bandwidth  # noqa: E402
+from benchmarks.graph_timing import bench_graph, copy_bandwidth  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 
 TILE = 64  # rows of a tile-major run
