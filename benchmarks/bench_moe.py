@@ -44,10 +44,10 @@ from benchmarks.moe_setup import (  # noqa: E402
     block_bytes,
     build_store,
     fields_config,
-    mixed_views,
     projection_views,
     routing,
     touched_bytes,
+    two_views,
 )
 from kernels.moe_align import moe_prepare  # noqa: E402
 from kernels.moe_mixed import (  # noqa: E402
@@ -218,21 +218,22 @@ def tune_from_sweep(path: str | None) -> dict | None:
 
 
 def mixed_summaries(timed: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Mixed rows against uniform 4-bit (2-6 only: the same bytes) and against
-    the mean of their two views' uniform times (what per-view speed alone
-    predicts: half the blocks at each view)."""
+    """Rows with half their blocks at each of two views (moe_setup.two_views:
+    the in-expert 'mixed' and whole-expert 'views-6.6.6-2.2.2' alike) against
+    uniform 4-bit (2-6 only: the same bytes) and against the mean of their
+    two views' uniform times (what per-view speed alone predicts)."""
     def uniform(row, bits):
         return next((r for r in timed if r["model"] == row["model"] and r["batch"] == row["batch"]
                      and r["bits"] == bits), None)
 
     mixed, vs_views = [], []
     for row in timed:
-        views = mixed_views(row["bits"])
+        views = two_views(row["bits"])
         if views is None:
             continue
         uni = uniform(row, "4")
         if views == (2, 6) and uni is not None:
-            mixed.append(dict(model=row["model"], batch=row["batch"], mixed_us=row["time_us"],
+            mixed.append(dict(model=row["model"], batch=row["batch"], bits=row["bits"], mixed_us=row["time_us"],
                               uniform4_us=uni["time_us"], slowdown_pct=100 * (row["time_us"] / uni["time_us"] - 1),
                               same_bytes=row["weight_bytes"] == uni["weight_bytes"]))
         lo, hi = uniform(row, str(views[0])), uniform(row, str(views[1]))
@@ -336,7 +337,7 @@ def main() -> None:
             print(f"{r['model'][:18]:18s} {r['batch']:3d} {r['bits']:16s} {st['prepare']:7.1f} {st['gate_up']:8.1f} "
                   f"{st['down']:7.1f}")
     for m in mixed:
-        print(f"mixed vs 4-bit {m['model'][:12]} B={m['batch']}: {m['slowdown_pct']:+.1f}%")
+        print(f"{m['bits']} vs 4-bit {m['model'][:12]} B={m['batch']}: {m['slowdown_pct']:+.1f}%")
     for m in vs_views:
         print(f"{m['bits']} vs mean of its views {m['model'][:12]} B={m['batch']}: {m['excess_pct']:+.1f}%")
 

@@ -109,6 +109,21 @@ def projection_views(bits: str) -> tuple[tuple[int, int, int], tuple[int, int, i
     return (lo, hi, lo), (hi, lo, hi)
 
 
+def two_views(bits: str) -> tuple[int, int] | None:
+    """(low, high) for a configuration with half its blocks at each of two
+    views, whatever their places: 'mixedA-B' (inside each expert) and
+    whole-expert mixes such as 'views-6.6.6-2.2.2' (the planner's kind of
+    state); None for a uniform name or any other mix."""
+    views = projection_views(bits)
+    if views is None:
+        return None
+    six = sorted(views[0] + views[1])
+    lo, hi = six[0], six[-1]
+    if lo == hi or six != [lo] * PROJS_PER_EXPERT + [hi] * PROJS_PER_EXPERT:
+        return None
+    return lo, hi
+
+
 def fields_config(shape: MoeShape, layers: int, bits: str) -> torch.Tensor:
     """block_fields for a configuration: '8', '4', ... uniform, or mixed
     (projection_views).

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from benchmarks.moe_setup import MIXTRAL, QWEN, fields_config, projection_views, routing
+from benchmarks.moe_setup import MIXTRAL, QWEN, fields_config, projection_views, routing, two_views
 from kernels import weight_layout as wl
 
 
@@ -20,6 +20,17 @@ def test_projection_views_place_each_block():
     assert cfg[:, 0::2].tolist() == [[[f(2), f(6), f(4)]] * 4] * 2
     assert cfg[:, 1::2].tolist() == [[[f(6), f(2), f(4)]] * 4] * 2
     assert projection_views("4") is None
+
+
+def test_two_views_names_half_and_half_mixes_wherever_the_blocks_are():
+    assert two_views("mixed") == (2, 6)  # inside each expert
+    assert two_views("mixed3-8") == (3, 8)
+    assert two_views("views-6.6.6-2.2.2") == (2, 6)  # whole experts, the planner's kind
+    assert two_views("views-2.2.2-6.6.6") == (2, 6)
+    assert two_views("views-2.6.4-6.2.4") is None  # three views
+    assert two_views("views-2.2.6-2.2.6") is None  # two views, not half and half
+    assert two_views("views-4.4.4-4.4.4") is None
+    assert two_views("4") is None
 
 
 @pytest.mark.parametrize("name", ["views-2.6-6.2.4", "views-2.6.5-6.2.4", "views-a.b.c-1.2.3", "views-2.6.4"])
