@@ -142,6 +142,11 @@ DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
 # 324.0 -> 315.5 us, the benchmark's in-expert mix 314.5 -> 317.4, uniform
 # 4-bit 308.4 -> 309.7. So up to 32 tokens, where the mixed gain is 1-3 %
 # and the uniform loss at most 0.4 %; not at 64, where both lose.
+# Choosing the order in the launch from the store's widths (so that
+# uniform layers keep expert major under a captured graph) was built and not
+# kept: the slot derived from a loaded value took the 16-token tile's loops
+# from 229-382 to 285-437 instructions a step (local sm_90 SASS,
+# benchmarks/NOTES.md session 51).
 # With session 51's PDL defaults too, against session 50's defaults (H100,
 # two interleaved rounds, e2e_defaults_ab_h100_s51.json): mixed 2/6 B=4
 # 452.7 -> 463.9, B=16 1342.5 -> 1371.1; uniform 4-bit B=4 464.3 -> 463.4,
