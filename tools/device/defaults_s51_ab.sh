@@ -6,13 +6,9 @@
 # tools/device/stage.sh:  bash tools/device/defaults_s51_ab.sh <commit>
 source .carry/on_device.sh || exit 1
 C=$1
-S50="--pdl-max-rows 16 --pdl-moe-weight-max-rows 16 --dense-mma-max-tokens 16 --gate-up-interleave-max-tokens 0"
-mkdir -p /tmp/runs
-e2e() { timeout "$1" python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --commit "$C" \
-  --out "/tmp/runs/$2.json" "${@:3}" > "/tmp/runs/$2.log" 2>&1 || tail -3 "/tmp/runs/$2.log"; }
 for r in a b; do
-  e2e 150 "s50_r$r" --bits 4,mixed26 --batches 4,16,32,64 $S50
-  e2e 110 "s51_r$r" --bits 4,mixed26 --batches 4,16,32,64
+  e2e_run 150 "s50_r$r" --bits 4,mixed26 --batches 4,16,32,64 $S50_DEFAULTS
+  e2e_run 110 "s51_r$r" --bits 4,mixed26 --batches 4,16,32,64
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_defaults_s51_ab.json" | tail -17
 # The GPU tests of the launches whose defaults changed (decode graphs at B past 16, dense_mma, PDL).

@@ -5,13 +5,10 @@
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make install proto` and
 # tools/device/stage.sh:  bash tools/device/dense_mma_ab.sh <commit>
 source .carry/on_device.sh || exit 1
-mkdir -p /tmp/runs
-e2e() { timeout "$1" python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --commit "$C" \
-  --out "/tmp/runs/$2.json" "${@:3}" > "/tmp/runs/$2.log" 2>&1 || tail -3 "/tmp/runs/$2.log"; }
 C=$1
 for r in a b c; do
-  e2e 150 "cublas_r$r" --bits 4 --batches 4,16 --dense-mma-max-tokens 0
-  e2e 60 "mma_r$r" --bits 4 --batches 4,16 --dense-mma-max-tokens 16
+  e2e_run 150 "cublas_r$r" --bits 4 --batches 4,16 --dense-mma-max-tokens 0
+  e2e_run 60 "mma_r$r" --bits 4 --batches 4,16 --dense-mma-max-tokens 16
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_dense_mma_ab.json" | tail -5
 timeout 270 python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --bits 8,4,mixed26 --batches 1,16,64 \

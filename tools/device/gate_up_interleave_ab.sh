@@ -12,11 +12,8 @@ timeout 200 python3 benchmarks/bench_moe.py --models mixtral --tune-only --budge
   --tune-cases 16:views-6.6.6-2.2.2,4:views-6.6.6-2.2.2,16:mixed,16:4 \
   --candidates '[{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"gate_up_interleave_max_tokens":0}},{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"gate_up_interleave_max_tokens":64}},{"block_n":128,"num_warps":4,"use_asm":true,"tuning":{"gate_up_interleave_max_tokens":0}}]' \
   --out "${OUT:-/tmp}/moe_gate_up_interleave.json" 2>&1 | grep "^tune" | tail -4
-mkdir -p /tmp/runs
-e2e() { timeout "$1" python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --bits 4,mixed26 --batches 4,16 \
-  --commit "$C" --out "/tmp/runs/$2.json" "${@:3}" > "/tmp/runs/$2.log" 2>&1 || tail -3 "/tmp/runs/$2.log"; }
 for r in a b; do
-  e2e 150 "expert_major_r$r" --gate-up-interleave-max-tokens 0
-  e2e 90 "interleaved_r$r" --gate-up-interleave-max-tokens 64
+  e2e_run 150 "expert_major_r$r" --bits 4,mixed26 --batches 4,16 --gate-up-interleave-max-tokens 0
+  e2e_run 90 "interleaved_r$r" --bits 4,mixed26 --batches 4,16 --gate-up-interleave-max-tokens 64
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_gate_up_interleave.json" | tail -9

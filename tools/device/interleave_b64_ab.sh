@@ -7,14 +7,10 @@
 # tools/device/stage.sh:  bash tools/device/interleave_b64_ab.sh <commit>
 source .carry/on_device.sh || exit 1
 C=$1
-S50="--pdl-max-rows 16 --pdl-moe-weight-max-rows 16 --dense-mma-max-tokens 16 --gate-up-interleave-max-tokens 0"
-mkdir -p /tmp/runs
-e2e() { timeout "$1" python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --commit "$C" \
-  --out "/tmp/runs/$2.json" "${@:3}" > "/tmp/runs/$2.log" 2>&1 || tail -3 "/tmp/runs/$2.log"; }
 for r in a b; do
-  e2e 150 "expert_major_r$r" --bits 4,mixed26 --batches 1,32,64 $S50
-  e2e 100 "interleaved_r$r" --bits 4,mixed26 --batches 1,32,64 $S50 --gate-up-interleave-max-tokens 64
-  e2e 60 "pdl_small_r$r" --bits 4 --batches 32 --pdl-max-rows 64 --pdl-moe-weight-max-rows 16 \
-    --dense-mma-max-tokens 64
+  e2e_run 150 "expert_major_r$r" --bits 4,mixed26 --batches 1,32,64 $S50_DEFAULTS
+  e2e_run 100 "interleaved_r$r" --bits 4,mixed26 --batches 1,32,64 $S50_DEFAULTS --gate-up-interleave-max-tokens 64
+  e2e_run 60 "pdl_small_r$r" --bits 4 --batches 32 --pdl-max-rows 64 --pdl-moe-weight-max-rows 16 \
+    --dense-mma-max-tokens 64 --gate-up-interleave-max-tokens 0
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_interleave_b64_ab.json" | tail -14

@@ -17,11 +17,8 @@ timeout 200 python3 benchmarks/bench_moe.py --models mixtral --tune-only --budge
   --routing random --tune-cases 32:4,32:2,32:views-6.6.6-2.2.2,24:4 \
   --candidates "[$SHIPPED,$NARROW,$SHIPPED]" \
   --out "${OUT:-/tmp}/moe_narrow_b32.json" 2>&1 | grep "^tune" | tail -3
-mkdir -p /tmp/runs
-e2e() { timeout "$1" python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --bits 4,mixed26 --batches 24,32 \
-  --commit "$C" --out "/tmp/runs/$2.json" "${@:3}" > "/tmp/runs/$2.log" 2>&1 || tail -3 "/tmp/runs/$2.log"; }
 for r in a b; do
-  e2e 150 "shipped_r$r"
-  e2e 90 "narrow8_r$r" --narrow-tile-max-mean 8
+  e2e_run 150 "shipped_r$r" --bits 4,mixed26 --batches 24,32
+  e2e_run 90 "narrow8_r$r" --bits 4,mixed26 --batches 24,32 --narrow-tile-max-mean 8
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_narrow_b32.json" | tail -9

@@ -11,3 +11,14 @@ sed -i "s/^GRPC_GENERATED_VERSION = .*/GRPC_GENERATED_VERSION = '$GV'/" pagedwei
   .carry/site/grpc_health/v1/health_pb2_grpc.py
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c 'import torch, triton, grpc, google.protobuf as p; print(torch.__version__, triton.__version__, grpc.__version__, p.__version__)'
+# e2e_run SECONDS NAME ARGS...: benchmarks/e2e_decode.py on the synthetic Mixtral-8x7B at commit $C
+# (set by the caller), its JSON and log at /tmp/runs/NAME.{json,log}, the log's last lines if it
+# fails; benchmarks/merge_runs.py merges the rounds.
+e2e_run() {
+  mkdir -p /tmp/runs
+  timeout "$1" python3 benchmarks/e2e_decode.py --preset mixtral-8x7b --commit "$C" --out "/tmp/runs/$2.json" \
+    "${@:3}" > "/tmp/runs/$2.log" 2>&1 || tail -3 "/tmp/runs/$2.log"
+}
+# Session 50's defaults of the launches session 51 changed, as e2e_decode.py flags (A/B baselines).
+S50_DEFAULTS="--pdl-max-rows 16 --pdl-moe-weight-max-rows 16 --dense-mma-max-tokens 16"
+S50_DEFAULTS+=" --gate-up-interleave-max-tokens 0"
