@@ -66,15 +66,23 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per MoeTuning field (--one-token-stages, --narrow-tile-maxnreg,
     ...), defaulting to the shipped value, for A/B runs; kernels/moe_tuning.py
     says what each is and what was measured. The flag's type follows the
-    default's: a bool takes --name / --no-name, a None default an int."""
+    default's: a bool takes --name / --no-name, a tuple comma-separated ints
+    (--down-group-cost 8,10,11,13,15), a None default an int."""
     for f in fields(MoeTuning):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"DataplaneConfig.moe_tuning.{f.name} (kernels/moe_tuning.py; A/B runs)"
         if isinstance(f.default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        elif isinstance(f.default, tuple):
+            parser.add_argument(flag, type=int_tuple, default=f.default, help=help_text)
         else:
             kind = int if f.default is None else type(f.default)
             parser.add_argument(flag, type=kind, default=f.default, help=help_text)
+
+
+def int_tuple(text: str) -> tuple[int, ...]:
+    """'8,10,11' as (8, 10, 11); argparse reports the ValueError of a bad item."""
+    return tuple(int(item) for item in text.split(","))
 
 
 def tuning_from_args(args: argparse.Namespace) -> MoeTuning:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 import torch
 
 from benchmarks.e2e_knobs import add_knob_arguments, apply_knobs, knob_config
@@ -24,13 +25,20 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_flags_reach_their_config_fields():
     args = parse("--no-fuse-qkv", "--no-fuse-moe-entry", "--dense-gemv-max-tokens", "0", "--dense-mma-max-tokens",
                  "8", "--fuse-qkv-rotary", "--pdl-max-rows", "64", "--pdl-moe-weight-max-rows", "16",
-                 "--narrow-tile-stages", "3", "--down-zigzag", "--no-overlap")
+                 "--narrow-tile-stages", "3", "--down-zigzag", "--no-overlap",
+                 "--down-group-cost", "16,18,19,21,23")
     cfg = DataplaneConfig(synthetic="mixtral-tiny", **knob_config(args))
     assert not cfg.fuse_qkv and not cfg.fuse_moe_entry
     assert (cfg.dense_gemv_max_tokens, cfg.dense_mma_max_tokens) == (0, 8)
     assert cfg.fuse_qkv_rotary and not cfg.overlap_steps
     assert (cfg.pdl_max_rows, cfg.pdl_moe_weight_max_rows) == (64, 16)
     assert cfg.moe_tuning.narrow_tile_stages == 3 and cfg.moe_tuning.down_zigzag
+    assert cfg.moe_tuning.down_group_cost == (16, 18, 19, 21, 23)
+
+
+def test_a_bad_cost_table_is_refused_by_the_parser():
+    with pytest.raises(SystemExit):
+        parse("--down-group-cost", "8,x,11,13,15")
 
 
 def test_no_flag_is_the_shipped_config():
