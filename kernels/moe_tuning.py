@@ -123,8 +123,19 @@ ONE_TOKEN_SPLIT_UP = 2
 # the table of those ratios, (8, 10, 12, 16, 20), took mixed 2/6 at B = 16 /
 # 4 to 317.0 / 312.2 us against these 307.4-308.0 / 301.8-302.5
 # (moe_down_cost_h100_s49.json; benchmarks/down_balance_model.py says why the
-# uniform times mislead).
-DOWN_GROUP_COST = (8, 10, 11, 13, 15)
+# uniform times mislead). Flatter tables were faster on the H100 (session 52):
+# a whole-expert 6/2 mix at B=32 / 16 (layer us, random routing) 352.7-354.8 /
+# 315.3-315.9 with (8, 10, 11, 13, 15), 351.6-352.1 / 312.4-312.6 with 6 bits
+# at 12, 349.1 / 309.1 at 11, 346.7-346.9 / 310.0-310.5 with (8, 10, 10, 10,
+# 12), dearer 6 bits slower (14: 356.7 / 319.1, 15: 358.7 / 320.9); B=4 flat
+# (moe_down_cost_b32{,_cheaper}_h100_s52.json). So the shipped table is the old
+# one's spread over the 2-bit view halved (twice the units for resolution):
+# 6/2 B=32 / 16 348.1 / 308.9 us, 8/4 B=32 448.8 (451.8-452.8), 8/2 B=16 362.8
+# (372.4), 4/3 B=32 325.6 (326.1); end to end mixed 2/6 B=16 1371.9 -> 1386.6
+# tok/s, B=32 2452.9 -> 2487.2 (two interleaved rounds; uniform 4-bit 1390.0 /
+# 2531.4 in the same call: -0.2 / -1.7 %; moe_down_cost_ab_h100_s52.json,
+# e2e_down_cost_ab_h100_s52.json).
+DOWN_GROUP_COST = (16, 18, 19, 21, 23)
 DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
 DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
 # gate_up_interleave_max_tokens: the gate/up launches of at most this many
