@@ -134,7 +134,9 @@ ONE_TOKEN_SPLIT_UP = 2
 # (372.4), 4/3 B=32 325.6 (326.1); end to end mixed 2/6 B=16 1371.9 -> 1386.6
 # tok/s, B=32 2452.9 -> 2487.2 (two interleaved rounds; uniform 4-bit 1390.0 /
 # 2531.4 in the same call: -0.2 / -1.7 %; moe_down_cost_ab_h100_s52.json,
-# e2e_down_cost_ab_h100_s52.json).
+# e2e_down_cost_ab_h100_s52.json). On the H200, one round (the other ran out of
+# time compiling): mixed 2/6 B=1 299.8 against 299.1-300.8, B=4 529.9 against
+# 534.1 (e2e_down_cost_small_ab_h200_s52.json); B=4 wants a second round.
 DOWN_GROUP_COST = (16, 18, 19, 21, 23)
 DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
 DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
