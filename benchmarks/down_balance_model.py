@@ -18,19 +18,20 @@ a second expert's range. Writes nothing.
 
 Which per-group times to give is the open part. The uniform launches' own
 times (--from-json) mispredict: on the H100 (session 49) they ran 2 / 4 / 6
-bits in 66.6 / 96.9 / 131.7 us, from which the model gives the then
-shipped table (8, 10, 11, 13, 15) +7.9 % on the 6-bit programs and the
-derived (8, 10, 12, 16, ...) +0.7 %, yet mixed 2/6's down launch came within
-+1.5 % of its views' mean under the shipped table, and the derived one made the layer 3.1 % slower
-(moe_views_b16_h100_s49.json, moe_down_cost_h100_s49.json). Probably (a
-guess, not profiled) a uniform 6-bit launch is bandwidth-bound where a
-mixed one is not, so its time overstates a 6-bit group's cost in a mixed
-launch; the SASS instruction counts of the
-8-token loops (233 / 383 at 2 / 6 bits, benchmarks/sass_loops.py) keep the
-shipped ratio. Session 52 went the other way on the H100 and found flatter
-tables faster (moe_down_cost_*_h100_s52.json): the shipped table is now
-(16, 18, 19, 21, 23), whose 6 : 2 ratio of 1.31 is under the uniform
-launches' 1.75, where this model would call the 6-bit programs overloaded.
+bits in 66.6 / 96.9 / 131.7 us, from which the model gives the then shipped
+table (8, 10, 11, 13, 15) +7.9 % on the 6-bit programs and the derived (8,
+10, 12, 16, ...) +0.7 %, yet mixed 2/6's down launch came within +1.5 % of
+its views' mean under the shipped table, and the derived one made the layer
+3.1 % slower (moe_views_b16_h100_s49.json, moe_down_cost_h100_s49.json).
+Probably (a guess, not profiled) a uniform 6-bit launch is bandwidth-bound
+where a mixed one is not, so its time overstates a 6-bit group's cost in a
+mixed launch; the SASS instruction counts of the 8-token loops (233 / 383 at
+2 / 6 bits, benchmarks/sass_loops.py) keep its ratio. Session 52
+went the other way on the H100 and found flatter tables faster
+(moe_down_cost_*_h100_s52.json): the shipped table is now (16, 18, 19, 21,
+23), whose 6 : 2 ratio of 1.31 is under the uniform down launches' 1.75 at
+B=32 (135.8 / 77.7 us, moe_zigzag_b16_h100_s52.json), where this model would
+call the 6-bit programs overloaded.
 """
 
 from __future__ import annotations
