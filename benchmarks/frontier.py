@@ -20,10 +20,10 @@ and mean KL(p_8bit || p) per token. Methods (benchmarks/policy_bits.py):
 
 With --floor-bits 0 the planner may leave blocks host-only (its last rung,
 priced by expected fetch stalls: expected_fetch_s_per_token). Such a block
-is fetched at the lowest view on its first use and keeps those pages
-(WeightStore.ensure_resident), so its quality is the lowest view's and
-expert_bytes_once_fetched, not expert_bytes, is what the state occupies once
-served. --budget-labels runs a subset of the budgets.
+is fetched at its master view for each use and freed after
+(WeightStore.host_only_served): its quality is the 8-bit view's, it holds
+no pages, and the price is the stall. --budget-labels runs a subset of the
+budgets.
 
 Workloads: "mix" (all domains; activity from all of them, every domain
 evaluated) and single-domain ones (activity and evaluation on that domain).
@@ -114,9 +114,8 @@ def describe_bits(shape, bits: np.ndarray, routed: np.ndarray, cfg: PlannerConfi
     values, counts = np.unique(bits, return_counts=True)
     return {"expert_bytes": shape.expert_bytes(bits), "mean_bits": round(float(bits.mean()), 4),
             "expected_fetch_s_per_token": float(f"{expected_fetch_s_per_token(shape, bits, routed, cfg):.4g}"),
-            # A host-only block is fetched at the lowest view on first use and
-            # stays (WeightStore.ensure_resident): the bytes it then holds.
-            "expert_bytes_once_fetched": shape.expert_bytes(np.where(bits == 0, shape.view_bits[0], bits)),
+            "host_only_blocks": int((bits == 0).sum()),
+            "bits": bits.reshape(-1).tolist(),  # [L * E * 3] in block order (benchmarks/host_only_cost.py reads it)
             "bits_histogram": {str(int(v)): int(c) for v, c in zip(values, counts)},
             "mean_bits_per_layer": [round(float(x), 3) for x in bits.mean(axis=(1, 2))]}
 

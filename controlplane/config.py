@@ -76,8 +76,10 @@ class PlannerConfig(BaseModel):
     # Minimum bits of a block when no floor applies to it. 2 keeps host-only
     # (0) off unless an operator sets a floor of 0.
     default_floor_bits: int = 2
-    # The host-only rung (rungs.RungCost): its quality cost is the
-    # expected fetch stall per token, priced in the sensitivity table's units:
+    # The host-only rung (rungs.RungCost): a host-only block is fetched at
+    # its master view for each use (bytes = its 8-bit footprint) and freed
+    # after, so its quality is the master's and its cost the expected fetch
+    # stall per token, priced in the sensitivity table's units:
     #
     #   stall_s/token = route_prob * (host_fetch_latency_s + bytes / host_bw)
     #   cost = host_stall_weight * worst_cost * stall_s / reference_step_s

@@ -6,25 +6,34 @@ Quality of one rung of block i = (layer l, expert e, projection p), from
 bits a to bits b:
 
     dQ = importance[l, e] * |sens_i(b) - sens_i(a)|                (views)
-       + stall_i                          (only when a or b is 0, host-only)
+    dQ = max(0, importance[l, e] * (sens_i(0) - sens_i(v)) + stall_i)
+                                          (host-only: a or b is 0, v the other)
 
     importance = (E * mix) ** importance_exponent + importance_floor
     mix        = (w_share*share + w_prob*prob + w_demand*demand)
                  / (w_share + w_prob + w_demand)
     stall_i    = host_stall_weight * worst_cost / reference_step_s
-                 * route_prob[l, e] * (host_fetch_latency_s + bytes_i(v) / host_bw)
+                 * route_prob[l, e] * (host_fetch_latency_s + bytes_i(8) / host_bw)
     route_prob = min(1, top_k * share)    (chance a token needs the expert)
     worst_cost = sum over blocks of sens_i(lowest view)   (table units)
 
-(v = the non-zero end of the host-only rung; PlannerConfig states why the
-stall is priced so). dM = |bytes_i(a) - bytes_i(b)| from the Hello's
-footprints. Demotions are a greedy walk of a priority queue keyed by dQ/dM
-ascending; promotions one keyed by dQ/dM descending. A block enters the queue
-with its first rung and its next rung is pushed only when the previous one is
-popped, so a block's rungs appear in order (8->6 before 6->4) and each rung
-is one step of the block's allowed chain: the supported views between its
-floor and the ceiling, plus 0 when its floor is 0 (host-only is the last
-rung).
+(a host-only block is fetched at its master view for each use and freed
+after, WeightStore.host_only_served: sens_i(0) is the 8-bit cost, 0 in a
+current profile, so the host-only rung trades the lowest views' quality
+loss for the stall; PlannerConfig states why the stall is priced so).
+dM = |bytes_i(a) - bytes_i(b)| from the Hello's footprints. Demotions are a
+greedy walk of a priority queue keyed by dQ/dM ascending; promotions one
+keyed by dQ/dM descending. A block enters the queue with its first rung and
+its next rung is pushed only when the previous one is popped, so a block's
+rungs appear in order (8->6 before 6->4) and each rung is one step of the
+block's allowed chain: the supported views between its floor and the
+ceiling, plus 0 when its floor is 0 (host-only is the last rung). A chain
+that reaches host-only keeps only the bits on the lower convex hull of its
+(bytes, cost) points (RungCost.convex_path): a block whose host-only state
+costs less than its low views goes to the host in one step (8 -> 0, or
+8 -> 4 -> 0) instead of paying each view's loss first, and the steps of
+such a chain cost more per byte one after another, as the greedy walk
+assumes.
 
 Each list is complete (rungs.both_ways): besides the chains from the start
 state it holds, merged by the same key, the chains on the other side of it

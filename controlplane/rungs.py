@@ -122,31 +122,69 @@ class RungCost:
         self._fetch_latency_s = cfg.host_fetch_latency_s
         self._host_bw = cfg.host_bandwidth_bytes_per_s
 
-    def stall(self, layer: int, expert: int, proj: int, resident_bits: int) -> float:
-        """Cost of serving block (layer, expert, proj) from the host, where its
-        fetched view would take bytes_at(resident_bits) on the GPU."""
-        fetch_s = self._fetch_latency_s + self._shape.bytes_at(proj, resident_bits) / self._host_bw
+    def stall(self, layer: int, expert: int, proj: int) -> float:
+        """Cost of serving block (layer, expert, proj) from the host: each use
+        fetches its master view (bytes_at(ceiling)) and frees it after."""
+        fetch_s = self._fetch_latency_s + self._shape.bytes_at(proj, self._shape.ceiling_bits) / self._host_bw
         return float(self._stall_scale[layer, expert]) * fetch_s
 
     def rung(self, layer: int, expert: int, proj: int, a: int, b: int) -> Rung:
+        weight = float(self.importance[layer, expert])
         sens_a = self._cost.at(layer, expert, proj, a)
         sens_b = self._cost.at(layer, expert, proj, b)
-        quality = float(self.importance[layer, expert]) * abs(sens_b - sens_a)
         if HOST_ONLY in (a, b):
-            quality += self.stall(layer, expert, proj, max(a, b))
+            # Host-only is served at the master view, so leaving the lowest
+            # view for it can gain quality; its stall is what it costs. Clipped
+            # at 0: a step that frees bytes and gains quality is free (rungs
+            # carry costs >= 0, and a block reaches host-only only through
+            # its lowest view).
+            view, host = (sens_a, sens_b) if b == HOST_ONLY else (sens_b, sens_a)
+            quality = max(0.0, weight * (host - view) + self.stall(layer, expert, proj))
+        else:
+            quality = weight * abs(sens_b - sens_a)
         freed = self._shape.bytes_at(proj, a) - self._shape.bytes_at(proj, b)
         return Rung(layer, expert, proj, a, b, freed, quality)
 
+    def block_cost(self, layer: int, expert: int, proj: int, bits: int) -> float:
+        """Predicted cost of one block at ``bits`` (the terms of state_cost)."""
+        cost = float(self.importance[layer, expert]) * self._cost.at(layer, expert, proj, bits)
+        return cost + (self.stall(layer, expert, proj) if bits == HOST_ONLY else 0.0)
+
+    def convex_path(self, layer: int, expert: int, proj: int, path: Sequence[int]) -> tuple[int, ...]:
+        """The bits of ``path`` (a block's walk, bytes monotone) on the lower
+        convex hull of its (bytes, block_cost) points, in the path's order.
+
+        Host-only is a block's cheapest state in bytes and, served at the
+        master view, often cheaper in quality than its lowest views: walked
+        one view at a time, a block would pay every view's loss before the
+        host-only rung gains it back, and the greedy walk would rarely get
+        there. On the hull each step costs more per byte than the one before
+        (down) and the views that host-only beats are skipped.
+        """
+        points = sorted((self._shape.bytes_at(proj, b), self.block_cost(layer, expert, proj, b), b) for b in path)
+        hull: list[tuple[int, float, int]] = []
+        for p in points:
+            while len(hull) >= 2 and _turn(hull[-2], hull[-1], p) <= 0.0:
+                hull.pop()
+            hull.append(p)
+        kept = {b for _, _, b in hull}
+        return tuple(b for b in path if b in kept)
+
     def state_cost(self, bits: np.ndarray) -> float:
         """Predicted cost of a whole state bits [L, E, 3] relative to all at
-        the ceiling: importance-weighted table costs plus the stall of
-        host-only blocks (fetched at the lowest view)."""
+        the ceiling: importance-weighted table costs (a host-only block's is
+        its bits-0 entry) plus the stall of host-only blocks."""
         idx = np.searchsorted(np.asarray(BITS_AXIS), bits)  # [L, E, 3] positions on the table's bits axis
         sens = np.take_along_axis(self._cost.cost, idx[..., None], axis=-1)[..., 0]  # [L, E, 3]
         total = float((self.importance[:, :, None] * sens).sum())
         for layer, expert, proj in zip(*np.nonzero(bits == HOST_ONLY)):
-            total += self.stall(int(layer), int(expert), int(proj), self._shape.view_bits[0])
+            total += self.stall(int(layer), int(expert), int(proj))
         return total
+
+
+def _turn(o: tuple[int, float, int], a: tuple[int, float, int], b: tuple[int, float, int]) -> float:
+    """> 0 when o -> a -> b turns counter-clockwise in the (bytes, cost) plane."""
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
 
 def _ratio(rung: Rung) -> float:
@@ -182,7 +220,8 @@ def greedy_walk(chains: list[list[Rung]], descending: bool) -> list[Rung]:
 def chains(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndarray,
            pins: np.ndarray, down: bool, returning: bool = False) -> list[list[Rung]]:
     """Per-block chains of single steps from start bits, down to the floor or
-    up to the ceiling; pinned experts have none. returning=True gives the
+    up to the ceiling (a chain that can reach host-only: the steps of
+    RungCost.convex_path); pinned experts have none. returning=True gives the
     other side instead: the steps that lead back to start bits from the far
     end (down: from the ceiling; up: from the floor), which a walk needs once
     it has moved a block past start the other way."""
@@ -200,6 +239,8 @@ def chains(cost: RungCost, shape: ModelShape, start: np.ndarray, floors: np.ndar
                     continue
                 at = allowed.index(bits)
                 path = allowed[:at + 1] if returning else allowed[at:]
+                if HOST_ONLY in path:  # a chain of views alone keeps every step
+                    path = cost.convex_path(layer, expert, proj, path)
                 out.append([cost.rung(layer, expert, proj, a, b) for a, b in zip(path, path[1:])])
     return out
 

@@ -17,9 +17,12 @@ File format (``<model folder>/sensitivity.json``, UTF-8 JSON, version 1)::
 cost[l][e][p][i] is the quality cost of block (l, e, p) served at bits[i],
 relative to the 8-bit ceiling (so normally 0 at 8). Entries must be finite and
 >= 0, and non-increasing in bits over the views 2..8 (more bits never cost
-more). The bits = 0 entry is the quality cost while the block is host-only
-(the view an on-demand fetch serves); the fetch stall is charged separately by
-the planner. Larger files may later move to safetensors; the JSON stays the
+more). The bits = 0 entry is the quality cost while the block is host-only:
+the dataplane serves such a block at the master view (fetched for each use),
+so profiles write the 8-bit cost there (0); the fetch stall is charged
+separately by the planner. (Profiles before session 53 wrote cost(2), when a
+fetched block stayed resident at the lowest view; they still load and price
+host-only that much higher.) Larger files may later move to safetensors; the JSON stays the
 reference.
 
 The dataplane reads this file from its model folder and sends it in its
@@ -31,7 +34,7 @@ says why, shown in the Admin status): uniform quantization noise of a
 unit-range weight, step^2/12 with step = 2^-bits, summed over the block:
 
     cost(b) = size * (4^-b - 4^-8) / 12       for b in 2..8
-    cost(0) = cost(2)                          (fetched at the lowest view)
+    cost(0) = cost(8) = 0                      (served at the master view)
 
 with size = the block's footprint in bytes at its largest bitwidth (a proxy
 for its number of weights, from the dataplane's Hello).
@@ -179,7 +182,7 @@ def fallback_table(
     (gate, up, down)."""
     view_bits = np.asarray(BITS_AXIS[1:], dtype=np.float64)  # [views]
     per_unit = (4.0 ** -view_bits - 4.0 ** -CEILING_BITS) * UNIFORM_NOISE_VARIANCE  # [views]
-    per_unit = np.concatenate([per_unit[:1], per_unit])  # [bits]: host-only = lowest view
+    per_unit = np.concatenate([per_unit[-1:], per_unit])  # [bits]: host-only = the master view
     sizes = np.asarray(block_sizes, dtype=np.float64)  # [3]
     cost = np.broadcast_to(
         sizes[:, None] * per_unit[None, :], (num_layers, num_experts, len(PROJECTIONS), len(BITS_AXIS))

@@ -328,7 +328,7 @@ class PrecisionController:
     def _fallback_demotions(self) -> list[Rung]:
         """No plan yet: highest-bit blocks first, least recently used first, one view down."""
         blocks = [b for b in range(self.store.num_blocks) if self.store.bits(b) > VIEW_BITS[0]]
-        blocks = self.store.lru_order(blocks)
+        blocks = self.store.recency.lru_order(blocks)
         blocks.sort(key=lambda b: -self.store.bits(b))  # stable: LRU within equal bits
         out = []
         for b in blocks:
@@ -342,7 +342,7 @@ class PrecisionController:
             b for b in range(self.store.num_blocks)
             if self.store.bits(b) != HOST_ONLY_BITS and self.store.bits(b) < VIEW_BITS[-1]
         ]
-        blocks = list(reversed(self.store.lru_order(blocks)))
+        blocks = list(reversed(self.store.recency.lru_order(blocks)))
         blocks.sort(key=lambda b: self.store.bits(b))
         return [Rung(b, self.store.bits(b), VIEW_BITS[VIEW_BITS.index(self.store.bits(b)) + 1], 0.0) for b in blocks]
 

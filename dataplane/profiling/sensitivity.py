@@ -27,8 +27,9 @@ Cost of block W [N, K] at view b, per routed token, with dW = W - decode_b(encod
   correlations and the correlation of d_f with x.
 
 The table stores cost(b) - cost(8) clipped at 0 and made non-increasing in
-bits (more bits never cost more); bits 0 (host-only) gets cost(2), because a
-host-only block is served at the lowest view by the on-demand fetch. By
+bits (more bits never cost more); bits 0 (host-only) gets cost(8) = 0, because
+a host-only block is served at the master view (WeightStore.host_only_served;
+its price is the fetch stall, which the planner charges). By
 default (``kl_windows_per_domain`` > 0) the costs are then rescaled per
 (layer, projection) into KL units measured on calibration windows
 (kl_calibration.py): the raw errors of different layers are not comparable
@@ -195,7 +196,7 @@ def relative_costs(raw: np.ndarray) -> np.ndarray:
     rel = np.clip(raw - raw[..., VIEW_BITS.index(CEILING_BITS), None], 0.0, None)
     rel = np.maximum.accumulate(rel[..., ::-1], axis=-1)[..., ::-1]  # non-increasing in bits
     by_bits = {b: rel[..., i] for i, b in enumerate(VIEW_BITS)}
-    by_bits[0] = by_bits[VIEW_BITS[0]]  # host-only is served at the lowest view
+    by_bits[0] = by_bits[CEILING_BITS]  # host-only is served at the master view
     return np.stack([by_bits[b] for b in BITS_AXIS], axis=-1)
 
 

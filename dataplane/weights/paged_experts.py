@@ -132,17 +132,20 @@ class PagedExperts(nn.Module):
         if experts[0] < 0 or experts[-1] >= self.num_experts:
             raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {experts[0]}..{experts[-1]}")
         blocks = [self.block(e, p) for e in experts for p in range(NUM_PROJ)]
-        self.store.touch(blocks)
-        still_on_host = self.store.ensure_resident(blocks)
-        if self.fused_kernel and not still_on_host:
-            return self._forward_fused(x, topk_ids, topk_weights)
-        for e in experts:
-            tok, pos = torch.where(topk_ids == e)  # [t_e], [t_e]
-            xe = x[tok]  # [t_e, H]
-            gate = xe @ self.weight(e, PROJ_GATE, x.dtype).T  # [t_e, F]
-            up = xe @ self.weight(e, PROJ_UP, x.dtype).T  # [t_e, F]
-            y = (F.silu(gate) * up) @ self.weight(e, PROJ_DOWN, x.dtype).T  # [t_e, H]
-            out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
+        self.store.recency.touch(blocks)
+        # Host-only blocks are fetched at the master view for this layer only
+        # (WeightStore.host_only_served); any left on the host (no free pages)
+        # are decoded from the host copy by the per-expert path.
+        with self.store.host_only_served(blocks) as still_on_host:
+            if self.fused_kernel and not still_on_host:
+                return self._forward_fused(x, topk_ids, topk_weights)
+            for e in experts:
+                tok, pos = torch.where(topk_ids == e)  # [t_e], [t_e]
+                xe = x[tok]  # [t_e, H]
+                gate = xe @ self.weight(e, PROJ_GATE, x.dtype).T  # [t_e, F]
+                up = xe @ self.weight(e, PROJ_UP, x.dtype).T  # [t_e, F]
+                y = (F.silu(gate) * up) @ self.weight(e, PROJ_DOWN, x.dtype).T  # [t_e, H]
+                out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
         return out
 
     def entry_ready(self, num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> bool:

@@ -18,15 +18,19 @@ Contracts:
   nothing), starts the host copy on the copy engine, and commits only when the
   copy is complete (``poll``/``sync``/readers), writing the page-table rows
   first and ``block_fields`` last. Until then readers see the old bits.
-* A host-only block (bits 0) has no arena pages; ``ensure_resident`` fetches
-  it on demand (counted and timed as a stall).
+* A host-only block (bits 0) has no arena pages and is served at the master
+  (8-bit) view: ``host_only_served`` fetches it into arena pages for one use
+  and frees them after (counted and timed as a stall), readers of a block
+  left on the host decode the master from the host copy. So host-only costs
+  fetch time, never quality, and never holds pages past its use.
 * Not thread-safe: one engine thread drives it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +39,7 @@ from dataplane.memory.arena import Arena, OutOfPages, PageTag
 from dataplane.weights.codec import BlockBytes, decode_view, field_from_bytes
 from dataplane.weights.copy_engine import Copy, CopyEngine, CopyHandle, default_copy_engine
 from dataplane.weights.host_pages import HostPagePool
+from dataplane.weights.recency import BlockRecency
 from dataplane.weights.layout import (
     HOST_ONLY_BITS,
     NUM_FIELDS,
@@ -58,9 +63,9 @@ class WeightCounters:
     promotions: int = 0  # committed promotions, on-demand fetches excluded
     bytes_promoted: int = 0  # host -> arena bytes (promotions and fetches), page-rounded
     bytes_demoted: int = 0  # arena bytes released by demotions, page-rounded
-    host_fetches: int = 0  # host-only blocks fetched on demand
+    host_fetches: int = 0  # host-only blocks fetched for one use (host_only_served)
     host_fetch_stall_us: int = 0  # time the forward waited for those fetches
-    fetch_failures: int = 0  # on-demand fetches with no free pages (read from host instead)
+    fetch_failures: int = 0  # such fetches with no free pages (read from the host instead)
 
 
 @dataclass
@@ -119,8 +124,7 @@ class WeightStore:
         self._host_only = num  # blocks with 0 resident fields (kept with _fields by _set_fields)
         self._pending: dict[int, _Pending] = {}
         self._version = [0] * num
-        self._last_access = [0] * num
-        self.clock = 0
+        self.recency = BlockRecency(num)  # accesses, for the controller's fallback walk
         self.counters = WeightCounters()
         self._place_initial(initial_bits)
 
@@ -269,6 +273,14 @@ class WeightStore:
             raise ValueError(f"block {block} is at {self.bits(block)} bits; demote to {bits} would raise it")
         if target == have:
             return 0
+        freed = self._drop_fields(block, target)
+        self.counters.demotions += 1
+        self.counters.bytes_demoted += freed
+        return freed
+
+    def _drop_fields(self, block: int, target: int) -> int:
+        """Frees the fields of ``block`` from ``target`` up (no counters); returns bytes freed."""
+        have = self._fields[block]
         # Readers stop using the fields before they are freed. A slice (a fill
         # kernel, ordered after the step launched ahead), not ``t[i] = x``, a
         # host scalar's copy that waits for the queued step: ~20 ms per demoting
@@ -283,10 +295,8 @@ class WeightStore:
         self._set_fields(block, target)
         self.arena.free(dropped)
         if target:
-            self.arena.retag(self.resident_pages(block), PageTag("weight", bits))
+            self.arena.retag(self.resident_pages(block), PageTag("weight", bits_for_fields(target)))
         self._version[block] += 1
-        self.counters.demotions += 1
-        self.counters.bytes_demoted += len(dropped) * self.page_bytes
         return len(dropped) * self.page_bytes
 
     def set_host_only(self, block: int) -> int:
@@ -334,60 +344,59 @@ class WeightStore:
         if not pending.on_demand:
             self.counters.promotions += 1
 
-    # -- on-demand fetch and recency ---------------------------------------------------
-    def ensure_resident(self, blocks: Iterable[int], bits: int = VIEW_BITS[0]) -> list[int]:
-        """Fetches host-only blocks among ``blocks`` at ``bits`` and waits for them.
+    # -- on-demand fetch -----------------------------------------------------------------
+    @contextmanager
+    def host_only_served(self, blocks: Iterable[int]) -> Iterator[list[int]]:
+        """Serves the host-only blocks among ``blocks`` at the master view for one use.
 
-        Returns the blocks that stay host-only because the arena had no free
-        pages (readers then decode them from the host copy). The wait is
-        counted in ``host_fetches`` / ``host_fetch_stall_us``.
+        On entry: fetches them into arena pages at the ceiling view and waits
+        (counted in ``host_fetches`` / ``host_fetch_stall_us``); an in-flight
+        promotion of one of them is committed instead. Yields the blocks that
+        stay host-only because the arena had no free pages (readers decode
+        those from the host copy, also at the master view). On exit the
+        fetched blocks are host-only again and their pages free: readers
+        enqueued before then still read them, as a later copy into those pages
+        waits for the issuing stream (CopyEngine) and the KV writes run on it.
         """
-        cold = sorted({b for b in blocks if self._fields[b] == 0})
-        if not cold:
-            return []
-        start = time.perf_counter_ns()
-        failed: list[int] = []
-        fetched = 0
+        cold = sorted({b for b in blocks if self._fields[b] == HOST_ONLY_FIELDS})
         for b in cold:
-            if b not in self._pending:
-                try:
-                    self.promote(b, bits, on_demand=True)
-                except OutOfPages:
-                    failed.append(b)
-                    continue
             self._finish(b)
-            fetched += 1
-        self.counters.host_fetches += fetched
+        cold = [b for b in cold if self._fields[b] == HOST_ONLY_FIELDS]
+        if not cold:
+            yield []
+            return
+        start = time.perf_counter_ns()
+        fetched: list[int] = []
+        failed: list[int] = []
+        for b in cold:
+            try:
+                self.promote(b, VIEW_BITS[-1], on_demand=True)
+                fetched.append(b)
+            except OutOfPages:
+                failed.append(b)
+        for b in fetched:
+            self._finish(b)
+        self.counters.host_fetches += len(fetched)
         self.counters.fetch_failures += len(failed)
         self.counters.host_fetch_stall_us += (time.perf_counter_ns() - start) // _NS_PER_US
-        return failed
-
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Records an access (one tick of the logical clock) to ``blocks``."""
-        self.clock += 1
-        for b in blocks:
-            self._last_access[b] = self.clock
-
-    def last_access(self, block: int) -> int:
-        """Logical time of the last access (0 = never)."""
-        return self._last_access[block]
-
-    def lru_order(self, blocks: Iterable[int]) -> list[int]:
-        """``blocks`` ordered least recently used first."""
-        return sorted(blocks, key=lambda b: (self._last_access[b], b))
+        try:
+            yield failed
+        finally:
+            for b in fetched:
+                self._drop_fields(b, HOST_ONLY_FIELDS)
 
     # -- readers ----------------------------------------------------------------------
     def read_view(self, block: int) -> BlockView:
         """The committed view of ``block`` read through the page table.
 
-        A host-only block is read from the host copy at the lowest view
+        A host-only block is read from the host copy at the master view
         (transient device copy; the arena is not touched).
         """
         n, k = self._shapes[block]
         fields = self._fields[block]
-        if fields == 0:
-            codes, scales = field_from_bytes(self.field_bytes(block, 0).to(self.device), n, k, 0)
-            return BlockView(VIEW_BITS[0], (codes,), scales)
+        if fields == HOST_ONLY_FIELDS:
+            parsed = [field_from_bytes(self.field_bytes(block, f).to(self.device), n, k, f) for f in range(NUM_FIELDS)]
+            return BlockView(VIEW_BITS[-1], tuple(c for c, _ in parsed), parsed[-1][1])
         storage = self.arena.storage
         assert storage is not None
         parsed = []

@@ -64,45 +64,83 @@ def test_rare_expert_goes_host_only_before_a_hot_one_loses_real_bits(tiny_table)
     assert len(cold_host) == len(hot_host) == 3 * tiny_table.num_layers
     assert max(cold_host) < min(hot_below_6)  # the rare expert leaves the GPU before the hot one drops to 4 bits
     assert max(cold_host) < min(hot_host)
-    for layer in range(tiny_table.num_layers):  # a hot block's host-only rung is its last, after all its views
+    for layer in range(tiny_table.num_layers):
         for proj in range(3):
-            mine = [i for i, r in enumerate(ladder.demotions)
-                    if (r.layer, r.expert, r.proj) == (layer, HOT, proj)]
-            assert ladder.demotions[mine[-1]].to_bits == 0
-            assert [ladder.demotions[i].from_bits for i in mine] == [8, 6, 4, 3, 2]
+            for expert in (COLD, HOT):
+                # The host-only rung is a block's last; its chain skips the views host-only beats
+                # (RungCost.convex_path), and each step costs more per byte than the one before.
+                mine = [r for r in ladder.demotions if (r.layer, r.expert, r.proj) == (layer, expert, proj)]
+                assert mine[0].from_bits == 8 and mine[-1].to_bits == 0
+                assert all(a.to_bits == b.from_bits for a, b in zip(mine, mine[1:]))
+                ratios = [r.quality_delta / r.bytes_delta for r in mine]
+                assert ratios == sorted(ratios)
+
+
+def old_profile(table: SensitivityTable) -> SensitivityTable:
+    """The table as profiles before session 53 wrote it: sens(0) = sens(2) (a
+    fetched block then stayed at the lowest view)."""
+    return SensitivityTable(np.concatenate([table.cost[..., 1:2], table.cost[..., 1:]], axis=-1), "old", False)
 
 
 def test_host_only_rung_priced_in_table_units_and_linear_in_route_probability(tiny_table):
     share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.01, hot=0.3)
     cfg = PlannerConfig()
-    cost = RungCost(tiny_inputs(share, tiny_table), cfg)
-    # sens(0) == sens(2) in the calibrated table, so the 2 -> 0 rung is the stall alone.
+    old = old_profile(tiny_table)
+    cost = RungCost(tiny_inputs(share, old), cfg)
+    # sens(0) == sens(2) in this table, so the 2 -> 0 rung is the stall alone.
     host_cold = cost.rung(0, COLD, 0, 2, 0).quality_delta
     host_hot = cost.rung(0, HOT, 0, 2, 0).quality_delta
     # route_prob = top_k * share: 0.02 vs 0.6.
     assert host_hot / host_cold == pytest.approx(0.6 / 0.02)
     lowest = BITS_AXIS.index(VIEWS[0])
-    worst = tiny_table.cost[..., lowest].sum()
-    fetch_s = cfg.host_fetch_latency_s + TINY_FOOTPRINT[2] / cfg.host_bandwidth_bytes_per_s
+    worst = old.cost[..., lowest].sum()
+    # Each use fetches the master view (WeightStore.host_only_served).
+    fetch_s = cfg.host_fetch_latency_s + TINY_FOOTPRINT[8] / cfg.host_bandwidth_bytes_per_s
     assert host_hot == pytest.approx(cfg.host_stall_weight * worst / cfg.reference_step_s * 0.6 * fetch_s)
     # Same table in other units (x1000): the host-only rung scales with it, so
     # its place among demotions does not depend on the units.
-    scaled = SensitivityTable(tiny_table.cost * 1000.0, "scaled", False)
+    scaled = SensitivityTable(old.cost * 1000.0, "scaled", False)
     scaled_cost = RungCost(tiny_inputs(share, scaled), cfg)
     assert scaled_cost.rung(0, HOT, 0, 2, 0).quality_delta == pytest.approx(1000.0 * host_hot)
-    a = build_ladder(tiny_inputs(share, tiny_table), cfg).demotions
+    a = build_ladder(tiny_inputs(share, old), cfg).demotions
     b = build_ladder(tiny_inputs(share, scaled), cfg).demotions
     assert [(r.layer, r.expert, r.proj, r.to_bits) for r in a] == [(r.layer, r.expert, r.proj, r.to_bits) for r in b]
 
 
-def test_free_stalls_send_blocks_to_the_host_right_after_their_lowest_view(tiny_table):
+def test_host_only_served_at_the_master_view_trades_the_lowest_views_loss_for_the_stall(tiny_table):
+    """A current profile's sens(0) is the 8-bit cost (0): the 2 -> 0 rung costs the
+    stall minus the lowest view's loss, clipped at 0, the same both ways."""
+    assert np.all(tiny_table.cost[..., BITS_AXIS.index(0)] == 0.0)
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.01, hot=0.3)
+    priced = {}
+    for weight in (1.0, 20.0):  # the default stall price and a dear one
+        cfg = PlannerConfig(host_stall_weight=weight)
+        cost = RungCost(tiny_inputs(share, tiny_table), cfg)
+        stall_cost = RungCost(tiny_inputs(share, old_profile(tiny_table)), cfg)  # the stall alone (test above)
+        for expert in (COLD, HOT):
+            stall = stall_cost.rung(0, expert, 0, 2, 0).quality_delta
+            loss = float(cost.importance[0, expert]) * tiny_table.at(0, expert, 0, 2)
+            down, up = cost.rung(0, expert, 0, 2, 0), cost.rung(0, expert, 0, 0, 2)
+            assert down.quality_delta == up.quality_delta == pytest.approx(max(0.0, stall - loss))
+            assert down.bytes_delta == -up.bytes_delta == TINY_FOOTPRINT[2]
+            priced[weight, expert] = down.quality_delta
+    # At the default price leaving the lowest view for the host gains more than
+    # the stall costs, for the rare and the hot expert; a dear stall outweighs
+    # the hot expert's gain.
+    assert priced[1.0, COLD] == priced[1.0, HOT] == 0.0 < priced[20.0, HOT]
+    # A state's cost counts a host-only block's stall and no table loss.
+    bits = np.full((tiny_table.num_layers, tiny_table.num_experts, 3), 8)
+    bits[0, HOT, 0] = 0
+    assert cost.state_cost(bits) == pytest.approx(stall_cost.rung(0, HOT, 0, 2, 0).quality_delta)
+
+
+def test_free_stalls_send_blocks_to_the_host_in_one_step(tiny_table):
+    """A free stall makes host-only (the master view's quality, no bytes) every
+    block's best state: each goes there from the ceiling in one free step."""
     share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.01, hot=0.3)
     ladder = build_ladder(tiny_inputs(share, tiny_table), PlannerConfig(host_stall_weight=0.0))
-    for i, r in enumerate(ladder.demotions):
-        if r.to_bits == 0:
-            assert r.quality_delta == 0.0
-            prev = ladder.demotions[i - 1]
-            assert (prev.layer, prev.expert, prev.proj, prev.to_bits) == (r.layer, r.expert, r.proj, 2)
+    blocks = tiny_table.num_layers * tiny_table.num_experts * 3
+    assert [(r.from_bits, r.to_bits, r.quality_delta) for r in ladder.demotions] == [(8, 0, 0.0)] * blocks
 
 
 # -- the uniform guard ---------------------------------------------------------------
@@ -205,3 +243,31 @@ def test_guard_respects_pins_and_floors():
     assert np.all(state[0, 0] == 8) and np.all(state[0, 1] >= 6)
     np.testing.assert_array_equal(uniform_level(inputs.shape, np.full((1, 2, 3), 8), np.array([[2, 6]]),
                                                 np.array([[8, -1]]), 4)[0, 1], [6, 6, 6])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_convex_path_keeps_the_lower_hull_of_a_host_only_chain(seed):
+    """RungCost.convex_path on random monotone tables, walked down and up:
+    the ends stay, the kept steps cost more per byte one after another, and
+    every skipped bits lies on or above the segment of its kept neighbours."""
+    rng = np.random.default_rng(seed)
+    views = np.cumsum(rng.exponential(1.0, size=len(VIEWS)))[::-1] - rng.exponential(1.0)  # decreasing in bits
+    cost = np.zeros((1, 2, 3, len(BITS_AXIS)))
+    cost[..., 1:] = np.maximum(views - views[-1], 0.0)  # cost at 2..8, 0 at 8
+    table = SensitivityTable(cost, "random", False)
+    cfg = PlannerConfig(host_stall_weight=float(rng.uniform(0.5, 10.0)))  # stalls near the views' costs
+    rc = RungCost(tiny_inputs(np.ones((1, 2)), table, floors=(Floor(None, None, 0),)), cfg)
+    chain = (8, 6, 4, 3, 2, 0)
+    for path in (chain, chain[::-1], chain[2:]):
+        kept = rc.convex_path(0, 0, 0, path)
+        assert kept[0] == path[0] and kept[-1] == path[-1] and set(kept) <= set(path)
+        assert [b for b in path if b in kept] == list(kept)  # the path's order
+        point = {b: (TINY_FOOTPRINT[b], rc.block_cost(0, 0, 0, b)) for b in path}
+        by_bytes = sorted(kept, key=lambda b: point[b][0])
+        slopes = [(point[b][1] - point[a][1]) / (point[b][0] - point[a][0]) for a, b in zip(by_bytes, by_bytes[1:])]
+        assert slopes == sorted(slopes)  # convex: cost falls less per byte as bytes grow
+        for b in set(path) - set(kept):
+            lo = max((k for k in by_bytes if point[k][0] < point[b][0]), key=lambda k: point[k][0])
+            hi = min((k for k in by_bytes if point[k][0] > point[b][0]), key=lambda k: point[k][0])
+            (x0, y0), (x1, y1), (x, y) = point[lo], point[hi], point[b]
+            assert y >= y0 + (y1 - y0) * (x - x0) / (x1 - x0) - 1e-12

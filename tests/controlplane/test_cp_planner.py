@@ -181,14 +181,17 @@ def test_host_only_rung_only_when_floors_allow_it():
     ladder = build_ladder(make_inputs(floors=(Floor(1, 3, 0),)), CFG)
     host_only = [r for r in ladder.demotions if r.to_bits == 0]
     assert [(r.layer, r.expert) for r in host_only] == [(1, 3)] * 3
-    assert all(r.from_bits == 2 for r in host_only)
+    assert all(r.from_bits in VIEWS for r in host_only)  # from a view on the chain's hull (RungCost.convex_path)
     # A coarser floor above 0 wins over the expert's 0 (max applicable).
     ladder = build_ladder(make_inputs(floors=(Floor(1, 3, 0), Floor(1, None, 2))), CFG)
     assert all(r.to_bits != 0 for r in ladder.demotions)
     # Host-only everywhere: it is the last rung of each block, and its cost
-    # (fetch stall) grows with the expert's routing probability.
+    # grows with the expert's routing probability. With sens(0) = sens(2) the
+    # rung is the fetch stall alone (the fallback's sens(0) is the master's, 0).
     routed = np.array([[100, 1, 1, 1], [1, 1, 1, 1]])
-    ladder = build_ladder(make_inputs(floors=(Floor(None, None, 0),), act=activity(routed)), CFG)
+    fallback = make_inputs().sensitivity.cost
+    stall_only = SensitivityTable(np.concatenate([fallback[..., 1:2], fallback[..., 1:]], axis=-1), "stall", False)
+    ladder = build_ladder(make_inputs(table=stall_only, floors=(Floor(None, None, 0),), act=activity(routed)), CFG)
     for rungs in chains_by_block(ladder.demotions).values():
         assert rungs[-1].to_bits == 0 and all(r.to_bits != 0 for r in rungs[:-1])
     cost = {(r.layer, r.expert, r.proj): r.quality_delta for r in ladder.demotions if r.to_bits == 0}

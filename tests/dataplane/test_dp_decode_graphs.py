@@ -156,12 +156,12 @@ def test_runner_touches_routed_experts_after_a_step() -> None:
     spec = runner.model.spec
     routed = torch.zeros(spec.num_layers, spec.num_experts, dtype=torch.int64)  # [layers, experts]
     routed[1, 3] = 2
-    before = store.clock
+    before = store.recency.clock
     runner.touch_routed(routed)
     hit = [block_index(1, 3, p, spec.num_experts) for p in range(NUM_PROJ)]
-    assert all(store.last_access(b) > before for b in hit)
+    assert all(store.recency.last_access(b) > before for b in hit)
     others = set(range(store.num_blocks)) - set(hit)
-    assert all(store.last_access(b) <= before for b in others)
+    assert all(store.recency.last_access(b) <= before for b in others)
 
 
 def _demote_mixed(built) -> None:

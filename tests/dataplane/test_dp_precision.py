@@ -76,7 +76,7 @@ def test_reclaim_follows_the_plan_order_and_skips_stale_rungs():
 def test_fallback_ladder_demotes_least_recently_used_first():
     store, arena = small_store()
     ctl = PrecisionController(store, arena, num_experts=2, defaults=WalkLimits(0.0, 0.5, 0.0, 0))
-    store.touch([0, 1, 2, 3, 4])  # block 5 is the least recently used
+    store.recency.touch([0, 1, 2, 3, 4])  # block 5 is the least recently used
     ctl.reclaim(1)
     assert store.bits(5) == 6 and all(store.bits(b) == 8 for b in range(5))
 

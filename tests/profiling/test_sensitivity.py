@@ -96,7 +96,8 @@ def test_costs_of_zero_routed_expert_are_finite_and_ordered():
 def test_relative_costs_contract():
     raw = np.array([[[[4.0, 1.0, 2.0, 0.3, 0.5]]]])  # [1, 1, 1, views 2..8]: 3 < 4 and 6 < 8 (noise)
     table = relative_costs(raw)[0, 0, 0]  # [bits 0, 2, 3, 4, 6, 8]
-    np.testing.assert_allclose(table, [3.5, 3.5, 1.5, 1.5, 0.0, 0.0])
+    np.testing.assert_allclose(table, [0.0, 3.5, 1.5, 1.5, 0.0, 0.0])
+    assert table[0] == table[-1]  # host-only is served at the master view
     assert np.all(np.diff(table[1:]) <= 0)
 
 
@@ -143,7 +144,7 @@ def test_profile_of_random_checkpoint(tiny_corpus, tmp_path):
     cost = loaded.cost
     assert np.all(np.isfinite(cost)) and np.all(cost >= 0)
     assert np.all(np.diff(cost[..., 1:], axis=-1) <= 1e-12)
-    np.testing.assert_array_equal(cost[..., 0], cost[..., 1])  # host-only = lowest view
+    np.testing.assert_array_equal(cost[..., 0], cost[..., -1])  # host-only = the master view
     assert np.all(cost[..., -1] == 0) and np.any(cost[..., 1] > 0)
     calib = record["calibration"]
     assert calib["tokens"] == 8 * SEQ_LEN and calib["windows_per_domain"] == {d: 4 for d in DOMAINS}

@@ -59,8 +59,8 @@ def random_block_matrix(n: int, k: int, seed: int) -> torch.Tensor:
 
 
 def expected_view(block: EncodedBlock, bits: int) -> torch.Tensor:
-    """What a reader must see for a block at committed ``bits`` (host-only reads the lowest view)."""
-    return decode(block, bits if bits else VIEW_BITS[0])
+    """What a reader must see for a block at committed ``bits`` (host-only reads the master view)."""
+    return decode(block, bits if bits else VIEW_BITS[-1])
 
 
 def arena_for(pages: int, page_bytes: int = 256) -> Arena:

@@ -127,7 +127,7 @@ def test_out_of_pages_promotion_changes_nothing(blocks) -> None:
     assert store.pending_bits(0) is None and store.counters.promotions == 0
 
 
-def test_host_only_and_on_demand_fetch(blocks) -> None:
+def test_host_only_served_at_the_master_view_for_one_use(blocks) -> None:
     arena = arena_for(200, PAGE)
     store = WeightStore(arena, blocks, initial_bits=4)
     free_before = arena.free_pages
@@ -135,24 +135,42 @@ def test_host_only_and_on_demand_fetch(blocks) -> None:
     assert store.bits(1) == 0 and store.block_fields[1].item() == 0
     assert arena.free_pages == free_before + freed // PAGE and store.resident_pages(1) == []
     assert (store.page_table[1] == -1).all()
-    assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 0))  # readable from the host
-    assert store.ensure_resident([0, 1, 2]) == []
-    assert store.bits(1) == 2
-    assert store.counters.host_fetches == 1 and store.counters.promotions == 0
+    assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 0))  # the master, from the host
+    free = arena.free_pages
+    with store.host_only_served([0, 1, 2]) as failed:
+        assert failed == [] and store.bits(1) == 8 and store.block_fields[1].item() == NUM_FIELDS
+        assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 8))  # through the page table
+        assert arena.free_pages == free - _pages_at(8, 256, NUM_FIELDS)
+    assert store.bits(1) == 0 and arena.free_pages == free and (store.page_table[1] == -1).all()
+    assert store.counters.host_fetches == 1 and store.counters.promotions == store.counters.demotions - 1 == 0
     assert store.counters.host_fetch_stall_us >= 0
-    assert store.counters.bytes_promoted == _pages_at(8, 256, 1) * PAGE
-    assert store.ensure_resident([1]) == [] and store.counters.host_fetches == 1  # already resident
+    assert store.counters.bytes_promoted == _pages_at(8, 256, NUM_FIELDS) * PAGE
+    with store.host_only_served([1]):
+        pass
+    assert store.counters.host_fetches == 2  # each use fetches again
 
 
-def test_on_demand_fetch_without_pages_falls_back_to_host(blocks) -> None:
+def test_host_only_served_from_the_host_without_pages(blocks) -> None:
     arena = arena_for(200, PAGE)
     store = WeightStore(arena, blocks, initial_bits=8)
     store.set_host_only(0)
     kv = arena.alloc(arena.free_pages, KV_TAG)
-    assert store.ensure_resident([0]) == [0]
+    with store.host_only_served([0]) as failed:
+        assert failed == [0]
+        assert store.bits(0) == 0 and torch.equal(store.decode(0)[1], expected_view(blocks[0], 8))
     assert store.counters.fetch_failures == 1 and store.counters.host_fetches == 0
-    assert store.bits(0) == 0 and torch.equal(store.decode(0)[1], expected_view(blocks[0], 0))
     arena.free(kv)
+
+
+def test_host_only_served_releases_its_pages_when_the_reader_fails(blocks) -> None:
+    arena = arena_for(200, PAGE)
+    store = WeightStore(arena, blocks, initial_bits=8)
+    store.set_host_only(2)
+    free = arena.free_pages
+    with pytest.raises(RuntimeError, match="reader"):
+        with store.host_only_served([2]):
+            raise RuntimeError("reader failed")
+    assert store.bits(2) == 0 and arena.free_pages == free
 
 
 def test_footprint_and_recency(blocks) -> None:
@@ -164,11 +182,11 @@ def test_footprint_and_recency(blocks) -> None:
             assert store.footprint_bytes(proj, bits) == _pages_at(n, k, fields) * PAGE
     with pytest.raises(ValueError):
         store.footprint_bytes(3, 8)
-    assert store.last_access(0) == 0
-    store.touch([2])
-    store.touch([0, 1])
-    assert store.last_access(2) == 1 and store.last_access(0) == 2
-    assert store.lru_order([0, 1, 2]) == [2, 0, 1]
+    assert store.recency.last_access(0) == 0
+    store.recency.touch([2])
+    store.recency.touch([0, 1])
+    assert store.recency.last_access(2) == 1 and store.recency.last_access(0) == 2
+    assert store.recency.lru_order([0, 1, 2]) == [2, 0, 1]
 
 
 def test_store_rejects_bad_construction(blocks) -> None:
@@ -245,3 +263,26 @@ def test_transitions_on_cuda_never_wait_for_the_stream(blocks) -> None:
         fields = store.block_fields[b].item()
         assert (store.page_table[b, fields:] == -1).all()
         assert torch.equal(store.decode(b)[1], decode(blocks[b], store.bits(b)).to(store.decode(b)[1].device))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_host_only_served_on_cuda_reuses_freed_pages_in_stream_order(blocks) -> None:
+    """Two host-only blocks served one after the other take the same free
+    pages; what a reader enqueued during the first use read is the first
+    block's master view, though the second fetch overwrote those pages (the
+    copy engine waits for the issuing stream)."""
+    arena = Arena(200, PAGE, device=torch.device("cuda"))
+    store = WeightStore(arena, blocks, initial_bits=8)
+    store.set_host_only(0)
+    store.set_host_only(2)
+    reads, pages = [], []
+    for b in (0, 2):
+        with store.host_only_served([b]) as failed:
+            assert failed == []
+            pages.append(set(store.resident_pages(b)))
+            reads.append(store.decode(b)[1])  # enqueued on the stream, read later
+    torch.cuda.synchronize()
+    assert pages[0] & pages[1]  # the second fetch overwrote pages the first reader used
+    assert store.bits(0) == store.bits(2) == 0 and store.counters.host_fetches == 2
+    for b, got in zip((0, 2), reads):
+        assert torch.equal(got, decode(blocks[b], 8).to(got.device))

@@ -132,17 +132,24 @@ class StoreMachine(RuleBasedStateMachine):
                 assert self.store.pending_bits(block) is None
 
     @rule(blocks=st.lists(st.integers(0, len(SHAPES) - 1), max_size=4))
-    def ensure_resident(self, blocks: list[int]) -> None:
-        failed = self.store.ensure_resident(blocks)
-        for b in blocks:
-            assert (b in failed) == (self.store.bits(b) == 0)
+    def serve_host_only(self, blocks: list[int]) -> None:
+        free = self.arena.free_pages
+        cold = {b for b in blocks if self.store.bits(b) == 0 and self.store.pending_bits(b) is None}
+        with self.store.host_only_served(blocks) as failed:
+            for b in blocks:
+                assert (b in failed) == (self.store.bits(b) == 0)
+                if b in cold and b not in failed:
+                    assert self.store.bits(b) == VIEW_BITS[-1]
+                    assert torch.equal(self.store.decode(b)[1], expected_view(BLOCKS[b], 0))
+        assert all(self.store.bits(b) == 0 for b in cold)
+        assert self.arena.free_pages == free
 
     # -- invariants ------------------------------------------------------------------
     @invariant()
     def readers_see_committed_views(self) -> None:
         for b, blk in enumerate(BLOCKS):
             bits, w = self.store.decode(b)
-            assert bits == (self.store.bits(b) or VIEW_BITS[0])
+            assert bits == (self.store.bits(b) or VIEW_BITS[-1])
             assert torch.equal(w, expected_view(blk, self.store.bits(b)))
 
     @invariant()
