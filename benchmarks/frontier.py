@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the planner's default_floor_bits (0: host-only is its last rung)")
     parser.add_argument("--host-stall-weight", type=float, default=PlannerConfig().host_stall_weight,
                         help="the planner's host_stall_weight (the price of a host-only block's fetch stalls)")
+    parser.add_argument("--reference-step-s", type=float, default=PlannerConfig().reference_step_s,
+                        help="the planner's reference_step_s (the step a host-only block's stall is priced against)")
     parser.add_argument("--budget-labels", help="';'-separated budget labels to run (e.g. 'uniform 3-bit'; "
                                                 "default every budget; uniform 3-bit is always run)")
     parser.add_argument("--out", type=Path, default=RESULTS / "frontier_cpu.json")
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     paged = PagedModel(args.model, args.seq_len, args.batch)
     table = load(args.model / SENSITIVITY_FILE)
     fallback = no_sensitivity_table(paged.shape)
-    cfg = PlannerConfig(default_floor_bits=args.floor_bits, host_stall_weight=args.host_stall_weight)
+    cfg = PlannerConfig(default_floor_bits=args.floor_bits, host_stall_weight=args.host_stall_weight,
+                        reference_step_s=args.reference_step_s)
     domains = corpus_domains(args.tokens_dir)
     workloads = {} if args.no_mix else {"mix": domains}
     workloads.update({d: [d] for d in filter(None, args.single_domains.split(","))})

@@ -97,15 +97,22 @@ class PlannerConfig(BaseModel):
     # wait more often, so this is a lower bound on the stall.
     # Host-to-device bandwidth of an on-demand fetch of a host-only block.
     host_bandwidth_bytes_per_s: float = Field(default=25e9, gt=0.0)
-    # Fixed cost of one on-demand fetch (allocate pages, copy fields, commit
-    # the page-table entry). Measured: the weight store promoted the default
-    # model's 96 blocks (12.6 MB) in 27 ms on the H200 (serving_h200.json,
-    # "store"), 0.28 ms per block of which bytes/bandwidth is < 0.01 ms.
-    host_fetch_latency_s: float = Field(default=2.8e-4, ge=0.0)
+    # Fixed cost of one on-demand fetch (allocate pages, copy fields, wait,
+    # commit the page-table entry). Measured on the H100 while serving the
+    # default model (benchmarks/host_only_cost.py, session 53,
+    # host_only_cost_*_h100_s53.json): 239-370 us per fetch of an 8-bit block
+    # (114 KB, of which bytes/bandwidth is 5 us); 0.33 ms. (Until session 53:
+    # 0.28 ms, from promoting all 96 blocks at once on the H200.)
+    host_fetch_latency_s: float = Field(default=3.3e-4, ge=0.0)
     # Decode step the stall is compared with. Measured: the default model
-    # decodes 52.9 tokens/s at batch 1 on the H200 (serving_h200.json,
-    # "throughput", paged experts): 18.9 ms per step.
-    reference_step_s: float = Field(default=0.0189, gt=0.0)
+    # decodes 1430-1496 tokens/s at batch 1 on the H100 with CUDA graphs in
+    # uniform 3-bit (same runs): 0.67 ms per step. (Until session 53: 18.9 ms,
+    # an H200 measurement from before the fused kernels and graphs, which
+    # priced stalls ~28x too cheap.) Not priced: while any block is host-only
+    # every step runs eagerly (a graph cannot fetch), ~9 ms a step more for
+    # the default model at batch 1 on the H100 (same runs); an operator who
+    # sets a floor of 0 accepts that.
+    reference_step_s: float = Field(default=6.7e-4, gt=0.0)
     # Dimensionless scale of the exchange rate above (0: stalls are free).
     host_stall_weight: float = Field(default=1.0, ge=0.0)
 

@@ -26,6 +26,9 @@ DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny" /
 TINY_FOOTPRINT = {0: 0, 2: 27648, 3: 43008, 4: 58368, 6: 86016, 8: 113664}
 VIEWS = (2, 3, 4, 6, 8)
 COLD, HOT = 0, 1
+# host_stall_weight of a cheap stall: the price before session 53 measured the
+# default model's step (18.9 -> 0.67 ms) and fetch (0.28 -> 0.33 ms).
+CHEAP_STALL = 0.03
 
 
 def snapshot(share: np.ndarray) -> ActivitySnapshot:
@@ -57,7 +60,7 @@ def positions(ladder, expert: int, pred) -> list[int]:
 
 def test_rare_expert_goes_host_only_before_a_hot_one_loses_real_bits(tiny_table):
     share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.005, hot=0.3)
-    ladder = build_ladder(tiny_inputs(share, tiny_table), PlannerConfig())
+    ladder = build_ladder(tiny_inputs(share, tiny_table), PlannerConfig(host_stall_weight=CHEAP_STALL))
     cold_host = positions(ladder, COLD, lambda r: r.to_bits == 0)
     hot_below_6 = positions(ladder, HOT, lambda r: r.from_bits == 6)
     hot_host = positions(ladder, HOT, lambda r: r.to_bits == 0)
@@ -113,7 +116,7 @@ def test_host_only_served_at_the_master_view_trades_the_lowest_views_loss_for_th
     assert np.all(tiny_table.cost[..., BITS_AXIS.index(0)] == 0.0)
     share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.01, hot=0.3)
     priced = {}
-    for weight in (1.0, 20.0):  # the default stall price and a dear one
+    for weight in (CHEAP_STALL, 1.0):
         cfg = PlannerConfig(host_stall_weight=weight)
         cost = RungCost(tiny_inputs(share, tiny_table), cfg)
         stall_cost = RungCost(tiny_inputs(share, old_profile(tiny_table)), cfg)  # the stall alone (test above)
@@ -124,10 +127,11 @@ def test_host_only_served_at_the_master_view_trades_the_lowest_views_loss_for_th
             assert down.quality_delta == up.quality_delta == pytest.approx(max(0.0, stall - loss))
             assert down.bytes_delta == -up.bytes_delta == TINY_FOOTPRINT[2]
             priced[weight, expert] = down.quality_delta
-    # At the default price leaving the lowest view for the host gains more than
-    # the stall costs, for the rare and the hot expert; a dear stall outweighs
-    # the hot expert's gain.
-    assert priced[1.0, COLD] == priced[1.0, HOT] == 0.0 < priced[20.0, HOT]
+    # At a cheap price leaving the lowest view for the host gains more than the
+    # stall costs, for the rare and the hot expert; at the default (measured) one
+    # the stall outweighs both gains.
+    assert priced[CHEAP_STALL, COLD] == priced[CHEAP_STALL, HOT] == 0.0
+    assert 0.0 < priced[1.0, COLD] < priced[1.0, HOT]
     # A state's cost counts a host-only block's stall and no table loss.
     bits = np.full((tiny_table.num_layers, tiny_table.num_experts, 3), 8)
     bits[0, HOT, 0] = 0
