@@ -39,7 +39,6 @@ from dataplane.memory.arena import Arena, OutOfPages, PageTag
 from dataplane.weights.codec import BlockBytes, decode_view, field_from_bytes
 from dataplane.weights.copy_engine import Copy, CopyEngine, CopyHandle, default_copy_engine
 from dataplane.weights.host_pages import HostPagePool
-from dataplane.weights.recency import BlockRecency
 from dataplane.weights.layout import (
     HOST_ONLY_BITS,
     NUM_FIELDS,
@@ -50,6 +49,7 @@ from dataplane.weights.layout import (
     fields_for_bits,
     pages_for,
 )
+from dataplane.weights.recency import BlockRecency
 
 _NS_PER_US = 1000
 HOST_ONLY_FIELDS = 0  # resident field count of a host-only block
