@@ -115,6 +115,16 @@ class PlannerConfig(BaseModel):
     reference_step_s: float = Field(default=6.7e-4, gt=0.0)
     # Dimensionless scale of the exchange rate above (0: stalls are free).
     host_stall_weight: float = Field(default=1.0, ge=0.0)
+    # Extra time of every step while any block is host-only: the dataplane
+    # then runs each step eagerly (a CUDA graph cannot fetch). Measured on the
+    # H100 for the default model at batch 1: ~9 ms (10.9 ms eager steps with
+    # host-only blocks, 1.4 ms of them fetches, against 0.67 ms graph steps;
+    # host_only_cost_*_h100_s53.json). Priced as a stall every token pays, in
+    # the same exchange rate, on a budget state that keeps any block on the
+    # host: build_ladder keeps host-only out of the budget state unless the
+    # budget needs it or it is predicted cheaper even so. 0: not priced (a
+    # dataplane without graphs, e.g. on the CPU).
+    host_only_step_overhead_s: float = Field(default=9e-3, ge=0.0)
 
     # With a memory budget, compare the predicted cost of the greedy
     # budget state with the state that puts every movable block at the

@@ -55,7 +55,10 @@ budget would be exceeded (budget_promotions of them; the complete list
 follows). With uniform_guard (controlplane/budget_guard.py)
 the budget prefix may instead be the walk to the best uniform view that
 fits, unless the greedy state is predicted cheaper by more than
-uniform_guard_margin.
+uniform_guard_margin. Where floors allow host-only, the budget state keeps
+no block on the host unless the budget needs it or it is predicted cheaper
+after paying PlannerConfig.host_only_step_overhead_s (fit_to_budget); the
+lists past the budget state still reach host-only.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.budget_guard import fit_budget
+from controlplane.budget_guard import BudgetFit, fit_budget
 from controlplane.config import PlannerConfig
 from controlplane.rungs import (  # noqa: F401 (re-exported: the planner's public types)
     HOST_ONLY,
@@ -137,6 +140,32 @@ def pinned_bits(shape: ModelShape, pins: tuple[Pin, ...]) -> np.ndarray:
     return out
 
 
+def fit_to_budget(cost: RungCost, shape: ModelShape, target: np.ndarray, floors: np.ndarray, pins: np.ndarray,
+                  budget: int, cfg: PlannerConfig) -> BudgetFit:
+    """budget_guard.fit_budget from state target, and, where floors allow
+    host-only, the same with those floors at the lowest view: a budget state
+    that keeps any block on the host also pays cost.host_only_overhead (every
+    step eager, PlannerConfig.host_only_step_overhead_s). The fit predicted
+    cheaper with it wins, the one without host-only on a tie; an infeasible
+    fit loses to a feasible one."""
+    def fit(fl: np.ndarray) -> BudgetFit:
+        greedy = greedy_walk(chains(cost, shape, target, fl, pins, down=True), descending=False)
+        return fit_budget(cost, shape, target, greedy, fl, pins, budget, cfg.uniform_guard, cfg.uniform_guard_margin)
+
+    with_host = fit(floors)
+    if cost.host_only_overhead <= 0.0 or not (floors == HOST_ONLY).any():
+        return with_host
+    without = fit(np.where(floors == HOST_ONLY, shape.view_bits[0], floors))
+
+    def priced(f: BudgetFit) -> float:
+        state = apply_rungs(apply_rungs(target, f.prefix), f.promotions)
+        return f.predicted_cost + (cost.host_only_overhead if (state == HOST_ONLY).any() else 0.0)
+
+    if without.feasible and (not with_host.feasible or priced(without) <= priced(with_host)):
+        return without
+    return with_host
+
+
 def build_ladder(inputs: PlanInputs, cfg: PlannerConfig) -> Ladder:
     """The ladder of the module doc. Contract: every rung is one step of its
     block's allowed chain (mandatory rungs excepted: one direct jump); within
@@ -164,9 +193,7 @@ def build_ladder(inputs: PlanInputs, cfg: PlannerConfig) -> Ladder:
     start_bytes = shape.expert_bytes(target)
     budget = inputs.constraints.budget_bytes
     if budget > 0:
-        greedy = greedy_walk(chains(cost, shape, target, floors, pins, down=True), descending=False)
-        fit = fit_budget(cost, shape, target, greedy, floors, pins, budget, cfg.uniform_guard,
-                         cfg.uniform_guard_margin)
+        fit = fit_to_budget(cost, shape, target, floors, pins, budget, cfg)
         fitted = apply_rungs(target, fit.prefix)  # the budget state
         demotions = both_ways(cost, shape, fitted, floors, pins, down=True, head=fit.prefix)
         promotions = both_ways(cost, shape, apply_rungs(fitted, fit.promotions), floors, pins, down=False,

@@ -117,6 +117,7 @@ class RungCost:
         lowest = BITS_AXIS.index(inputs.shape.view_bits[0])
         worst_cost = float(inputs.sensitivity.cost[..., lowest].sum())  # table units
         per_stall_s = cfg.host_stall_weight * worst_cost / cfg.reference_step_s  # table units per s/token
+        self.host_only_overhead = per_stall_s * cfg.host_only_step_overhead_s  # table units, any block on the host
         self._route_prob = route_probability(inputs.activity, inputs.shape.top_k)  # [L, E]
         self._stall_scale = per_stall_s * self._route_prob  # [L, E] table units per s of fetch
         self._fetch_latency_s = cfg.host_fetch_latency_s

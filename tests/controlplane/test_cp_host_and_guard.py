@@ -275,3 +275,25 @@ def test_convex_path_keeps_the_lower_hull_of_a_host_only_chain(seed):
             hi = min((k for k in by_bytes if point[k][0] > point[b][0]), key=lambda k: point[k][0])
             (x0, y0), (x1, y1), (x, y) = point[lo], point[hi], point[b]
             assert y >= y0 + (y1 - y0) * (x - x0) / (x1 - x0) - 1e-12
+
+
+def test_budget_state_keeps_blocks_off_the_host_unless_the_eager_steps_pay_or_the_budget_needs_it(tiny_table):
+    """fit_to_budget: with cheap stalls the uniform-3 budget is met by putting
+    blocks on the host, but a state with any host-only block also pays the
+    eager step (PlannerConfig.host_only_step_overhead_s), which keeps them on
+    the GPU; below the all-2-bit bytes only host-only can meet the budget."""
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.005, hot=0.3)
+    blocks = tiny_table.num_layers * tiny_table.num_experts * 3
+    host_only_in_state = {}
+    for overhead in (0.0, PlannerConfig().host_only_step_overhead_s):
+        cfg = PlannerConfig(host_stall_weight=CHEAP_STALL, host_only_step_overhead_s=overhead)
+        ladder = build_ladder(tiny_inputs(share, tiny_table, budget=TINY_FOOTPRINT[3] * blocks), cfg)
+        state = budget_state(ladder)
+        assert ladder.budget_feasible
+        host_only_in_state[overhead] = int((state == 0).sum())
+        # Past the budget state the demotions still reach the host.
+        assert any(r.to_bits == 0 for r in ladder.demotions[ladder.budget_rungs:])
+    assert host_only_in_state[0.0] > 0 and host_only_in_state[PlannerConfig().host_only_step_overhead_s] == 0
+    tight = build_ladder(tiny_inputs(share, tiny_table, budget=TINY_FOOTPRINT[2] * (blocks - 3)),
+                         PlannerConfig(host_stall_weight=CHEAP_STALL))
+    assert tight.budget_feasible and (budget_state(tight) == 0).sum() >= 3
