@@ -19,7 +19,8 @@ and mean KL(p_8bit || p) per token. Methods (benchmarks/policy_bits.py):
 * planner_no_routing: uniform activity (no telemetry yet).
 
 With --floor-bits 0 the planner may leave blocks host-only (its last rung,
-priced by expected fetch stalls: expected_fetch_s_per_token). Such a block
+priced by expected fetch stalls: expected_fetch_s_per_token; a budget state
+holding any also pays the eager steps, --host-only-step-overhead-s). Such a block
 is fetched at its master view for each use and freed after
 (WeightStore.host_only_served): its quality is the 8-bit view's, it holds
 no pages, and the price is the stall. --budget-labels runs a subset of the
@@ -231,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="the planner's host_stall_weight (the price of a host-only block's fetch stalls)")
     parser.add_argument("--reference-step-s", type=float, default=PlannerConfig().reference_step_s,
                         help="the planner's reference_step_s (the step a host-only block's stall is priced against)")
+    parser.add_argument("--host-only-step-overhead-s", type=float,
+                        default=PlannerConfig().host_only_step_overhead_s,
+                        help="the planner's host_only_step_overhead_s (0: host-only's eager steps unpriced)")
     parser.add_argument("--budget-labels", help="';'-separated budget labels to run (e.g. 'uniform 3-bit'; "
                                                 "default every budget; uniform 3-bit is always run)")
     parser.add_argument("--out", type=Path, default=RESULTS / "frontier_cpu.json")
@@ -245,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     table = load(args.model / SENSITIVITY_FILE)
     fallback = no_sensitivity_table(paged.shape)
     cfg = PlannerConfig(default_floor_bits=args.floor_bits, host_stall_weight=args.host_stall_weight,
-                        reference_step_s=args.reference_step_s)
+                        reference_step_s=args.reference_step_s,
+                        host_only_step_overhead_s=args.host_only_step_overhead_s)
     domains = corpus_domains(args.tokens_dir)
     workloads = {} if args.no_mix else {"mix": domains}
     workloads.update({d: [d] for d in filter(None, args.single_domains.split(","))})

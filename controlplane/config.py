@@ -108,10 +108,8 @@ class PlannerConfig(BaseModel):
     # decodes 1430-1496 tokens/s at batch 1 on the H100 with CUDA graphs in
     # uniform 3-bit (same runs): 0.67 ms per step. (Until session 53: 18.9 ms,
     # an H200 measurement from before the fused kernels and graphs, which
-    # priced stalls ~28x too cheap.) Not priced: while any block is host-only
-    # every step runs eagerly (a graph cannot fetch), ~9 ms a step more for
-    # the default model at batch 1 on the H100 (same runs); an operator who
-    # sets a floor of 0 accepts that.
+    # priced stalls ~28x too cheap.) The eager steps host-only forces are
+    # priced apart (host_only_step_overhead_s).
     reference_step_s: float = Field(default=6.7e-4, gt=0.0)
     # Dimensionless scale of the exchange rate above (0: stalls are free).
     host_stall_weight: float = Field(default=1.0, ge=0.0)
