@@ -134,11 +134,10 @@ class RungCost:
         sens_a = self._cost.at(layer, expert, proj, a)
         sens_b = self._cost.at(layer, expert, proj, b)
         if HOST_ONLY in (a, b):
-            # Host-only is served at the master view, so leaving the lowest
-            # view for it can gain quality; its stall is what it costs. Clipped
-            # at 0: a step that frees bytes and gains quality is free (rungs
-            # carry costs >= 0, and a block reaches host-only only through
-            # its lowest view).
+            # Host-only is served at the master view, so leaving view v for
+            # it can gain quality; its stall is what it costs. Clipped at 0:
+            # a step that frees bytes and gains quality is free (rungs carry
+            # costs >= 0).
             view, host = (sens_a, sens_b) if b == HOST_ONLY else (sens_b, sens_a)
             quality = max(0.0, weight * (host - view) + self.stall(layer, expert, proj))
         else:
