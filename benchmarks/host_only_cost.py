@@ -38,6 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.precision_states import set_block_bits  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
@@ -68,18 +69,6 @@ def plan_entry(path: Path, workload: str, budget: str) -> dict:
             "kl_mean": entry["mean"]["kl"], "frontier": str(path), "workload": workload, "budget": budget}
 
 
-def set_bits(store, bits: list[int]) -> None:
-    """Moves every block to ``bits`` (engine thread; promotions waited for)."""
-    if len(bits) != store.num_blocks:
-        raise SystemExit(f"the plan has {len(bits)} blocks, the model {store.num_blocks}")
-    for b, target in enumerate(bits):
-        if target < store.bits(b) or target == HOST_ONLY_BITS:
-            store.demote(b, target)
-        elif target > store.bits(b):
-            store.promote(b, target)
-    store.sync()
-
-
 def decode_round(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     """Submits every prompt at once (greedy); (seconds, each request's generated tokens)."""
     start = time.perf_counter()
@@ -98,7 +87,7 @@ def measure(engine, store, states: dict[str, list[int]], prompts: list[list[int]
     rows = []
     generated: dict[tuple[str, int], list[list[int]]] = {}
     for name, bits in states.items():
-        engine.run_on_engine_thread(lambda bits=bits: set_bits(store, bits))
+        engine.run_on_engine_thread(lambda bits=bits: set_block_bits(store, bits))
         decode_round(engine, prompts[:1], 4)  # the state's first steps (graph replays or not) before timing
         for batch in batches:
             before = (store.counters.host_fetches, store.counters.host_fetch_stall_us)

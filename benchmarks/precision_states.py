@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from dataplane.weights.layout import NUM_PROJ, VIEW_BITS, block_index, field_size, fields_for_bits
@@ -46,16 +48,23 @@ def state_bits(state: str) -> tuple[int, int]:
     return int(state), int(state)
 
 
-def set_precision(store, state: str) -> None:
-    """Puts every block at ``state`` (state_bits: "mixed26" puts an expert's
-    blocks at 6 bits for even experts, 2 for odd: 4 bits on average, the bytes
-    of uniform 4). Demotes in place, promotes from the host masters and waits."""
-    even, odd = state_bits(state)
-    for blk in range(store.num_blocks):
-        want = even if (blk // NUM_PROJ) % 2 == 0 else odd
+def set_block_bits(store, bits: Sequence[int]) -> None:
+    """Puts block b at bits[b] (in block order; 0 = host-only). Demotes in
+    place, promotes from the host masters and waits."""
+    if len(bits) != store.num_blocks:
+        raise ValueError(f"{len(bits)} bits for {store.num_blocks} blocks")
+    for blk, want in enumerate(bits):
         have = store.bits(blk)
         if want < have:
             store.demote(blk, want)
         elif want > have:
             store.promote(blk, want)
     store.sync()
+
+
+def set_precision(store, state: str) -> None:
+    """Puts every block at ``state`` (state_bits: "mixed26" puts an expert's
+    blocks at 6 bits for even experts, 2 for odd: 4 bits on average, the bytes
+    of uniform 4)."""
+    even, odd = state_bits(state)
+    set_block_bits(store, [even if (blk // NUM_PROJ) % 2 == 0 else odd for blk in range(store.num_blocks)])

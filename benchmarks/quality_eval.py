@@ -23,13 +23,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.precision_states import set_block_bits
 from controlplane.planner import NUM_PROJECTIONS, ModelShape
 from dataplane.memory.arena import Arena
 from dataplane.profiling.corpus import split_windows
 from dataplane.profiling.sensitivity import load_model
 from dataplane.profiling.window_forward import WindowForward
 from dataplane.routing_stats import RoutingStats
-from dataplane.weights.layout import HOST_ONLY_BITS, VIEW_BITS, block_index
+from dataplane.weights.layout import HOST_ONLY_BITS, VIEW_BITS
 from dataplane.weights.transform import quantize_experts
 from models.train.lm_eval import IGNORE, EvalWindows
 
@@ -79,16 +80,7 @@ class PagedModel:
     def set_bits(self, bits: np.ndarray) -> None:
         """Moves every block to bits [L, E, 3] (views only)."""
         bits = np.asarray(bits).reshape(self.num_layers, self.num_experts, NUM_PROJECTIONS)
-        for layer in range(self.num_layers):
-            for expert in range(self.num_experts):
-                for proj in range(NUM_PROJECTIONS):
-                    block = block_index(layer, expert, proj, self.num_experts)
-                    want, have = int(bits[layer, expert, proj]), self.store.bits(block)
-                    if want < have:
-                        self.store.demote(block, want)
-                    elif want > have:
-                        self.store.promote(block, want)
-        self.store.sync()
+        set_block_bits(self.store, [int(b) for b in bits.reshape(-1)])  # [L, E, 3] flat is block order
 
     def expert_bytes(self, bits: np.ndarray | None = None) -> int:
         return self.shape.expert_bytes(self.bits() if bits is None else np.asarray(bits))

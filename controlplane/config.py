@@ -105,8 +105,9 @@ class PlannerConfig(BaseModel):
     # 0.28 ms, from promoting all 96 blocks at once on the H200.)
     host_fetch_latency_s: float = Field(default=3.3e-4, ge=0.0)
     # Decode step the stall is compared with. Measured: the default model
-    # decodes 1430-1496 tokens/s at batch 1 on the H100 with CUDA graphs in
-    # uniform 3-bit (same runs): 0.67 ms per step. (Until session 53: 18.9 ms,
+    # decodes 1430-1807 tokens/s at batch 1 on the H100 with CUDA graphs in
+    # uniform 3-bit (same runs, three machines): 0.55-0.70 ms per step; 0.67
+    # ms, the run beside the hull plans' mix. (Until session 53: 18.9 ms,
     # an H200 measurement from before the fused kernels and graphs, which
     # priced stalls ~28x too cheap.) The eager steps host-only forces are
     # priced apart (host_only_step_overhead_s).
@@ -115,9 +116,10 @@ class PlannerConfig(BaseModel):
     host_stall_weight: float = Field(default=1.0, ge=0.0)
     # Extra time of every step while any block is host-only: the dataplane
     # then runs each step eagerly (a CUDA graph cannot fetch). Measured on the
-    # H100 for the default model at batch 1: ~9 ms (10.9 ms eager steps with
-    # host-only blocks, 1.4 ms of them fetches, against 0.67 ms graph steps;
-    # host_only_cost_*_h100_s53.json). Priced as a stall every token pays, in
+    # H100 for the default model at batch 1: 8.8 ms with the hull plans' mix
+    # (10.9 ms eager steps, 1.4 ms of them fetches, against a 0.67 ms graph
+    # step), 5.6 ms with german's (7.9, 1.6, 0.70); 9 ms rounds the larger
+    # (host_only_cost_*_h100_s53.json). Priced as a stall every token pays, in
     # the same exchange rate, on a budget state that keeps any block on the
     # host: build_ladder keeps host-only out of the budget state unless the
     # budget needs it or it is predicted cheaper even so. 0: not priced (a
