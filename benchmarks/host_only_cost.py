@@ -4,23 +4,25 @@
         --workload german --out benchmarks/results/host_only_cost_h100.json
 
 The quality side is the frontier's (benchmarks/frontier.py --floor-bits 0): a host-only block is
-served at its master view, fetched into arena pages for each use and freed after
-(WeightStore.host_only_served). The planner prices that by an expected stall per token
-(PlannerConfig: fetch latency + bytes / host bandwidth, times the chance a token routes to the
+served at its master view, which the MoE kernels read in place from pinned host memory over the
+host link (WeightStore: its page-table rows name the master's host pages), in the same launches
+and CUDA graphs as resident blocks. The planner prices that by an expected stall per token
+(PlannerConfig: read latency + bytes / host bandwidth, times the chance a token routes to the
 expert). This measures it: the engine decodes prompts from the workload domain's test split under
 the plan the frontier recorded for that workload at the budget (``--budget``, method planner), in
-three states:
+four states:
 
-* ``plan``: the planner's bits; while a block is host-only every step runs eagerly (a CUDA graph
-  cannot fetch), each MoE layer that routes to one fetches it;
-* ``plan, host-only at 2 bits``: the same blocks resident at the lowest view (graphs replay);
-* ``uniform 3-bit``: the static state at the uniform-3 budget;
+* ``plan``: the planner's bits, host-only blocks read from the host;
 * ``plan, host-only at 8 bits``: the same blocks resident at the master view (more memory than the
-  budget): greedy decoding must give the ``plan`` state's tokens exactly, as both run the same
-  kernels on the same weights (``tokens_equal_to_plan``).
+  budget): the same weights, so the difference to ``plan`` is the host reads' cost
+  (``extra_us_per_host_read``: the seconds between the two rounds over the plan's host reads);
+  greedy tokens should match ``plan``'s (``tokens_equal_to_plan``; the down launch's atomic adds
+  may round a near tie the other way);
+* ``plan, host-only at 2 bits``: the same blocks resident at the lowest view;
+* ``uniform 3-bit``: the static state at the uniform-3 budget.
 
-Per state and batch: tok/s, the store's fetches and fetch stall per generated token, beside the
-plan's predicted ``expected_fetch_s_per_token``. Prints a short table last.
+Per state and batch: tok/s and the store's host reads per generated token, beside the plan's
+predicted ``expected_fetch_s_per_token``. Prints a short table last.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ from dataplane.engine_builder import build  # noqa: E402
 from dataplane.engine_io import QueueSink  # noqa: E402
 from dataplane.profiling.corpus import split_windows  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
-from dataplane.warmup import HostOnlyBlock, engine_warmup_rounds, warm_up  # noqa: E402
+from dataplane.warmup import engine_warmup_rounds, warm_up  # noqa: E402
 from dataplane.weights.layout import HOST_ONLY_BITS, VIEW_BITS  # noqa: E402
 
 MODEL = REPO / "models" / "pw-moe-tiny"
 TOKENS = REPO / "data" / "tokens"
 PROMPT_LEN = 64
+RESIDENT_MASTER = "plan, host-only at 8 bits"
 # Seconds one warm-up round may take (a fresh Triton cache compiles each kernel variant live).
 WARM_UP_ROUND_TIMEOUT_S = 600.0
 
@@ -90,18 +93,21 @@ def measure(engine, store, states: dict[str, list[int]], prompts: list[list[int]
         engine.run_on_engine_thread(lambda bits=bits: set_block_bits(store, bits))
         decode_round(engine, prompts[:1], 4)  # the state's first steps (graph replays or not) before timing
         for batch in batches:
-            before = (store.counters.host_fetches, store.counters.host_fetch_stall_us)
+            before = (store.counters.host_reads, store.counters.host_read_bytes)
             seconds, ids = decode_round(engine, prompts[:batch], max_tokens)
             generated[name, batch] = ids
             tokens = sum(map(len, ids))
-            fetches = store.counters.host_fetches - before[0]
-            stall_s = (store.counters.host_fetch_stall_us - before[1]) / 1e6
+            reads = store.counters.host_reads - before[0]
             rows.append({"state": name, "batch": batch, "tokens": tokens, "seconds": round(seconds, 4),
-                         "tok_per_s": round(tokens / seconds, 2), "host_fetches": fetches,
-                         "fetch_stall_s_per_token": stall_s / tokens,
-                         "us_per_fetch": round(stall_s * 1e6 / fetches, 1) if fetches else None})
+                         "tok_per_s": round(tokens / seconds, 2), "host_reads": reads,
+                         "host_reads_per_token": round(reads / tokens, 3),
+                         "host_read_bytes_per_token": round((store.counters.host_read_bytes - before[1]) / tokens)})
+    timed = {(r["state"], r["batch"]): r for r in rows}
     for r in rows:
         r["tokens_equal_to_plan"] = generated[r["state"], r["batch"]] == generated["plan", r["batch"]]
+        if r["state"] == "plan" and r["host_reads"] and (RESIDENT_MASTER, r["batch"]) in timed:
+            extra_s = r["seconds"] - timed[RESIDENT_MASTER, r["batch"]]["seconds"]
+            r["extra_us_per_host_read"] = round(extra_s * 1e6 / r["host_reads"], 2)
     return rows
 
 
@@ -124,16 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     windows = split_windows(TOKENS, domain, "test", PROMPT_LEN + 1, max(batches))
     prompts = [w.tolist() for w in windows.inputs]
     states = {"plan": plan["bits"],
+              RESIDENT_MASTER: [b or VIEW_BITS[-1] for b in plan["bits"]],
               "plan, host-only at 2 bits": [b or VIEW_BITS[0] for b in plan["bits"]],
-              "uniform 3-bit": [3] * len(plan["bits"]),
-              "plan, host-only at 8 bits": [b or VIEW_BITS[-1] for b in plan["bits"]]}
+              "uniform 3-bit": [3] * len(plan["bits"])}
     built = build(DataplaneConfig(model_path=str(MODEL), device=args.device, dynamic_precision=False,
                                   max_arena_pages=4096))
     engine, store = built.engine, built.precision.store
     engine.start()
     try:
-        # The served dataplane's start-up warm-up (host-only rounds included): nothing compiles while timed.
-        warm_up(engine, engine_warmup_rounds(engine, True), WARM_UP_ROUND_TIMEOUT_S, HostOnlyBlock(engine, store))
+        # The served dataplane's start-up warm-up: nothing compiles while timed.
+        warm_up(engine, engine_warmup_rounds(engine), WARM_UP_ROUND_TIMEOUT_S)
         rows = measure(engine, store, states, prompts, batches, max_tokens)
     finally:
         engine.stop()
@@ -153,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"plan: {plan['host_only_blocks']} host-only blocks, predicted stall "
           f"{plan['expected_fetch_s_per_token'] * 1e3:.3f} ms/token")
-    print(f"{'state':28} {'B':>3} {'tok/s':>9} {'fetches':>8} {'stall ms/tok':>13} {'us/fetch':>9} {'= plan':>7}")
+    print(f"{'state':28} {'B':>3} {'tok/s':>9} {'reads/tok':>9} {'KB/tok':>8} {'us/read':>8} {'= plan':>7}")
     for r in rows:
-        print(f"{r['state']:28} {r['batch']:3d} {r['tok_per_s']:9.1f} {r['host_fetches']:8d} "
-              f"{r['fetch_stall_s_per_token'] * 1e3:13.3f} {r['us_per_fetch'] or 0:9.1f} "
+        print(f"{r['state']:28} {r['batch']:3d} {r['tok_per_s']:9.1f} {r['host_reads_per_token']:9.3f} "
+              f"{r['host_read_bytes_per_token'] / 1e3:8.1f} {r.get('extra_us_per_host_read', 0.0):8.2f} "
               f"{str(r['tokens_equal_to_plan']):>7}")
     return 0
 

@@ -21,7 +21,7 @@ from dataplane.precision_state import PrecisionReporter, StaticPrecision
 from dataplane.scheduler import ReclaimPages
 from dataplane.server import ServerThread
 from dataplane.telemetry_client import LatestPlan, PlanCallback, TelemetryClient, TelemetryConfig
-from dataplane.warmup import HostOnlyBlock, WarmupReport, engine_warmup_rounds, warm_up
+from dataplane.warmup import WarmupReport, engine_warmup_rounds, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,8 @@ class Dataplane:
         self.engine.start()
         if self.config.resolved_warm_up():
             try:
-                store = self.controller.store if self.controller is not None else None
-                host_only = HostOnlyBlock(self.engine, store) if store is not None else None
-                self.warmup = warm_up(self.engine, engine_warmup_rounds(self.engine, host_only is not None),
-                                      self.config.warm_up_round_timeout_s, host_only)
+                self.warmup = warm_up(self.engine, engine_warmup_rounds(self.engine),
+                                      self.config.warm_up_round_timeout_s)
             except BaseException:
                 self.engine.stop()  # nothing serves yet: leave no engine thread behind
                 self.compiles.uninstall()

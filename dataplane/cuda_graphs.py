@@ -11,12 +11,12 @@ What a graph reads at replay time, so nothing is ever re-captured:
   slots, block tables [bucket, max_blocks], context lengths, token weights);
 * the KV arena (any page may hold any sequence's block);
 * the weight store's page table and ``block_fields``: precision changes
-  (demotions, committed promotions) take effect at the next replay.
+  (demotions, committed promotions, blocks moved to the host) take effect at
+  the next replay. A host-only block's rows name its master's pinned host
+  pages, which the kernels read in place, so host-only blocks replay too.
 
-A graph cannot fetch a host-only expert block on demand, so ``can_replay``
-refuses (and the runner runs the step eagerly) while any block is host-only.
-The runner touches the routed blocks for the LRU after every step, replayed or
-not (``ModelRunner.touch_routed``).
+The runner records the routed blocks' use after every step, replayed or not
+(``ModelRunner.touch_routed``).
 """
 
 from __future__ import annotations
@@ -194,9 +194,7 @@ class DecodeGraphs:
         """Whether this decode batch may run as a replay (else: eager)."""
         if not rows or self.bucket(len(rows)) is None:
             return False
-        if any(len(t) > self.max_blocks for t in rows.tables):
-            return False
-        return all(store.all_resident for store in self._stores)
+        return all(len(t) <= self.max_blocks for t in rows.tables)
 
     @torch.inference_mode()
     def replay(

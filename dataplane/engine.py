@@ -176,7 +176,7 @@ class Engine:
         """Runs ``fn`` on the engine thread between two loop iterations, once
         the commands queued before it are applied, and returns its result
         (raises what it raised). For state only that thread may touch, e.g.
-        the weight store (dataplane/warmup.py's host-only rounds)."""
+        the weight store."""
         if self._thread is None:
             raise RuntimeError("engine not started")
         return call_on_engine_thread(self._commands, fn, STOP_JOIN_S, lambda: self._error)

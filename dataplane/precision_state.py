@@ -32,8 +32,8 @@ class PrecisionCounters:
     predicted_quality_cost: float = 0.0
     demotions: int = 0
     promotions: int = 0
-    host_fetches: int = 0
-    host_fetch_stall_us: int = 0
+    host_reads: int = 0
+    host_read_bytes: int = 0
     plan_id: int = 0
 
 

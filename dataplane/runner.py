@@ -371,7 +371,7 @@ class ModelRunner:
             pairs = hit[served[hit[:, 0]]]  # rows whose layer has a paged-experts module on this store
             first = (pairs[:, 0] * num_experts + pairs[:, 1]) * NUM_PROJ  # [m] block_index(l, e, 0), vectorized
             blocks = first[:, None] + torch.arange(NUM_PROJ)  # [m, NUM_PROJ]
-            store.recency.touch(blocks.flatten().tolist())
+            store.record_use(blocks.flatten().tolist())
 
 
 def _touch_groups(modules: list[PagedExperts], num_layers: int) -> list[tuple[WeightStore, torch.Tensor, int]]:

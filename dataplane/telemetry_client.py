@@ -237,8 +237,8 @@ class TelemetryClient:
             predicted_quality_cost=counters.predicted_quality_cost,
             demotions=counters.demotions,
             promotions=counters.promotions,
-            host_fetches=counters.host_fetches,
-            host_fetch_stall_us=counters.host_fetch_stall_us,
+            host_reads=counters.host_reads,
+            host_read_bytes=counters.host_read_bytes,
             plan_id=counters.plan_id,
         )
 

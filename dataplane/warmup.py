@@ -33,13 +33,11 @@ traffic. The rounds (``warmup_rounds``):
 * for each decode batch bucket B, B short requests decoding together (the
   bucket's graph is captured on its first decode step);
 * a burst of ``max_running_seqs`` requests whose prompts take several steps,
-  so prefill chunks run beside decodes (the mixed steps);
-* with a paged weight store, one step per token count 1, 2, 4, ... up to the
-  step's token budget while one expert block is host-only (``HostOnlyBlock``):
-  the path every step takes while the ladder's last rung holds a block on the
-  host. Before these rounds, the first such step after the warm-up compiled
-  a router and a prep variant live (tests/dataplane/test_dp_warm_coverage.py
-  on the H100, session 44).
+  so prefill chunks run beside decodes (the mixed steps).
+
+A host-only expert block needs no rounds of its own: the MoE kernels read it
+in place from the host through the page table, in the same launches and
+graphs as resident blocks (dataplane/weights/store.py).
 
 Contract: the engine is started and idle, and nothing else submits requests
 until ``warm_up`` returns (the server is not yet serving).
@@ -57,11 +55,8 @@ import numpy as np
 from dataplane.cuda_graphs import batch_buckets
 from dataplane.engine import Engine
 from dataplane.engine_io import QueueSink
-from dataplane.memory.arena import OutOfPages
 from dataplane.sampling_params import SamplingParams
 from dataplane.sequence import FinishReason
-from dataplane.weights.layout import HOST_ONLY_BITS
-from dataplane.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +82,6 @@ class WarmupRound:
 
     prompt_lengths: tuple[int, ...]
     max_tokens: int
-    host_only: bool = False  # run while HostOnlyBlock holds a block on the host
 
 
 @dataclass(frozen=True)
@@ -108,10 +102,8 @@ def warmup_rounds(
     block_size: int,
     context_length: int,
     kv_tokens: int,
-    host_only_rounds: bool = False,
 ) -> list[WarmupRound]:
-    """The rounds described in the module docstring (the host-only ones when
-    ``host_only_rounds``).
+    """The rounds described in the module docstring.
 
     ``kv_tokens``: the KV room (in tokens) one round may fill (the engine
     passes half its free blocks: the precision ladder stays still where the
@@ -130,8 +122,6 @@ def warmup_rounds(
     mixed = max(block_size, MIXED_PREFILL_STEPS * max_batched_tokens // burst)
     mixed = max(1, min(mixed, longest, kv_tokens // burst - MIXED_DECODE_TOKENS))
     rounds.append(WarmupRound((mixed,) * burst, MIXED_DECODE_TOKENS))
-    if host_only_rounds:
-        rounds += [WarmupRound((min(n, longest),), 1, host_only=True) for n in _doubling(1, max_batched_tokens)]
     # Equal rounds (small limits clamp many to one) would only repeat work.
     return list(dict.fromkeys(rounds))
 
@@ -145,7 +135,7 @@ def _doubling(first: int, limit: int) -> list[int]:
     return out + [limit]
 
 
-def engine_warmup_rounds(engine: Engine, host_only_rounds: bool = False) -> list[WarmupRound]:
+def engine_warmup_rounds(engine: Engine) -> list[WarmupRound]:
     """``warmup_rounds`` for this engine: its decode graphs' buckets (or the
     default buckets when it runs eagerly), its scheduler's limits, and half of
     its free KV blocks."""
@@ -159,89 +149,31 @@ def engine_warmup_rounds(engine: Engine, host_only_rounds: bool = False) -> list
         block_size=engine.kv.block_size,
         context_length=engine.model_info.context_length,
         kv_tokens=engine.kv.free_blocks * engine.kv.block_size // KV_SHARE_DIVISOR,
-        host_only_rounds=host_only_rounds,
     )
 
 
-class HostOnlyBlock:
-    """Holds one expert block of ``store`` on the host for the host-only rounds.
-
-    While any block is host-only, a MoE layer does not take the fused entry
-    launch (kernels/moe_entry.py reads every block from the arena): it routes
-    first, fetches the routed host-only blocks, then runs the MoE launches
-    (dataplane/weights/paged_experts.py), with kernel variants of their own
-    at every token count. The block is the store's last (in the last layer),
-    so every earlier layer takes that path even when a step routes to the
-    block and fetches it. ``hold`` before each such round (a fetch brings the
-    block back); ``release`` restores its bits. Both run on the engine thread,
-    the store's owner.
-    """
-
-    def __init__(self, engine: Engine, store: WeightStore) -> None:
-        self.engine = engine
-        self.store = store
-        self.block = store.num_blocks - 1
-        self._bits: int | None = None  # the block's bits before the first hold
-
-    def hold(self) -> None:
-        self.engine.run_on_engine_thread(self._hold)
-
-    def release(self) -> None:
-        if self._bits is not None:
-            self.engine.run_on_engine_thread(self._release)
-
-    def _hold(self) -> None:
-        if self._bits is None:
-            self._bits = self.store.bits(self.block)
-        self.store.set_host_only(self.block)
-
-    def _release(self) -> None:
-        bits, self._bits = self._bits, None
-        assert bits is not None
-        if bits == HOST_ONLY_BITS:
-            return
-        try:
-            self.store.promote(self.block, bits)
-        except OutOfPages:  # the precision controller promotes it once pages are free
-            log.warning("warm-up: block %d stays below its %d bits: no free pages", self.block, bits)
-            return
-        self.store.sync()
-
-
-def warm_up(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float,
-            host_only: HostOnlyBlock | None = None) -> WarmupReport:
-    """Runs ``rounds`` one after another through ``engine`` (a host-only round
-    while ``host_only`` holds its block), then zeroes its counters and
-    routing window (``Engine.reset_counters``).
+def warm_up(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float) -> WarmupReport:
+    """Runs ``rounds`` one after another through ``engine``, then zeroes its
+    counters and routing window (``Engine.reset_counters``).
 
     Raises RuntimeError when a warm-up request ends in an abort or the engine
     dies, TimeoutError when a round's output takes over ``round_timeout_s``.
     """
-    if host_only is None and any(r.host_only for r in rounds):
-        raise ValueError("host-only warm-up rounds need a HostOnlyBlock")
     start = time.perf_counter()
     steps_before = engine.stats().steps_total
-    try:
-        requests, round_seconds = _run_rounds(engine, rounds, round_timeout_s, host_only)
-    finally:
-        if host_only is not None:
-            host_only.release()
+    requests, round_seconds = _run_rounds(engine, rounds, round_timeout_s)
     steps = engine.stats().steps_total - steps_before
     engine.reset_counters()
     return WarmupReport(time.perf_counter() - start, len(rounds), requests, steps, tuple(round_seconds))
 
 
-def _run_rounds(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float,
-                host_only: HostOnlyBlock | None) -> tuple[int, list[float]]:
+def _run_rounds(engine: Engine, rounds: list[WarmupRound], round_timeout_s: float) -> tuple[int, list[float]]:
     """warm_up's rounds; returns the requests sent and each round's seconds."""
     rng = np.random.default_rng(WARMUP_SEED)
     vocab = engine.model_info.vocab_size
     requests, round_seconds = 0, []
     for r, warm_round in enumerate(rounds):
         round_start = time.perf_counter()
-        if warm_round.host_only:
-            assert host_only is not None
-            host_only.hold()
         sampling = SamplingParams(max_tokens=warm_round.max_tokens, ignore_eos=True)
         # Random prompts: distinct, so the prefix cache never shortens a prefill.
         prompts = [rng.integers(0, vocab, size=length).tolist() for length in warm_round.prompt_lengths]
@@ -261,9 +193,8 @@ def _run_rounds(engine: Engine, rounds: list[WarmupRound], round_timeout_s: floa
             if last.finish_reason == FinishReason.ABORT:
                 raise RuntimeError(f"warm-up request {last.request_id} was aborted (engine error: {engine.error!r})")
         round_seconds.append(time.perf_counter() - round_start)
-        log.info("warm-up round %d/%d: %d requests, prompts of %d tokens%s, %.2f s", r + 1, len(rounds),
-                 len(sinks), max(warm_round.prompt_lengths), ", a block host-only" if warm_round.host_only else "",
-                 round_seconds[-1])
+        log.info("warm-up round %d/%d: %d requests, prompts of %d tokens, %.2f s", r + 1, len(rounds),
+                 len(sinks), max(warm_round.prompt_lengths), round_seconds[-1])
     return requests, round_seconds
 
 

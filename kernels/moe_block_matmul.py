@@ -32,12 +32,14 @@ TILE_ROWS = tl.constexpr(weight_layout.TILE_ROWS)
 def row_pages(pt_ptr, start, row_bytes, CHUNK: tl.constexpr, log2p):
     """Per-row page bases of one field region.
 
-    pt_ptr: int32 [max_pages] page-table row of one (block, field); start:
+    pt_ptr: int64 [max_pages] page-table row of one (block, field); start:
     int64 [BN] byte offset of each row inside the field's byte string. A row
     spans at most two pages (page_bytes >= row_bytes, checked by wrappers).
-    Returns (base_a, base_b, brk): int32 word index of the row's first byte in
-    the arena for chunks < brk, and the same for the chunks after the page
-    boundary; chunks are CHUNK bytes and never straddle a page.
+    Returns (base_a, base_b, brk): int64 word index, from the arena's base, of
+    the row's first byte for chunks < brk, and the same for the chunks after
+    the page boundary; chunks are CHUNK bytes and never straddle a page. An
+    entry outside the arena (a host page of a block read in place) gives an
+    index outside it too: the pointer arithmetic is the same.
     """
     page_a = start >> log2p
     page_b = (start + row_bytes - 1) >> log2p

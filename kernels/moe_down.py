@@ -66,7 +66,7 @@ PROJS_PER_EXPERT_C = tl.constexpr(PROJS_PER_EXPERT)
 @triton.jit
 def _group_cost(nf, COSTS: tl.constexpr):
     # COSTS: MoeTiles.down_cost_word, the cost of a group at f fields in byte
-    # f - 1; host-only (0 fields) costs nothing.
+    # f - 1; an absent block (0 fields) costs nothing.
     return tl.where(nf == 1, COSTS & 255, tl.where(nf == 2, (COSTS >> 8) & 255, tl.where(
         nf == 3, (COSTS >> 16) & 255, tl.where(nf == 4, (COSTS >> 24) & 255, tl.where(
             nf >= 5, (COSTS >> 32) & 255, 0)))))
@@ -212,7 +212,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
             hi = ((pid_p + 1) * total // num_p).to(tl.int32)
             begin = tl.load(plan + slot - 1, mask=slot > 0, other=0)
             finish = tl.load(plan + slot)
-            c = (finish - begin) // n_groups  # 0: not active, or a block host-only
+            c = (finish - begin) // n_groups  # 0: not active, or a block absent
             if (c > 0) & (finish > lo) & (begin < hi):
                 # groups whose first unit begin + g c lies in [lo, hi)
                 g0 = tl.maximum(lo - begin + c - 1, 0) // c

@@ -21,9 +21,10 @@ layer and its router (fused_moe_mixed takes x and the routing as inputs).
 Each block (one projection of one expert) is read through the page table at its
 own bitwidth: the kernels read block_fields[block] and branch into a decode
 specialised for that many fields, so blocks at different bits share a launch.
-Blocks with block_fields == 0 (host-only) are skipped: an expert contributes
-only when its three blocks are resident; the caller keeps tokens away from
-host-only experts (or accepts that they contribute nothing).
+Blocks with block_fields == 0 are skipped: an expert contributes only when
+its three blocks are readable. (The weight store never leaves a block so: a
+host-only block's rows name its master's host pages, read in place, at
+NUM_FIELDS fields.)
 """
 
 from __future__ import annotations
@@ -146,18 +147,21 @@ def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: 
 
 # -- plain-torch reference ----------------------------------------------------
 def read_block(weights: PagedWeights, block: int, n: int, k: int) -> list[torch.Tensor]:
-    """The resident fields' byte strings of one block, gathered from pages."""
+    """The fields' byte strings of one block, gathered from arena pages
+    (ValueError for a block read from host pages: WeightStore.read_view reads those)."""
     nf = int(weights.block_fields[block])
     out = []
     for f in range(nf):
         nbytes = field_bytes(f, n, k)
         pages = weights.page_table[block, f, : pages_for(nbytes, weights.storage.shape[1])]
-        out.append(weights.storage[pages.long()].reshape(-1)[:nbytes])
+        if bool(((pages < 0) | (pages >= weights.storage.shape[0])).any()):
+            raise ValueError(f"block {block} is read from host pages, not the arena")
+        out.append(weights.storage[pages].reshape(-1)[:nbytes])
     return out
 
 
 def dequantized_block(weights: PagedWeights, block: int, n: int, k: int) -> torch.Tensor | None:
-    """fp32 [n, k] weights of the block's current view, None when host-only."""
+    """fp32 [n, k] weights of the block's current view, None when absent (0 fields)."""
     fields = read_block(weights, block, n, k)
     return dequantize_view(fields, len(fields), n, k) if fields else None
 

@@ -21,15 +21,17 @@ class PagedWeights:
     """Device view of the weight store (docs/WEIGHT_LAYOUT.md)."""
 
     storage: torch.Tensor  # [num_pages, page_bytes] uint8, the arena
-    page_table: torch.Tensor  # [num_blocks, 5, max_pages] int32, -1 = absent
-    block_fields: torch.Tensor  # [num_blocks] int32, 0 = host-only
+    # [num_blocks, 5, max_pages] int64 page offsets from storage's base: an
+    # arena page, or a host page (pinned, mapped) of a block read in place
+    page_table: torch.Tensor
+    block_fields: torch.Tensor  # [num_blocks] int32 fields the kernels read (0: absent, skipped)
 
 
 @triton.jit
 def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E):
     """The expert in `slot` (0 <= slot < E; a scalar or a vector of slots),
     its first block (gate; up and down follow), the three blocks' resident
-    field counts (0 = host-only) and its range [start, end) of the sorted
+    field counts and its range [start, end) of the sorted
     list. The loads go through the L2 (.cg), so that a launch may issue them
     before its PDL wait (kernels/pdl.py; the down launch does).
 
@@ -65,8 +67,8 @@ def check_weights(weights: PagedWeights, hidden: int, ffn: int, blocks_needed: i
         raise ValueError(f"page_bytes {page_bytes} < widest packed tile {widest_tile} (64 rows): "
                          "tiles would span >2 pages")
 
-    if pt.dtype != torch.int32 or pt.dim() != 3 or pt.shape[1] != NUM_FIELDS or pt.stride(2) != 1:
-        raise ValueError("page_table must be int32 [num_blocks, 5, max_pages] with unit last stride")
+    if pt.dtype != torch.int64 or pt.dim() != 3 or pt.shape[1] != NUM_FIELDS or pt.stride(2) != 1:
+        raise ValueError("page_table must be int64 [num_blocks, 5, max_pages] with unit last stride")
     if bf.dtype != torch.int32 or bf.dim() != 1 or bf.shape[0] != pt.shape[0]:
         raise ValueError("block_fields must be int32 [num_blocks]")
     if pt.shape[0] < blocks_needed:

@@ -43,7 +43,7 @@ def kv_cache_view(storage: torch.Tensor, num_layers: int, block_size: int, kv_he
 
 # max_blocks (the batch's block-table width in an eager step) and layer are
 # not specialized: a width off a multiple of 16 compiled a variant of its own,
-# live, in eager decode steps (while a block is host-only); see also
+# live, in eager decode steps (then taken while a block was host-only); see also
 # default_partitions.
 @triton.jit(do_not_specialize=["max_blocks", "layer"])
 def _decode_kernel(

@@ -275,18 +275,18 @@ def place_blocks(fields: list[list[torch.Tensor]], resident: list[int], storage:
     """Writes each block's first ``resident[b]`` fields into pages of ``storage``.
 
     fields[b]: the block's five byte strings; alloc(n) -> n free page indices
-    (e.g. dataplane Arena.alloc bound to a tag). Returns (page_table int32
+    (e.g. dataplane Arena.alloc bound to a tag). Returns (page_table int64
     [num_blocks, 5, max_pages], block_fields int32 [num_blocks]) on storage's
     device; absent entries are -1.
     """
     page_bytes = storage.shape[1]
     max_pages = max((pages_for(f.numel(), page_bytes) for blk in fields for f in blk), default=1)
-    table = torch.full((len(fields), NUM_FIELDS, max_pages), -1, dtype=torch.int32)
+    table = torch.full((len(fields), NUM_FIELDS, max_pages), -1, dtype=torch.int64)
     for b, (blk, nf) in enumerate(zip(fields, resident)):
         for f in range(nf):
             pages = alloc(pages_for(blk[f].numel(), page_bytes))
             write_field_pages(storage, pages, blk[f].to(storage.device))
-            table[b, f, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            table[b, f, : len(pages)] = torch.tensor(pages, dtype=torch.int64)
     counts = torch.tensor(resident, dtype=torch.int32)
     return table.to(storage.device), counts.to(storage.device)
 

@@ -377,7 +377,7 @@ class PrecisionController:
                 predicted_quality_cost=self._quality_cost,
                 demotions=now.demotions - last.demotions,
                 promotions=now.promotions - last.promotions,
-                host_fetches=now.host_fetches - last.host_fetches,
-                host_fetch_stall_us=now.host_fetch_stall_us - last.host_fetch_stall_us,
+                host_reads=now.host_reads - last.host_reads,
+                host_read_bytes=now.host_read_bytes - last.host_read_bytes,
                 plan_id=self.plan_id,
             )

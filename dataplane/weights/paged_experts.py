@@ -116,14 +116,15 @@ class PagedExperts(nn.Module):
             )
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             # Inside a CUDA-graph capture (dataplane/cuda_graphs.py): no host
-            # work here. The graph runner replays only while every block is
-            # resident, polls the store before and touches the routed blocks
-            # after each replay (ModelRunner.touch_routed).
+            # work here. The graph runner polls the store before and records
+            # the routed blocks' use after each replay (ModelRunner.touch_routed).
             return self._forward_fused(x, topk_ids, topk_weights)
         self.store.poll()  # commit promotions whose copies have landed
-        if self.fused_kernel and self.store.all_resident:
-            # Nothing to fetch: no host sync in this layer. The runner touches
-            # the routed blocks from the step's routing counts (ModelRunner.touch_routed).
+        if self.fused_kernel:
+            # The kernels read every block through the page table, host-only
+            # ones in place from the host: no host sync in this layer. The
+            # runner records the routed blocks' use from the step's routing
+            # counts (ModelRunner.touch_routed).
             return self._forward_fused(x, topk_ids, topk_weights)
         out = torch.zeros_like(x)  # [T, H]
         if x.shape[0] == 0:
@@ -131,33 +132,26 @@ class PagedExperts(nn.Module):
         experts = torch.unique(topk_ids).tolist()
         if experts[0] < 0 or experts[-1] >= self.num_experts:
             raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {experts[0]}..{experts[-1]}")
-        blocks = [self.block(e, p) for e in experts for p in range(NUM_PROJ)]
-        self.store.recency.touch(blocks)
-        # Host-only blocks are fetched at the master view for this layer only
-        # (WeightStore.host_only_served); any left on the host (no free pages)
-        # are decoded from the host copy by the per-expert path.
-        with self.store.host_only_served(blocks) as still_on_host:
-            if self.fused_kernel and not still_on_host:
-                return self._forward_fused(x, topk_ids, topk_weights)
-            for e in experts:
-                tok, pos = torch.where(topk_ids == e)  # [t_e], [t_e]
-                xe = x[tok]  # [t_e, H]
-                gate = xe @ self.weight(e, PROJ_GATE, x.dtype).T  # [t_e, F]
-                up = xe @ self.weight(e, PROJ_UP, x.dtype).T  # [t_e, F]
-                y = (F.silu(gate) * up) @ self.weight(e, PROJ_DOWN, x.dtype).T  # [t_e, H]
-                out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
+        self.store.record_use(self.block(e, p) for e in experts for p in range(NUM_PROJ))
+        # Host-only blocks are decoded from their host master (WeightStore.read_view).
+        for e in experts:
+            tok, pos = torch.where(topk_ids == e)  # [t_e], [t_e]
+            xe = x[tok]  # [t_e, H]
+            gate = xe @ self.weight(e, PROJ_GATE, x.dtype).T  # [t_e, F]
+            up = xe @ self.weight(e, PROJ_UP, x.dtype).T  # [t_e, F]
+            y = (F.silu(gate) * up) @ self.weight(e, PROJ_DOWN, x.dtype).T  # [t_e, H]
+            out.index_add_(0, tok, (y * topk_weights[tok, pos].unsqueeze(-1)).to(x.dtype))
         return out
 
     def entry_ready(self, num_tokens: int, top_k: int, gate_weight: torch.Tensor) -> bool:
-        """ExpertsWithEntry: the fused kernel and entry are on, kernels/moe_entry.py
-        applies to these sizes, and every block is resident (not asked inside
-        a CUDA-graph capture, whose replays the runner gates on residency)."""
+        """ExpertsWithEntry: the fused kernel and entry are on and
+        kernels/moe_entry.py applies to these sizes (host-only blocks too: the
+        kernels read them in place)."""
         if not (self.fused_kernel and self.fused_entry and moe_entry_suits(num_tokens, top_k, gate_weight)):
             return False
-        if gate_weight.is_cuda and torch.cuda.is_current_stream_capturing():
-            return True
-        self.store.poll()  # commit promotions whose copies have landed
-        return self.store.all_resident
+        if not (gate_weight.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self.store.poll()  # commit promotions whose copies have landed
+        return True
 
     def forward_from_residual(self, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                               eps: float, gate_weight: torch.Tensor, top_k: int,
@@ -176,7 +170,7 @@ class PagedExperts(nn.Module):
         return PagedWeights(storage, self.store.page_table, self.store.block_fields)
 
     def _forward_fused(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """The fused kernel over the arena; every routed block is resident (checked by the caller)."""
+        """The fused kernel over the arena and, for host-only blocks, their host masters."""
         out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts,
                               self.ffn_size, counters=self.counters, tuning=self.moe_tuning,
                               pdl=self.pdl)  # [T, H] float32

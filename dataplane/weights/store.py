@@ -5,10 +5,15 @@ Mechanism only (policy — which block to move and when — lives elsewhere).
 Contracts:
 * The host keeps every field of every block (pinned memory on a GPU); the
   arena holds the leading fields of each block's current view.
-* ``page_table`` int32 [num_blocks, NUM_FIELDS, max_pages] and ``block_fields``
+* ``page_table`` int64 [num_blocks, NUM_FIELDS, max_pages] and ``block_fields``
   int32 [num_blocks] are persistent tensors on the arena's device (kernels
-  read them; they are updated in place, never reallocated). Entries of
-  fields at or beyond ``block_fields[b]`` are -1.
+  read them; they are updated in place, never reallocated). An entry is a
+  page offset from the arena's base: 0 <= entry < num_pages for an arena
+  page, anything else a host page of the block's master copy (pinned on a
+  GPU, mapped into the device's address space; docs/WEIGHT_LAYOUT.md, "Host
+  pages"). ``block_fields[b]`` is the field count kernels read: the
+  resident fields, or NUM_FIELDS for a host-only block, whose rows name its
+  host pages. Other entries are -1.
 * Every arena page a block holds is tagged ``PageTag("weight", bits)`` with
   the block's committed bits; pages of an in-flight promotion are tagged with
   its target bits.
@@ -18,19 +23,17 @@ Contracts:
   nothing), starts the host copy on the copy engine, and commits only when the
   copy is complete (``poll``/``sync``/readers), writing the page-table rows
   first and ``block_fields`` last. Until then readers see the old bits.
-* A host-only block (bits 0) has no arena pages and is served at the master
-  (8-bit) view: ``host_only_served`` fetches it into arena pages for one use
-  and frees them after (counted and timed as a stall), readers of a block
-  left on the host decode the master from the host copy. So host-only costs
-  fetch time, never quality, and never holds pages past its use.
+* A host-only block (bits 0) holds no arena pages and is served at the
+  master (8-bit) view read in place from the host: the MoE kernels follow its
+  host rows (zero-copy over PCIe, also inside CUDA graphs), ``read_view``
+  copies the master from the host. So host-only costs read time, never
+  quality, and never holds arena pages. ``record_use`` counts those reads.
 * Not thread-safe: one engine thread drives it.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +54,6 @@ from dataplane.weights.layout import (
 )
 from dataplane.weights.recency import BlockRecency
 
-_NS_PER_US = 1000
 HOST_ONLY_FIELDS = 0  # resident field count of a host-only block
 
 
@@ -61,11 +63,10 @@ class WeightCounters:
 
     demotions: int = 0
     promotions: int = 0  # committed promotions, on-demand fetches excluded
-    bytes_promoted: int = 0  # host -> arena bytes (promotions and fetches), page-rounded
+    bytes_promoted: int = 0  # host -> arena bytes, page-rounded
     bytes_demoted: int = 0  # arena bytes released by demotions, page-rounded
-    host_fetches: int = 0  # host-only blocks fetched for one use (host_only_served)
-    host_fetch_stall_us: int = 0  # time the forward waited for those fetches
-    fetch_failures: int = 0  # such fetches with no free pages (read from the host instead)
+    host_reads: int = 0  # uses of host-only blocks (each read in place from the host; record_use)
+    host_read_bytes: int = 0  # master bytes those uses read over the host link
 
 
 @dataclass
@@ -74,7 +75,6 @@ class _Pending:
     pages: dict[int, list[int]]  # new field -> its arena pages
     handle: CopyHandle
     nbytes: int
-    on_demand: bool
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ class WeightStore:
         self.device = arena.device
         self.page_bytes = arena.page_bytes
         self._copy = copy_engine if copy_engine is not None else default_copy_engine(self.device)
-        self._host_pool = HostPagePool(self.page_bytes, pin=self.device.type == "cuda")
+        self._host_pool = HostPagePool(self.page_bytes, pin=self.device.type == "cuda",
+                                       align_to=arena.storage.data_ptr())
         self._shapes: list[tuple[int, int]] = []
         self._num_pages: list[list[int]] = []  # [block][field] -> pages of the field when resident
         self._host: list[list[torch.Tensor]] = []  # [block][field] -> uint8 [pages, page_bytes], zero-padded
@@ -115,8 +116,10 @@ class WeightStore:
             raise ValueError("the weight store needs at least one block")
         max_pages = max(max(row) for row in self._num_pages)
         num = len(self._shapes)
+        # [blocks, fields, max_pages] the page-table rows of each block's master on the host
+        self._host_rows = self._master_rows(max_pages)
         self.page_table = torch.full(
-            (num, NUM_FIELDS, max_pages), -1, dtype=torch.int32, device=self.device
+            (num, NUM_FIELDS, max_pages), -1, dtype=torch.int64, device=self.device
         )  # [blocks, fields, max_pages]
         self.block_fields = torch.zeros(num, dtype=torch.int32, device=self.device)  # [blocks]
         self._pages: list[list[list[int]]] = [[[] for _ in range(NUM_FIELDS)] for _ in range(num)]
@@ -135,6 +138,27 @@ class WeightStore:
         pages.view(-1)[: data.numel()].copy_(data)
         return pages
 
+    def _master_rows(self, max_pages: int) -> torch.Tensor:
+        """int64 [blocks, fields, max_pages] on the device: the page offsets of
+        each master field's host pages from the arena's base (-1 past the
+        field's pages). An offset inside [0, num_pages) would alias the arena;
+        the address spaces of the two never overlap, which this checks."""
+        rows = torch.full((self.num_blocks, NUM_FIELDS, max_pages), -1, dtype=torch.int64)
+        for b in range(self.num_blocks):
+            for f in range(NUM_FIELDS):
+                first = self._host_pool.page_offset(self._host[b][f])
+                n = self._num_pages[b][f]
+                if first + n > -1 and first < self.arena.num_pages:
+                    raise RuntimeError(f"host pages of block {b} overlap the arena's page range")
+                rows[b, f, :n] = torch.arange(first, first + n)
+        return rows.to(self.device)
+
+    def _show_master(self, block: int) -> None:
+        """Points the kernels at the block's master on the host (it holds no
+        arena pages): every field's rows, then block_fields, in stream order."""
+        self.page_table[block] = self._host_rows[block]
+        self.block_fields[block : block + 1] = NUM_FIELDS
+
     def _place_initial(self, initial_bits: int | Sequence[int]) -> None:
         bits = [initial_bits] * self.num_blocks if isinstance(initial_bits, int) else list(initial_bits)
         if len(bits) != self.num_blocks:
@@ -145,6 +169,8 @@ class WeightStore:
         for b, x in enumerate(bits):
             if x != HOST_ONLY_BITS:
                 self.promote(b, x)
+            else:
+                self._show_master(b)
         self.sync()
         self.counters = WeightCounters()  # loading is not a transition
 
@@ -154,9 +180,9 @@ class WeightStore:
         return len(self._shapes)
 
     @property
-    def all_resident(self) -> bool:
-        """No block is host-only (a kernel can read every block from the arena)."""
-        return self._host_only == 0
+    def host_only_blocks(self) -> int:
+        """Blocks with no arena pages (served from the host)."""
+        return self._host_only
 
     def _set_fields(self, block: int, fields: int) -> None:
         """The one place resident field counts change (keeps the host-only count)."""
@@ -219,7 +245,7 @@ class WeightStore:
         return dict(sorted((k, v) for k, v in out.items() if v))
 
     # -- transitions -------------------------------------------------------------
-    def promote(self, block: int, bits: int, *, on_demand: bool = False) -> int:
+    def promote(self, block: int, bits: int) -> int:
         """Starts copying the missing fields of ``block`` up to ``bits``; returns the bytes to copy.
 
         Raises OutOfPages (nothing changed) when the arena lacks the pages. An
@@ -248,7 +274,7 @@ class WeightStore:
         except BaseException:
             self.arena.free(allocated)  # nothing was committed: give the pages back
             raise
-        self._pending[block] = _Pending(target, by_field, handle, nbytes, on_demand)
+        self._pending[block] = _Pending(target, by_field, handle, nbytes)
         return nbytes
 
     def _copies_for(self, block: int, f: int, pages: list[int]) -> list[Copy]:
@@ -296,6 +322,8 @@ class WeightStore:
         self.arena.free(dropped)
         if target:
             self.arena.retag(self.resident_pages(block), PageTag("weight", bits_for_fields(target)))
+        else:
+            self._show_master(block)
         self._version[block] += 1
         return len(dropped) * self.page_bytes
 
@@ -330,6 +358,10 @@ class WeightStore:
 
     def _commit(self, block: int) -> None:
         pending = self._pending.pop(block)
+        if self._fields[block] == HOST_ONLY_FIELDS:
+            # Off the host: rows past the new view stop naming master pages
+            # (never read: block_fields bounds the reads, but -1 is the contract).
+            self.page_table[block, pending.fields :] = -1
         for f, pages in pending.pages.items():
             self.page_table[block, f, : len(pages)].copy_(self._host_ints(pages), non_blocking=True)
             self._pages[block][f] = pages
@@ -341,49 +373,24 @@ class WeightStore:
             self.arena.retag(old, PageTag("weight", bits))
         self._version[block] += 1
         self.counters.bytes_promoted += pending.nbytes
-        if not pending.on_demand:
-            self.counters.promotions += 1
+        self.counters.promotions += 1
 
-    # -- on-demand fetch -----------------------------------------------------------------
-    @contextmanager
-    def host_only_served(self, blocks: Iterable[int]) -> Iterator[list[int]]:
-        """Serves the host-only blocks among ``blocks`` at the master view for one use.
+    # -- uses ------------------------------------------------------------------------
+    def record_use(self, blocks: Iterable[int]) -> None:
+        """One use of each of ``blocks`` (a step's routed blocks): recency for
+        the controller's fallback walk, and the host-only ones counted as
+        reads over the host link (``host_reads`` / ``host_read_bytes``)."""
+        blocks = list(blocks)
+        self.recency.touch(blocks)
+        for b in blocks:
+            if self._fields[b] == HOST_ONLY_FIELDS:
+                self.counters.host_reads += 1
+                self.counters.host_read_bytes += self.master_bytes(b)
 
-        On entry: fetches them into arena pages at the ceiling view and waits
-        (counted in ``host_fetches`` / ``host_fetch_stall_us``); an in-flight
-        promotion of one of them is committed instead. Yields the blocks that
-        stay host-only because the arena had no free pages (readers decode
-        those from the host copy, also at the master view). On exit the
-        fetched blocks are host-only again and their pages free: readers
-        enqueued before then still read them, as a later copy into those pages
-        waits for the issuing stream (CopyEngine) and the KV writes run on it.
-        """
-        cold = sorted({b for b in blocks if self._fields[b] == HOST_ONLY_FIELDS})
-        for b in cold:
-            self._finish(b)
-        cold = [b for b in cold if self._fields[b] == HOST_ONLY_FIELDS]
-        if not cold:
-            yield []
-            return
-        start = time.perf_counter_ns()
-        fetched: list[int] = []
-        failed: list[int] = []
-        for b in cold:
-            try:
-                self.promote(b, VIEW_BITS[-1], on_demand=True)
-                fetched.append(b)
-            except OutOfPages:
-                failed.append(b)
-        for b in fetched:
-            self._finish(b)
-        self.counters.host_fetches += len(fetched)
-        self.counters.fetch_failures += len(failed)
-        self.counters.host_fetch_stall_us += (time.perf_counter_ns() - start) // _NS_PER_US
-        try:
-            yield failed
-        finally:
-            for b in fetched:
-                self._drop_fields(b, HOST_ONLY_FIELDS)
+    def master_bytes(self, block: int) -> int:
+        """Bytes a kernel reads for one use of ``block`` at the master view."""
+        n, k = self._shapes[block]
+        return sum(field_size(n, k, f).code_bytes for f in range(NUM_FIELDS)) + field_size(n, k, NUM_FIELDS - 1).scale_bytes
 
     # -- readers ----------------------------------------------------------------------
     def read_view(self, block: int) -> BlockView:

@@ -142,10 +142,10 @@ def test_decode_rows_refuses_prefill_steps() -> None:
     too_long = DecodeRows([1], [0], [0], [[0] * (graphs.max_blocks + 1)])
     assert not graphs.can_replay(too_long)
     assert graphs.can_replay(DecodeRows([1], [0], [0], [[0]]))
-    # A host-only block forbids replays (a graph cannot fetch it on demand).
+    # A host-only block does not: the kernels read it in place from the host.
     store = built.precision.store
     store.set_host_only(0)
-    assert not graphs.can_replay(DecodeRows([1], [0], [0], [[0]]))
+    assert graphs.can_replay(DecodeRows([1], [0], [0], [[0]]))
 
 
 def test_runner_touches_routed_experts_after_a_step() -> None:
@@ -162,6 +162,10 @@ def test_runner_touches_routed_experts_after_a_step() -> None:
     assert all(store.recency.last_access(b) > before for b in hit)
     others = set(range(store.num_blocks)) - set(hit)
     assert all(store.recency.last_access(b) <= before for b in others)
+    assert store.counters.host_reads == 0
+    store.set_host_only(hit[2])  # the routed expert's down block, now read from the host
+    runner.touch_routed(routed)
+    assert store.counters.host_reads == 1 and store.counters.host_read_bytes == store.master_bytes(hit[2])
 
 
 def _demote_mixed(built) -> None:
@@ -174,8 +178,10 @@ def _demote_mixed(built) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
-    """Same greedy tokens with and without graphs, at 8 bits and after demoting
-    in place to mixed bits (the captured graphs must read the new tables)."""
+    """Same greedy tokens with and without graphs, at 8 bits, after demoting
+    in place to mixed bits (the captured graphs must read the new tables),
+    and with every fifth block host-only: read in place from pinned host
+    memory, the same tokens as those blocks resident at their master view."""
     outs = []
     with_logprobs = []
     for graphs_on in (False, True):
@@ -188,14 +194,26 @@ def test_cuda_graph_decode_matches_eager_on_gpu() -> None:
             with_logprobs.append(_generate_with_logprobs(built.engine, f"l{graphs_on}", 3))
             _demote_mixed(built)
             mixed = _generate(built.engine, f"m{graphs_on}")
+            store = built.precision.store
+            on_host = list(range(0, store.num_blocks, 5))
+            built.engine.run_on_engine_thread(lambda: [store.set_host_only(b) for b in on_host])
+            host = _generate(built.engine, f"h{graphs_on}")
+            assert store.counters.host_reads > 0
+
+            def master_resident() -> None:
+                for b in on_host:
+                    store.promote(b, 8)
+                store.sync()
+
+            built.engine.run_on_engine_thread(master_resident)
+            assert _generate(built.engine, f"r{graphs_on}") == host
         finally:
             built.engine.stop()
-        outs.append((at_8, mixed))
+        outs.append((at_8, mixed, host))
         if graphs_on:
             graphs = built.engine.runner.graphs
             assert graphs is not None and graphs.captures >= 1 and graphs.replays >= 3 * (NEW_TOKENS - 1)
-    assert outs[0][0] == outs[1][0]
-    assert outs[0][1] == outs[1][1]
+    assert outs[0] == outs[1]
     assert outs[0][0] != outs[0][1]  # the demotion changed the model
     for (tokens_eager, eager), (tokens_graph, graph) in zip(*with_logprobs):
         assert tokens_graph == tokens_eager

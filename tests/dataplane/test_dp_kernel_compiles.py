@@ -71,9 +71,9 @@ def _config(model: str, **overrides) -> DataplaneConfig:
 
 def test_compiles_after_the_warm_up_are_counted_published_and_logged(random_ckpt, monkeypatch, no_hook,
                                                                      caplog) -> None:
-    def warm_up_that_compiles(engine, rounds, timeout_s, host_only=None):
+    def warm_up_that_compiles(engine, rounds, timeout_s):
         triton_compiles("_moe_gate_up_kernel")  # during the warm-up: expected, zeroed with the counters
-        return real_warm_up(engine, rounds, timeout_s, host_only)
+        return real_warm_up(engine, rounds, timeout_s)
 
     monkeypatch.setattr("dataplane.app.warm_up", warm_up_that_compiles)
     dataplane = Dataplane(_config(str(random_ckpt), warm_up=True))

@@ -17,9 +17,8 @@ from dataplane.engine_builder import build, build_engine
 from dataplane.engine_io import QueueSink
 from dataplane.kv_cache import blocks_for_tokens
 from dataplane.sampling_params import SamplingParams
-from dataplane.warmup import (BUCKET_DECODE_TOKENS, MIXED_DECODE_TOKENS, MIXED_PREFILL_STEPS, HostOnlyBlock,
-                              WarmupRound, engine_warmup_rounds, warm_up, warmup_rounds)
-from dataplane.weights.layout import HOST_ONLY_BITS
+from dataplane.warmup import (BUCKET_DECODE_TOKENS, MIXED_DECODE_TOKENS, MIXED_PREFILL_STEPS, WarmupRound,
+                              engine_warmup_rounds, warm_up, warmup_rounds)
 
 TIMEOUT_S = 120
 
@@ -42,18 +41,8 @@ def test_rounds_cover_prefill_sizes_buckets_and_mixed_steps() -> None:
     assert sum(mixed.prompt_lengths) >= MIXED_PREFILL_STEPS * 100 - 8
 
 
-def test_host_only_rounds_take_one_step_per_power_of_two_token_count() -> None:
-    plain = _rounds()
-    rounds = _rounds(host_only_rounds=True)
-    assert [r for r in rounds if not r.host_only] == plain
-    host_only = [r for r in rounds if r.host_only]
-    assert [r.prompt_lengths for r in host_only] == [(1,), (2,), (4,), (8,), (16,), (32,), (64,), (100,)]
-    assert {r.max_tokens for r in host_only} == {1}
-    assert not any(r.host_only for r in plain)
-
-
 def test_rounds_respect_context_kv_room_and_pending_limit() -> None:
-    rounds = _rounds(context_length=40, kv_tokens=48, max_pending_requests=3, host_only_rounds=True)
+    rounds = _rounds(context_length=40, kv_tokens=48, max_pending_requests=3)
     for r in rounds:
         assert len(r.prompt_lengths) <= 3
         assert all(1 <= n <= 40 - 1 - MIXED_DECODE_TOKENS for n in r.prompt_lengths)
@@ -94,35 +83,6 @@ def test_warm_up_runs_through_the_engine_and_leaves_no_counts(random_ckpt) -> No
         stats = engine.stats()
         assert stats.generated_tokens_total == 3 and stats.prompt_tokens_total == 4
         assert engine.drain_routing()[0].sum() > 0
-    finally:
-        engine.stop()
-
-
-def test_host_only_rounds_run_with_the_block_on_the_host_and_restore_it(random_ckpt, monkeypatch) -> None:
-    built = build(_config(str(random_ckpt), expert_precision="paged"))
-    store = built.precision.store
-    engine = built.engine
-    engine.start()
-    try:
-        host_only = HostOnlyBlock(engine, store)
-        bits_before = store.bits(host_only.block)
-        assert bits_before > HOST_ONLY_BITS and store.all_resident
-        seen: list[tuple[int, bool]] = []  # (the block's bits, all resident) as each host-only round starts
-        hold = HostOnlyBlock.hold
-
-        def watched_hold(self) -> None:
-            hold(self)
-            seen.append(engine.run_on_engine_thread(lambda: (store.bits(self.block), store.all_resident)))
-
-        monkeypatch.setattr(HostOnlyBlock, "hold", watched_hold)
-        rounds = engine_warmup_rounds(engine, host_only_rounds=True)
-        report = warm_up(engine, rounds, TIMEOUT_S, host_only)
-        assert seen == [(HOST_ONLY_BITS, False)] * sum(r.host_only for r in rounds) and seen
-        assert report.requests == sum(len(r.prompt_lengths) for r in rounds)
-        assert store.bits(host_only.block) == bits_before and store.all_resident
-        assert engine.stats().steps_total == 0  # the counters are zeroed after the host-only rounds too
-        with pytest.raises(ValueError, match="HostOnlyBlock"):
-            warm_up(engine, rounds, TIMEOUT_S)
     finally:
         engine.stop()
 

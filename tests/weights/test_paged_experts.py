@@ -114,15 +114,16 @@ def test_mixed_bits_in_one_step_match_per_block_reference(quantized) -> None:
     free_pages, transitions = store.arena.free_pages, (store.counters.demotions, store.counters.promotions)
     for layer in range(LAYERS):
         got = model.layers[layer].experts(x, ids, w)
-        # Host-only blocks that received tokens were served at the master view.
+        # Host-only blocks that received tokens were read at the master view from the host.
         mats = {b: decode(blk, store.bits(b) or 8) for b, blk in encoded.items()}
         assert torch.allclose(got, _reference(mats, layer, x, ids, w), rtol=1e-4, atol=1e-5)
     hit = {block_index(l, int(e), p, E) for l in range(LAYERS) for e in ids.unique() for p in range(3)}
     host_only_hit = [b for b in hit if plan[b % len(plan)] == 0]
-    assert host_only_hit and store.counters.host_fetches == len(host_only_hit)
-    # ... for that use only: they hold no pages after it.
+    assert host_only_hit and store.counters.host_reads == len(host_only_hit)
+    assert store.counters.host_read_bytes == sum(store.master_bytes(b) for b in host_only_hit)
+    # ... in place: they take no pages.
     assert all(store.bits(b) == 0 for b in host_only_hit) and store.arena.free_pages == free_pages
-    assert (store.counters.demotions, store.counters.promotions) == transitions  # fetches are not transitions
+    assert (store.counters.demotions, store.counters.promotions) == transitions  # reads are not transitions
     assert all(store.recency.last_access(b) > 0 for b in hit)
 
 

@@ -100,3 +100,39 @@ def test_moe_block_entry_launch_matches_the_unfused_block():
     torch.testing.assert_close(stats.prob_mass, want_stats.prob_mass, rtol=1e-3, atol=1e-3)
     err = (out.float() - want_out.float()).norm() / want_out.float().norm()
     assert err < 1e-2, f"relative error {err:.3g}"
+
+
+def test_fused_reads_host_only_blocks_in_place_at_the_master_view():
+    # Experts 1 and 3 host-only: the kernels follow their page-table rows to
+    # the master on the host (pinned and mapped on a GPU; plain host memory in
+    # the interpreter) and must compute what the same blocks resident at
+    # 8 bits give, with no arena page held for them.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(8)
+    shapes = [(FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)]
+    blocks = [encode(torch.randn(*shapes[p], generator=gen) * 0.05) for _ in range(EXPERTS) for p in range(NUM_PROJ)]
+    x = torch.randn(TOKENS, HIDDEN, generator=gen).to(device)
+    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(TOKENS)]).to(device)
+    weights = torch.softmax(torch.randn(TOKENS, TOP_K, generator=gen), -1).to(device)
+    outputs = []
+    for host_bits in (0, 8):
+        bits = [host_bits if e in (1, 3) else BITS_BY_EXPERT[e] for e in range(EXPERTS) for _ in range(NUM_PROJ)]
+        arena = Arena(256, PAGE_BYTES, device=device)
+        arena.storage.fill_(0xFF)  # unwritten bytes read as NaN
+        store = WeightStore(arena, blocks, initial_bits=bits)
+        fused = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False)
+        outputs.append(fused(x, ids, weights))
+        if host_bits == 0:
+            assert store.host_only_blocks == 2 * NUM_PROJ and {1, 3} <= set(ids.flatten().tolist())
+            assert arena.free_pages == arena.num_pages - sum(store.block_pages(b, x) for b, x in enumerate(bits))
+            plain = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=False, cache_decoded=False)
+            want = plain(x, ids, weights)
+            assert store.counters.host_reads == 2 * NUM_PROJ  # the plain path's use; the fused one's is the runner's
+            err = (outputs[0].float() - want.float()).norm() / want.float().norm()
+            assert err < REL_TOL, f"relative error {err:.3g}"
+    on_host, resident = outputs
+    assert torch.isfinite(on_host).all()
+    if device == "cpu":
+        assert torch.equal(on_host, resident)
+    else:  # the down launch's atomic adds land in a different order per call
+        torch.testing.assert_close(on_host, resident, rtol=1e-3, atol=1e-5)

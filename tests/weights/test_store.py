@@ -1,7 +1,10 @@
-"""WeightStore: placement, transitions, accounting, on-demand fetch."""
+"""WeightStore: placement, transitions, accounting, host-only blocks."""
 
 from __future__ import annotations
 
+import ctypes
+
+import numpy as np
 import pytest
 import torch
 
@@ -127,50 +130,60 @@ def test_out_of_pages_promotion_changes_nothing(blocks) -> None:
     assert store.pending_bits(0) is None and store.counters.promotions == 0
 
 
-def test_host_only_served_at_the_master_view_for_one_use(blocks) -> None:
+def _bytes_at(address: int, n: int) -> torch.Tensor:
+    """uint8 [n]: host memory at a raw address (what a kernel following the
+    page table there reads)."""
+    return torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(address)).copy())
+
+
+def test_host_only_block_names_its_master_pages_on_the_host(blocks) -> None:
     arena = arena_for(200, PAGE)
     store = WeightStore(arena, blocks, initial_bits=4)
     free_before = arena.free_pages
     freed = store.set_host_only(1)
-    assert store.bits(1) == 0 and store.block_fields[1].item() == 0
+    assert store.bits(1) == 0 and store.host_only_blocks == 1 and store.block_fields[1].item() == NUM_FIELDS
     assert arena.free_pages == free_before + freed // PAGE and store.resident_pages(1) == []
-    assert (store.page_table[1] == -1).all()
-    assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 0))  # the master, from the host
-    free = arena.free_pages
-    with store.host_only_served([0, 1, 2]) as failed:
-        assert failed == [] and store.bits(1) == 8 and store.block_fields[1].item() == NUM_FIELDS
-        assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 8))  # through the page table
-        assert arena.free_pages == free - _pages_at(8, 256, NUM_FIELDS)
-    assert store.bits(1) == 0 and arena.free_pages == free and (store.page_table[1] == -1).all()
-    assert store.counters.host_fetches == 1 and store.counters.promotions == store.counters.demotions - 1 == 0
-    assert store.counters.host_fetch_stall_us >= 0
-    assert store.counters.bytes_promoted == _pages_at(8, 256, NUM_FIELDS) * PAGE
-    with store.host_only_served([1]):
-        pass
-    assert store.counters.host_fetches == 2  # each use fetches again
+    base = arena.storage.data_ptr()
+    n, k = SHAPES[1]
+    for f in range(NUM_FIELDS):
+        row = store.page_table[1, f]
+        used = pages_for(field_size(n, k, f).total, PAGE)
+        entries = row[:used].tolist()
+        assert all(e < 0 or e >= arena.num_pages for e in entries)  # never an arena page
+        assert entries == list(range(entries[0], entries[0] + used)) and (row[used:] == -1).all()
+        got = torch.cat([_bytes_at(base + e * PAGE, PAGE) for e in entries])[: field_size(n, k, f).total]
+        assert torch.equal(got, store.field_bytes(1, f))  # the master's bytes, where the table says
+    assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 8))  # the master, from the host
 
 
-def test_host_only_served_from_the_host_without_pages(blocks) -> None:
+def test_promoting_a_host_only_block_drops_its_host_rows(blocks) -> None:
     arena = arena_for(200, PAGE)
-    store = WeightStore(arena, blocks, initial_bits=8)
+    store = WeightStore(arena, blocks, initial_bits=[8, 0, 2])
+    assert store.host_only_blocks == 1 and store.block_fields.tolist() == [5, 5, 1]
+    store.promote(1, 3)
+    assert store.block_fields[1].item() == NUM_FIELDS  # readers see the master until the commit
+    store.sync()
+    assert store.host_only_blocks == 0 and store.block_fields[1].item() == 2
+    assert all(0 <= p < arena.num_pages for p in store.resident_pages(1))
+    assert (store.page_table[1, 2:] == -1).all()
+    assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 3))
+    store.demote(0, 2)
     store.set_host_only(0)
-    kv = arena.alloc(arena.free_pages, KV_TAG)
-    with store.host_only_served([0]) as failed:
-        assert failed == [0]
-        assert store.bits(0) == 0 and torch.equal(store.decode(0)[1], expected_view(blocks[0], 8))
-    assert store.counters.fetch_failures == 1 and store.counters.host_fetches == 0
-    arena.free(kv)
+    assert store.host_only_blocks == 1 and store.block_fields[0].item() == NUM_FIELDS
+    assert store.counters.promotions == 1 and store.counters.demotions == 2
 
 
-def test_host_only_served_releases_its_pages_when_the_reader_fails(blocks) -> None:
-    arena = arena_for(200, PAGE)
-    store = WeightStore(arena, blocks, initial_bits=8)
-    store.set_host_only(2)
-    free = arena.free_pages
-    with pytest.raises(RuntimeError, match="reader"):
-        with store.host_only_served([2]):
-            raise RuntimeError("reader failed")
-    assert store.bits(2) == 0 and arena.free_pages == free
+def test_record_use_counts_reads_of_host_only_blocks(blocks) -> None:
+    store = WeightStore(arena_for(200, PAGE), blocks, initial_bits=[8, 0, 0])
+    store.record_use([0, 1, 2])
+    store.record_use([1])
+    n1, k1 = SHAPES[1]
+    n2, k2 = SHAPES[2]
+    master = [sum(field_size(n, k, f).code_bytes for f in range(NUM_FIELDS))
+              + field_size(n, k, NUM_FIELDS - 1).scale_bytes for n, k in ((n1, k1), (n2, k2))]
+    assert store.counters.host_reads == 3
+    assert store.counters.host_read_bytes == 2 * master[0] + master[1] == 2 * store.master_bytes(1) + store.master_bytes(2)
+    assert store.recency.last_access(1) == 2 and store.recency.last_access(0) == 1
 
 
 def test_footprint_and_recency(blocks) -> None:
@@ -198,21 +211,6 @@ def test_store_rejects_bad_construction(blocks) -> None:
         WeightStore(arena_for(100, PAGE), blocks, initial_bits=5)
     with pytest.raises(ValueError, match="entries for 3 blocks"):
         WeightStore(arena_for(100, PAGE), blocks, initial_bits=[8, 8])
-
-
-def test_all_resident_follows_host_only_blocks(blocks) -> None:
-    store = WeightStore(arena_for(200, PAGE), blocks, initial_bits=[8, 0, 2])
-    assert not store.all_resident  # block 1 starts host-only
-    store.promote(1, 3)
-    store.sync()
-    assert store.all_resident
-    store.set_host_only(2)
-    store.demote(0, 2)
-    assert not store.all_resident
-    store.promote(2, 2)
-    assert not store.all_resident  # in flight: not committed yet
-    store.sync()
-    assert store.all_resident
 
 
 class _NoElementWrites(torch.Tensor):
@@ -263,26 +261,3 @@ def test_transitions_on_cuda_never_wait_for_the_stream(blocks) -> None:
         fields = store.block_fields[b].item()
         assert (store.page_table[b, fields:] == -1).all()
         assert torch.equal(store.decode(b)[1], decode(blocks[b], store.bits(b)).to(store.decode(b)[1].device))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_host_only_served_on_cuda_reuses_freed_pages_in_stream_order(blocks) -> None:
-    """Two host-only blocks served one after the other take the same free
-    pages; what a reader enqueued during the first use read is the first
-    block's master view, though the second fetch overwrote those pages (the
-    copy engine waits for the issuing stream)."""
-    arena = Arena(200, PAGE, device=torch.device("cuda"))
-    store = WeightStore(arena, blocks, initial_bits=8)
-    store.set_host_only(0)
-    store.set_host_only(2)
-    reads, pages = [], []
-    for b in (0, 2):
-        with store.host_only_served([b]) as failed:
-            assert failed == []
-            pages.append(set(store.resident_pages(b)))
-            reads.append(store.decode(b)[1])  # enqueued on the stream, read later
-    torch.cuda.synchronize()
-    assert pages[0] & pages[1]  # the second fetch overwrote pages the first reader used
-    assert store.bits(0) == store.bits(2) == 0 and store.counters.host_fetches == 2
-    for b, got in zip((0, 2), reads):
-        assert torch.equal(got, decode(blocks[b], 8).to(got.device))
