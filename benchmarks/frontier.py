@@ -81,7 +81,7 @@ def expected_fetch_s_per_token(shape, bits: np.ndarray, routed: np.ndarray, cfg:
     the planner's RungCost at batch 1, PlannerConfig's latency and bandwidth)."""
     tokens = routed.sum(axis=1, keepdims=True) / shape.top_k  # [L, 1]
     route_prob = routed / np.maximum(tokens, 1)  # [L, E]
-    fetch_s = np.asarray([cfg.host_fetch_latency_s + shape.footprint_bytes[p][shape.ceiling_bits]
+    fetch_s = np.asarray([cfg.host_read_latency_s + shape.footprint_bytes[p][shape.ceiling_bits]
                           / cfg.host_bandwidth_bytes_per_s for p in range(bits.shape[2])])  # [3]
     return float(((bits == 0) * route_prob[:, :, None] * fetch_s).sum())
 

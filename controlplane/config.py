@@ -81,7 +81,7 @@ class PlannerConfig(BaseModel):
     # after, so its quality is the master's and its cost the expected fetch
     # stall per token, priced in the sensitivity table's units:
     #
-    #   stall_s/token = route_prob * (host_fetch_latency_s + bytes / host_bw)
+    #   stall_s/token = route_prob * (host_read_latency_s + bytes / host_bw)
     #   cost = host_stall_weight * worst_cost * stall_s / reference_step_s
     #
     # with worst_cost = the table's predicted cost of every block at its
@@ -103,7 +103,7 @@ class PlannerConfig(BaseModel):
     # host_only_cost_*_h100_s53.json): 239-370 us per fetch of an 8-bit block
     # (114 KB, of which bytes/bandwidth is 5 us); 0.33 ms. (Until session 53:
     # 0.28 ms, from promoting all 96 blocks at once on the H200.)
-    host_fetch_latency_s: float = Field(default=3.3e-4, ge=0.0)
+    host_read_latency_s: float = Field(default=3.3e-4, ge=0.0)
     # Decode step the stall is compared with. Measured: the default model
     # decodes 1430-1807 tokens/s at batch 1 on the H100 with CUDA graphs in
     # uniform 3-bit (same runs, three machines): 0.55-0.70 ms per step; 0.67

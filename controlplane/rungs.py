@@ -120,7 +120,7 @@ class RungCost:
         self.host_only_overhead = per_stall_s * cfg.host_only_step_overhead_s  # table units, any block on the host
         self._route_prob = route_probability(inputs.activity, inputs.shape.top_k)  # [L, E]
         self._stall_scale = per_stall_s * self._route_prob  # [L, E] table units per s of fetch
-        self._fetch_latency_s = cfg.host_fetch_latency_s
+        self._fetch_latency_s = cfg.host_read_latency_s
         self._host_bw = cfg.host_bandwidth_bytes_per_s
 
     def stall(self, layer: int, expert: int, proj: int) -> float:

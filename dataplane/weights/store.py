@@ -41,7 +41,7 @@ import torch
 from dataplane.memory.arena import Arena, OutOfPages, PageTag
 from dataplane.weights.codec import BlockBytes, decode_view, field_from_bytes
 from dataplane.weights.copy_engine import Copy, CopyEngine, CopyHandle, default_copy_engine
-from dataplane.weights.host_pages import HostPagePool
+from dataplane.weights.host_masters import HostMasters
 from dataplane.weights.layout import (
     HOST_ONLY_BITS,
     NUM_FIELDS,
@@ -101,23 +101,21 @@ class WeightStore:
         self.device = arena.device
         self.page_bytes = arena.page_bytes
         self._copy = copy_engine if copy_engine is not None else default_copy_engine(self.device)
-        self._host_pool = HostPagePool(self.page_bytes, pin=self.device.type == "cuda",
-                                       align_to=arena.storage.data_ptr())
+        self.masters = HostMasters(self.page_bytes, pin=self.device.type == "cuda", align_to=arena.storage.data_ptr())
         self._shapes: list[tuple[int, int]] = []
         self._num_pages: list[list[int]] = []  # [block][field] -> pages of the field when resident
-        self._host: list[list[torch.Tensor]] = []  # [block][field] -> uint8 [pages, page_bytes], zero-padded
         for blk in blocks:  # one block at a time: the encoded form is dropped once copied
             self._shapes.append((blk.n, blk.k))
             self._num_pages.append(
                 [pages_for(field_size(blk.n, blk.k, f).total, self.page_bytes) for f in range(NUM_FIELDS)]
             )
-            self._host.append([self._host_pages(blk, f) for f in range(NUM_FIELDS)])
+            self.masters.add(blk)
         if not self._shapes:
             raise ValueError("the weight store needs at least one block")
         max_pages = max(max(row) for row in self._num_pages)
         num = len(self._shapes)
         # [blocks, fields, max_pages] the page-table rows of each block's master on the host
-        self._host_rows = self._master_rows(max_pages)
+        self._host_rows = self.masters.page_rows(max_pages, arena.num_pages, self.device)
         self.page_table = torch.full(
             (num, NUM_FIELDS, max_pages), -1, dtype=torch.int64, device=self.device
         )  # [blocks, fields, max_pages]
@@ -132,27 +130,6 @@ class WeightStore:
         self._place_initial(initial_bits)
 
     # -- construction -------------------------------------------------------------
-    def _host_pages(self, blk: BlockBytes, f: int) -> torch.Tensor:
-        data = blk.field_bytes(f)  # uint8 [nbytes] on the encoder's device
-        pages = self._host_pool.take(pages_for(data.numel(), self.page_bytes))  # [pages, page_bytes], zeroed
-        pages.view(-1)[: data.numel()].copy_(data)
-        return pages
-
-    def _master_rows(self, max_pages: int) -> torch.Tensor:
-        """int64 [blocks, fields, max_pages] on the device: the page offsets of
-        each master field's host pages from the arena's base (-1 past the
-        field's pages). An offset inside [0, num_pages) would alias the arena;
-        the address spaces of the two never overlap, which this checks."""
-        rows = torch.full((self.num_blocks, NUM_FIELDS, max_pages), -1, dtype=torch.int64)
-        for b in range(self.num_blocks):
-            for f in range(NUM_FIELDS):
-                first = self._host_pool.page_offset(self._host[b][f])
-                n = self._num_pages[b][f]
-                if first + n > -1 and first < self.arena.num_pages:
-                    raise RuntimeError(f"host pages of block {b} overlap the arena's page range")
-                rows[b, f, :n] = torch.arange(first, first + n)
-        return rows.to(self.device)
-
     def _show_master(self, block: int) -> None:
         """Points the kernels at the block's master on the host (it holds no
         arena pages): every field's rows, then block_fields, in stream order."""
@@ -219,8 +196,7 @@ class WeightStore:
 
     def field_bytes(self, block: int, f: int) -> torch.Tensor:
         """Host master bytes of field ``f`` (layout: codes, then view-f scales). uint8 [bytes]."""
-        n, k = self._shapes[block]
-        return self._host[block][f].reshape(-1)[: field_size(n, k, f).total]
+        return self.masters.field_bytes(block, f)
 
     def block_pages(self, block: int, bits: int) -> int:
         return sum(self._num_pages[block][: fields_for_bits(bits)])
@@ -281,7 +257,7 @@ class WeightStore:
         """One copy per run of consecutive arena pages."""
         storage = self.arena.storage
         assert storage is not None
-        src = self._host[block][f]
+        src = self.masters.pages(block, f)
         copies: list[Copy] = []
         start = 0
         for i in range(1, len(pages) + 1):
@@ -385,12 +361,7 @@ class WeightStore:
         for b in blocks:
             if self._fields[b] == HOST_ONLY_FIELDS:
                 self.counters.host_reads += 1
-                self.counters.host_read_bytes += self.master_bytes(b)
-
-    def master_bytes(self, block: int) -> int:
-        """Bytes a kernel reads for one use of ``block`` at the master view."""
-        n, k = self._shapes[block]
-        return sum(field_size(n, k, f).code_bytes for f in range(NUM_FIELDS)) + field_size(n, k, NUM_FIELDS - 1).scale_bytes
+                self.counters.host_read_bytes += self.masters.master_bytes(b)
 
     # -- readers ----------------------------------------------------------------------
     def read_view(self, block: int) -> BlockView:

@@ -42,7 +42,7 @@ def test_expected_fetch_counts_host_only_blocks_by_route_probability():
 
     fp = {0: 0, 2: 250, 8: 1000}
     shape = ModelShape(num_layers=2, num_experts=4, top_k=2, view_bits=(2, 8), footprint_bytes=(fp, fp, fp))
-    cfg = PlannerConfig(host_fetch_latency_s=1e-3, host_bandwidth_bytes_per_s=1e6)  # 1 ms + 1 ms a block
+    cfg = PlannerConfig(host_read_latency_s=1e-3, host_bandwidth_bytes_per_s=1e6)  # 1 ms + 1 ms a block
     routed = np.array([[10, 6, 4, 0], [5, 5, 5, 5]], dtype=float)  # 10 tokens a layer, top-2
     bits = np.full((2, 4, 3), 8)
     assert expected_fetch_s_per_token(shape, bits, routed, cfg) == 0.0

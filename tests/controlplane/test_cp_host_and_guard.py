@@ -98,7 +98,7 @@ def test_host_only_rung_priced_in_table_units_and_linear_in_route_probability(ti
     lowest = BITS_AXIS.index(VIEWS[0])
     worst = old.cost[..., lowest].sum()
     # Each use fetches the master view (WeightStore.host_only_served).
-    fetch_s = cfg.host_fetch_latency_s + TINY_FOOTPRINT[8] / cfg.host_bandwidth_bytes_per_s
+    fetch_s = cfg.host_read_latency_s + TINY_FOOTPRINT[8] / cfg.host_bandwidth_bytes_per_s
     assert host_hot == pytest.approx(cfg.host_stall_weight * worst / cfg.reference_step_s * 0.6 * fetch_s)
     # Same table in other units (x1000): the host-only rung scales with it, so
     # its place among demotions does not depend on the units.

@@ -165,7 +165,7 @@ def test_runner_touches_routed_experts_after_a_step() -> None:
     assert store.counters.host_reads == 0
     store.set_host_only(hit[2])  # the routed expert's down block, now read from the host
     runner.touch_routed(routed)
-    assert store.counters.host_reads == 1 and store.counters.host_read_bytes == store.master_bytes(hit[2])
+    assert store.counters.host_reads == 1 and store.counters.host_read_bytes == store.masters.master_bytes(hit[2])
 
 
 def _demote_mixed(built) -> None:
