@@ -76,10 +76,11 @@ class PlannerConfig(BaseModel):
     # Minimum bits of a block when no floor applies to it. 2 keeps host-only
     # (0) off unless an operator sets a floor of 0.
     default_floor_bits: int = 2
-    # The host-only rung (rungs.RungCost): a host-only block is fetched at
-    # its master view for each use (bytes = its 8-bit footprint) and freed
-    # after, so its quality is the master's and its cost the expected fetch
-    # stall per token, priced in the sensitivity table's units:
+    # The host-only rung (rungs.RungCost): the MoE kernels read a host-only
+    # block in place from pinned host memory at its master view for each use
+    # (bytes = its 8-bit footprint; dataplane/weights/store.py), so its
+    # quality is the master's and its cost the expected read stall per
+    # token, priced in the sensitivity table's units:
     #
     #   stall_s/token = route_prob * (host_read_latency_s + bytes / host_bw)
     #   cost = host_stall_weight * worst_cost * stall_s / reference_step_s
@@ -93,38 +94,36 @@ class PlannerConfig(BaseModel):
     # second constant is therefore worst_cost / reference_step_s, in the
     # table's own units (nats of KL per token for a calibrated table; the
     # fallback model's units otherwise). At batch 1 a token waits for the
-    # fetch only if it routes to the expert (route_prob); larger batches
+    # read only if it routes to the expert (route_prob); larger batches
     # wait more often, so this is a lower bound on the stall.
-    # Host-to-device bandwidth of an on-demand fetch of a host-only block.
-    host_bandwidth_bytes_per_s: float = Field(default=25e9, gt=0.0)
-    # Fixed cost of one on-demand fetch (allocate pages, copy fields, wait,
-    # commit the page-table entry). Measured on the H100 while serving the
-    # default model (benchmarks/host_only_cost.py, session 53,
-    # host_only_cost_*_h100_s53.json): 239-370 us per fetch of an 8-bit block
-    # (114 KB, of which bytes/bandwidth is 5 us); 0.33 ms. (Until session 53:
-    # 0.28 ms, from promoting all 96 blocks at once on the H200.)
-    host_read_latency_s: float = Field(default=3.3e-4, ge=0.0)
+    # Rate of a kernel's reads from pinned host memory: 43.7-48.3 GB/s for
+    # 8-64 MB reads on the H100 (benchmarks/host_read_probe.py,
+    # host_read_probe_h100_s53.json). (Until session 54, when a use fetched
+    # the block into arena pages first: 25 GB/s.)
+    host_bandwidth_bytes_per_s: float = Field(default=45e9, gt=0.0)
+    # Fixed cost of one host read beside bytes / bandwidth: the same probe
+    # read one default-model block (114 KB at 8 bits) from the host ~6 us
+    # slower than from the arena, 2.5 us of it the bytes; 5 us. (Until session
+    # 54 a use fetched the block first: 0.33 ms, measured on the H100.)
+    host_read_latency_s: float = Field(default=5e-6, ge=0.0)
     # Decode step the stall is compared with. Measured: the default model
     # decodes 1430-1807 tokens/s at batch 1 on the H100 with CUDA graphs in
-    # uniform 3-bit (same runs, three machines): 0.55-0.70 ms per step; 0.67
-    # ms, the run beside the hull plans' mix. (Until session 53: 18.9 ms,
-    # an H200 measurement from before the fused kernels and graphs, which
-    # priced stalls ~28x too cheap.) The eager steps host-only forces are
-    # priced apart (host_only_step_overhead_s).
+    # uniform 3-bit (host_only_cost_*_h100_s53.json, three machines):
+    # 0.55-0.70 ms per step; 0.67 ms, the run beside the hull plans' mix.
+    # (Until session 53: 18.9 ms, an H200 measurement from before the fused
+    # kernels and graphs, which priced stalls ~28x too cheap.)
     reference_step_s: float = Field(default=6.7e-4, gt=0.0)
     # Dimensionless scale of the exchange rate above (0: stalls are free).
     host_stall_weight: float = Field(default=1.0, ge=0.0)
-    # Extra time of every step while any block is host-only: the dataplane
-    # then runs each step eagerly (a CUDA graph cannot fetch). Measured on the
-    # H100 for the default model at batch 1: 8.8 ms with the hull plans' mix
-    # (10.9 ms eager steps, 1.4 ms of them fetches, against a 0.67 ms graph
-    # step), 5.6 ms with german's (7.9, 1.6, 0.70); 9 ms rounds the larger
-    # (host_only_cost_*_h100_s53.json). Priced as a stall every token pays, in
-    # the same exchange rate, on a budget state that keeps any block on the
-    # host: build_ladder keeps host-only out of the budget state unless the
-    # budget needs it or it is predicted cheaper even so. 0: not priced (a
-    # dataplane without graphs, e.g. on the CPU).
-    host_only_step_overhead_s: float = Field(default=9e-3, ge=0.0)
+    # Extra time of every step while any block is host-only, whatever the
+    # reads: priced as a stall every token pays, in the same exchange rate,
+    # on a budget state that keeps any block on the host (build_ladder then
+    # keeps host-only out of the budget state unless the budget needs it or
+    # it is predicted cheaper even so). 0 by default: the kernels read
+    # host-only blocks in place, in the same launches and CUDA graphs as
+    # resident ones. (In session 53, when a use fetched the block and every
+    # step ran eagerly, 5.6-8.8 ms were measured on the H100 and 9 ms priced.)
+    host_only_step_overhead_s: float = Field(default=0.0, ge=0.0)
 
     # With a memory budget, compare the predicted cost of the greedy
     # budget state with the state that puts every movable block at the

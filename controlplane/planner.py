@@ -17,10 +17,11 @@ bits a to bits b:
     route_prob = min(1, top_k * share)    (chance a token needs the expert)
     worst_cost = sum over blocks of sens_i(lowest view)   (table units)
 
-(a host-only block is fetched at its master view for each use and freed
-after, WeightStore.host_only_served: sens_i(0) is the 8-bit cost, 0 in a
-current profile, so the host-only rung trades the lowest views' quality
-loss for the stall; PlannerConfig states why the stall is priced so).
+(the MoE kernels read a host-only block in place from pinned host memory
+at its master view for each use, dataplane/weights/store.py: sens_i(0) is
+the 8-bit cost, 0 in a current profile, so the host-only rung trades the
+lowest views' quality loss for the read stall; PlannerConfig states why the
+stall is priced so).
 dM = |bytes_i(a) - bytes_i(b)| from the Hello's footprints. Demotions are a
 greedy walk of a priority queue keyed by dQ/dM ascending; promotions one
 keyed by dQ/dM descending. A block enters the queue with its first rung and

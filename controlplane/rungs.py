@@ -119,15 +119,15 @@ class RungCost:
         per_stall_s = cfg.host_stall_weight * worst_cost / cfg.reference_step_s  # table units per s/token
         self.host_only_overhead = per_stall_s * cfg.host_only_step_overhead_s  # table units, any block on the host
         self._route_prob = route_probability(inputs.activity, inputs.shape.top_k)  # [L, E]
-        self._stall_scale = per_stall_s * self._route_prob  # [L, E] table units per s of fetch
-        self._fetch_latency_s = cfg.host_read_latency_s
+        self._stall_scale = per_stall_s * self._route_prob  # [L, E] table units per s of host reads
+        self._read_latency_s = cfg.host_read_latency_s
         self._host_bw = cfg.host_bandwidth_bytes_per_s
 
     def stall(self, layer: int, expert: int, proj: int) -> float:
         """Cost of serving block (layer, expert, proj) from the host: each use
-        fetches its master view (bytes_at(ceiling)) and frees it after."""
-        fetch_s = self._fetch_latency_s + self._shape.bytes_at(proj, self._shape.ceiling_bits) / self._host_bw
-        return float(self._stall_scale[layer, expert]) * fetch_s
+        reads its master view (bytes_at(ceiling)) over the host link."""
+        read_s = self._read_latency_s + self._shape.bytes_at(proj, self._shape.ceiling_bits) / self._host_bw
+        return float(self._stall_scale[layer, expert]) * read_s
 
     def rung(self, layer: int, expert: int, proj: int, a: int, b: int) -> Rung:
         weight = float(self.importance[layer, expert])
