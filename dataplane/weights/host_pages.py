@@ -55,9 +55,16 @@ def mapped_device_address(host_address: int) -> int:
 
 @dataclass(frozen=True)
 class _Buffer:
-    host: int  # host address of the buffer's first byte
-    device: int  # the address device code reads it at
-    nbytes: int
+    memory: torch.Tensor  # uint8 [nbytes], held for the pool's life (page_offset's records stay true)
+    device: int  # the address device code reads its first byte at
+
+    @property
+    def host(self) -> int:
+        return self.memory.data_ptr()
+
+    @property
+    def nbytes(self) -> int:
+        return self.memory.numel()
 
 
 class HostPagePool:
@@ -132,7 +139,7 @@ class HostPagePool:
             self._registered.append(flat)
             device = mapped_device_address(flat.data_ptr())
         self.allocated_bytes += nbytes
-        self._buffers.append(_Buffer(flat.data_ptr(), device, nbytes))
+        self._buffers.append(_Buffer(flat, device))
         skip = (self.align_to - device) % self.page_bytes
         return flat[skip : skip + pages * self.page_bytes].view(pages, self.page_bytes)
 

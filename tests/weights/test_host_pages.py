@@ -1,4 +1,4 @@
-"""HostPagePool: zeroed page views carved from power-of-two slabs."""
+"""HostPagePool: zeroed page views carved from power-of-two slabs, aligned to the arena's base."""
 
 from __future__ import annotations
 
@@ -30,11 +30,29 @@ def test_request_larger_than_a_slab_gets_its_own() -> None:
     assert big.shape[0] == FIRST_SLAB_BYTES // PAGE + 1
 
 
-def test_without_slabs_each_request_is_exact() -> None:
+def test_without_slabs_each_request_takes_one_spare_page() -> None:
     pool = HostPagePool(PAGE, pin=False)
     pool.take(3)
     pool.take(2)
-    assert pool.allocated_bytes == 5 * PAGE
+    assert pool.allocated_bytes == (3 + 1 + 2 + 1) * PAGE  # the spare page aligns the buffer
+
+
+@pytest.mark.parametrize("slabs", [False, True])
+def test_views_sit_whole_pages_from_align_to(slabs: bool) -> None:
+    # A page table names host pages as page offsets from the arena's base
+    # (docs/WEIGHT_LAYOUT.md, "Host pages"): every view must start a whole
+    # number of pages from align_to, whatever the allocator returned.
+    page = 4096
+    base = torch.empty(8, dtype=torch.uint8).data_ptr() + 48  # an arena base off any page boundary
+    pool = HostPagePool(page, pin=False, slabs=slabs, align_to=base)
+    for n in (1, 3, 2, 5):
+        view = pool.take(n)
+        assert (view.data_ptr() - base) % page == 0
+        assert pool.page_offset(view) == (view.data_ptr() - base) // page
+        if n > 1:
+            assert pool.page_offset(view[1:]) == pool.page_offset(view) + 1
+    with pytest.raises(ValueError, match="not handed out"):
+        pool.page_offset(torch.zeros(2, page, dtype=torch.uint8))
 
 
 def test_rejects_bad_sizes() -> None:
