@@ -19,11 +19,12 @@ and mean KL(p_8bit || p) per token. Methods (benchmarks/policy_bits.py):
 * planner_no_routing: uniform activity (no telemetry yet).
 
 With --floor-bits 0 the planner may leave blocks host-only (its last rung,
-priced by expected fetch stalls: expected_fetch_s_per_token; a budget state
-holding any also pays the eager steps, --host-only-step-overhead-s). Such a block
-is fetched at its master view for each use and freed after
-(WeightStore.host_only_served): its quality is the 8-bit view's, it holds
-no pages, and the price is the stall. --budget-labels runs a subset of the
+priced by expected read stalls: expected_fetch_s_per_token; a budget state
+holding any may also pay a per-step overhead, --host-only-step-overhead-s,
+0 by default). The MoE kernels read such a block in place from pinned host
+memory at its master view for each use (dataplane/weights/store.py): its
+quality is the 8-bit view's, it holds no arena pages, and the price is the
+stall. --budget-labels runs a subset of the
 budgets.
 
 Workloads: "mix" (all domains; activity from all of them, every domain

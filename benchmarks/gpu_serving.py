@@ -36,7 +36,7 @@ from dataplane.config import DataplaneConfig  # noqa: E402
 from dataplane.engine_builder import build  # noqa: E402
 from dataplane.engine_io import QueueSink  # noqa: E402
 from dataplane.sampling_params import SamplingParams  # noqa: E402
-from dataplane.warmup import HostOnlyBlock, engine_warmup_rounds, warm_up  # noqa: E402
+from dataplane.warmup import engine_warmup_rounds, warm_up  # noqa: E402
 from dataplane.weights.codec import decode_view, field_from_bytes  # noqa: E402
 from dataplane.weights.layout import NUM_FIELDS, VIEW_BITS  # noqa: E402
 
@@ -106,8 +106,7 @@ def part_throughput(device: str, batches: list[int], max_tokens: int) -> list[di
         engine.start()
         try:
             # The served dataplane's own start-up warm-up: every kernel variant and decode graph first.
-            host_only = HostOnlyBlock(engine, built.precision.store) if built.precision is not None else None
-            warm_up(engine, engine_warmup_rounds(engine, host_only is not None), WARM_UP_ROUND_TIMEOUT_S, host_only)
+            warm_up(engine, engine_warmup_rounds(engine), WARM_UP_ROUND_TIMEOUT_S)
             for b in batches:
                 seconds, tokens = run_requests(engine, b, max_tokens)
                 rows.append({"experts": experts, "batch": b, "tokens": tokens, "seconds": seconds,

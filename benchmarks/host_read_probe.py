@@ -2,9 +2,10 @@
 
     python benchmarks/host_read_probe.py --out benchmarks/results/host_read_probe_h100.json
 
-Why: a host-only block is now fetched into arena pages for each use (WeightStore.host_only_served),
-which forces every step off its CUDA graph; on the H100 that made the default model's decode 11-19x
-slower (benchmarks/results/host_only_cost_*_h100_s53.json), far more than the fetches themselves.
+Why (session 53): a host-only block was then fetched into arena pages for each use, which forced
+every step off its CUDA graph; on the H100 that made the default model's decode 11-20x slower
+(benchmarks/results/host_only_cost_*_h100_s53.json), far more than the fetches themselves. (Since
+session 54 the MoE kernels read host-only blocks in place, as this probe proposed.)
 A kernel that read such a block over PCIe in place (zero-copy: pinned memory is mapped into the
 device's address space) would keep the graphs and pay only the bytes. This measures the premise:
 

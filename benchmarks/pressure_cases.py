@@ -308,7 +308,7 @@ def measure(args: argparse.Namespace, case: str, dataplane: Dataplane, build_s: 
             "running": list(trace.running),
             "mean_bits": [round(b, 3) for b in trace.mean_bits],
             "replays": list(trace.replays),
-            "host_fetches": list(trace.host_fetches),
+            "host_reads": list(trace.host_reads),
             "host_only_blocks": [sum(b == 0 for b in trace.states[i]) for i in trace.state_ids],
             # [iteration, kernel] of each Triton kernel variant compiled live during the burst.
             "compiled_kernels": [list(c) for c in trace.compiled],

@@ -1,6 +1,6 @@
 """The per-iteration trace of benchmarks/memory_pressure.py's cases: what
 the engine loop did each iteration (expert bits, running requests, tokens,
-the precision controller's time, graph replays, host fetches), recorded by a
+the precision controller's time, graph replays, host-only block reads), recorded by a
 wrapper around the engine's ``before_step`` hook on the engine thread."""
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ class StepTrace:
     generated: list[int] = field(default_factory=list)  # tokens generated before this iteration (engine total)
     state_ids: list[int] = field(default_factory=list)  # index into states of this iteration's block bits
     states: list[list[int]] = field(default_factory=list)  # distinct block bits, in order of appearance
-    # Graph replays and on-demand host fetches before this iteration (engine totals): a step that
-    # did not replay ran eagerly (a host-only block forbids replays).
+    # Graph replays and reads of host-only blocks before this iteration (engine and store totals):
+    # a decode step that did not replay ran eagerly (a batch over the largest bucket).
     replays: list[int] = field(default_factory=list)
-    host_fetches: list[int] = field(default_factory=list)
+    host_reads: list[int] = field(default_factory=list)
     # (iteration, kernel name) of each Triton kernel variant compiled (or loaded from the disk cache:
     # a miss of the in-memory cache) while the trace ran; the iteration is the one in progress.
     compiled: list[tuple[int, str]] = field(default_factory=list)
 
     def clear(self) -> None:
         for values in (self.mean_bits, self.started_at, self.controller_s, self.running, self.generated,
-                       self.state_ids, self.states, self.replays, self.host_fetches, self.compiled):
+                       self.state_ids, self.states, self.replays, self.host_reads, self.compiled):
             values.clear()
 
     def iteration_seconds(self, end: float) -> list[float]:
@@ -84,7 +84,7 @@ def trace_steps(engine, store) -> StepTrace:
         trace.running.append(len(engine.scheduler.running))
         trace.generated.append(engine.stats().generated_tokens_total)
         trace.replays.append(engine.runner.graphs.replays if engine.runner.graphs is not None else 0)
-        trace.host_fetches.append(store.counters.host_fetches)
+        trace.host_reads.append(store.counters.host_reads)
 
     engine.before_step = before_step
     _record_compiles(trace)

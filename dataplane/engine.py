@@ -322,7 +322,7 @@ class Engine:
         if record is None:
             return
         result = record.result
-        self.runner.touch_routed(result.routed_tokens)
+        self.runner.touch_routed(result.routed_tokens, result.host_only)
         self.routing_window.add(result.routed_tokens, result.prob_mass)
         live = [i for i, item in enumerate(record.scheduled) if item.seq.status == SequenceStatus.RUNNING]
         if not live:

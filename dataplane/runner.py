@@ -50,6 +50,7 @@ class StepResult:
     # seq_id -> (first, entries of prompt tokens first + 1, ...), for sequences
     # that asked for prompt logprobs and prefilled prompt positions this step
     prompt_logprobs: dict[str, list[tuple[int, list[TokenLogprobs]]]] = field(default_factory=dict)
+    host_only: tuple[frozenset[int], ...] = ()  # LaunchedStep.host_only
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ class LaunchedStep:
     num_tokens: int
     picks: _DevicePicks | None = None  # set when every row was sampled at launch (graph steps)
     prompt_logprobs: list[_PromptLogprobs] = field(default_factory=list)  # eager steps only
+    # each weight store's host-only blocks as the step was queued (the ones it read from the host)
+    host_only: tuple[frozenset[int], ...] = ()
 
 
 class ModelRunner:
@@ -222,7 +225,8 @@ class ModelRunner:
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
                 if len(sampling) < len(scheduled):
                     logits = logits[sampling] if sampling else None
-                return LaunchedStep(scheduled, logits, _HostStats.start(routing, len(scheduled)), len(rows))
+                return LaunchedStep(scheduled, logits, _HostStats.start(routing, len(scheduled)), len(rows),
+                                    host_only=self._host_only_now())
         input_ids, positions, ctx = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
         logits = None
@@ -238,7 +242,8 @@ class ModelRunner:
         assert ctx.routing is not None
         stats = _HostStats.start(ctx.routing, len(scheduled))
         prompt_logprobs = self._prompt_logprobs(scheduled, hidden)
-        return LaunchedStep(scheduled, logits, stats, int(input_ids.shape[0]), prompt_logprobs=prompt_logprobs)
+        return LaunchedStep(scheduled, logits, stats, int(input_ids.shape[0]), prompt_logprobs=prompt_logprobs,
+                            host_only=self._host_only_now())
 
     def _prompt_logprobs(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor) -> list[_PromptLogprobs]:
         """Log-probabilities of the prompt tokens this step's rows predict, for
@@ -311,7 +316,13 @@ class ModelRunner:
         if ids.is_cuda:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(ids.device))
-        return LaunchedStep(scheduled, None, stats, len(scheduled), _DevicePicks(ids, host, done, logprobs))
+        return LaunchedStep(scheduled, None, stats, len(scheduled), _DevicePicks(ids, host, done, logprobs),
+                            host_only=self._host_only_now())
+
+    def _host_only_now(self) -> tuple[frozenset[int], ...]:
+        """Each weight store's host-only blocks (``_touch_groups`` order), taken
+        once a step's device work is queued: the blocks it reads from the host."""
+        return tuple(store.host_only_set() for store, _, _ in self._touch_groups)
 
     @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> StepResult:
@@ -357,21 +368,24 @@ class ModelRunner:
             num_tokens=step.num_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            host_only=step.host_only,
         )
 
-    def touch_routed(self, routed_tokens: torch.Tensor) -> None:
+    def touch_routed(self, routed_tokens: torch.Tensor, host_only: tuple[frozenset[int], ...] = ()) -> None:
         """LRU bookkeeping of the paged experts: routed_tokens [layers, experts] host counts.
 
         One access per store per step for all its routed blocks (blocks used in
         the same step are equally recent); the block ids come from one tensor
-        expression, not a Python loop per layer.
+        expression, not a Python loop per layer. ``host_only``: the step's
+        ``StepResult.host_only`` (default: each store's host-only blocks now),
+        whose routed blocks count as host reads (WeightStore.record_use).
         """
         hit = routed_tokens.nonzero()  # [n, 2] (layer, expert)
-        for store, served, num_experts in self._touch_groups:
+        for i, (store, served, num_experts) in enumerate(self._touch_groups):
             pairs = hit[served[hit[:, 0]]]  # rows whose layer has a paged-experts module on this store
             first = (pairs[:, 0] * num_experts + pairs[:, 1]) * NUM_PROJ  # [m] block_index(l, e, 0), vectorized
             blocks = first[:, None] + torch.arange(NUM_PROJ)  # [m, NUM_PROJ]
-            store.record_use(blocks.flatten().tolist())
+            store.record_use(blocks.flatten().tolist(), host_only[i] if host_only else None)
 
 
 def _touch_groups(modules: list[PagedExperts], num_layers: int) -> list[tuple[WeightStore, torch.Tensor, int]]:

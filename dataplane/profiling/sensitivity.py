@@ -28,8 +28,8 @@ Cost of block W [N, K] at view b, per routed token, with dW = W - decode_b(encod
 
 The table stores cost(b) - cost(8) clipped at 0 and made non-increasing in
 bits (more bits never cost more); bits 0 (host-only) gets cost(8) = 0, because
-a host-only block is served at the master view (WeightStore.host_only_served;
-its price is the fetch stall, which the planner charges). By
+a host-only block is read in place at the master view (dataplane/weights/store.py;
+its price is the read stall, which the planner charges). By
 default (``kl_windows_per_domain`` > 0) the costs are then rescaled per
 (layer, projection) into KL units measured on calibration windows
 (kl_calibration.py): the raw errors of different layers are not comparable

@@ -132,7 +132,8 @@ class PagedExperts(nn.Module):
         experts = torch.unique(topk_ids).tolist()
         if experts[0] < 0 or experts[-1] >= self.num_experts:
             raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {experts[0]}..{experts[-1]}")
-        self.store.record_use(self.block(e, p) for e in experts for p in range(NUM_PROJ))
+        # Recency only: the runner records the step's uses, host reads included (ModelRunner.touch_routed).
+        self.store.recency.touch([self.block(e, p) for e in experts for p in range(NUM_PROJ)])
         # Host-only blocks are decoded from their host master (WeightStore.read_view).
         for e in experts:
             tok, pos = torch.where(topk_ids == e)  # [t_e], [t_e]

@@ -33,7 +33,7 @@ Contracts:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,7 +122,7 @@ class WeightStore:
         self.block_fields = torch.zeros(num, dtype=torch.int32, device=self.device)  # [blocks]
         self._pages: list[list[list[int]]] = [[[] for _ in range(NUM_FIELDS)] for _ in range(num)]
         self._fields = [0] * num
-        self._host_only = num  # blocks with 0 resident fields (kept with _fields by _set_fields)
+        self._host_only = set(range(num))  # blocks with 0 resident fields (kept with _fields by _set_fields)
         self._pending: dict[int, _Pending] = {}
         self._version = [0] * num
         self.recency = BlockRecency(num)  # accesses, for the controller's fallback walk
@@ -159,11 +159,18 @@ class WeightStore:
     @property
     def host_only_blocks(self) -> int:
         """Blocks with no arena pages (served from the host)."""
-        return self._host_only
+        return len(self._host_only)
+
+    def host_only_set(self) -> frozenset[int]:
+        """The host-only blocks now (what a step queued now reads from the host)."""
+        return frozenset(self._host_only)
 
     def _set_fields(self, block: int, fields: int) -> None:
         """The one place resident field counts change (keeps the host-only count)."""
-        self._host_only += (fields == HOST_ONLY_FIELDS) - (self._fields[block] == HOST_ONLY_FIELDS)
+        if fields == HOST_ONLY_FIELDS:
+            self._host_only.add(block)
+        else:
+            self._host_only.discard(block)
         self._fields[block] = fields
 
     def shape(self, block: int) -> tuple[int, int]:
@@ -352,14 +359,18 @@ class WeightStore:
         self.counters.promotions += 1
 
     # -- uses ------------------------------------------------------------------------
-    def record_use(self, blocks: Iterable[int]) -> None:
+    def record_use(self, blocks: Iterable[int], host_only: Collection[int] | None = None) -> None:
         """One use of each of ``blocks`` (a step's routed blocks): recency for
         the controller's fallback walk, and the host-only ones counted as
-        reads over the host link (``host_reads`` / ``host_read_bytes``)."""
+        reads over the host link (``host_reads`` / ``host_read_bytes``).
+        ``host_only``: the host-only blocks when the step was queued
+        (``host_only_set`` then; default: now), as a transition committed
+        since does not change what the step read."""
         blocks = list(blocks)
         self.recency.touch(blocks)
+        on_host = self._host_only if host_only is None else host_only
         for b in blocks:
-            if self._fields[b] == HOST_ONLY_FIELDS:
+            if b in on_host:
                 self.counters.host_reads += 1
                 self.counters.host_read_bytes += self.masters.master_bytes(b)
 

@@ -119,8 +119,7 @@ def test_mixed_bits_in_one_step_match_per_block_reference(quantized) -> None:
         assert torch.allclose(got, _reference(mats, layer, x, ids, w), rtol=1e-4, atol=1e-5)
     hit = {block_index(l, int(e), p, E) for l in range(LAYERS) for e in ids.unique() for p in range(3)}
     host_only_hit = [b for b in hit if plan[b % len(plan)] == 0]
-    assert host_only_hit and store.counters.host_reads == len(host_only_hit)
-    assert store.counters.host_read_bytes == sum(store.masters.master_bytes(b) for b in host_only_hit)
+    assert host_only_hit and store.counters.host_reads == 0  # counted by the runner (touch_routed), once a step
     # ... in place: they take no pages.
     assert all(store.bits(b) == 0 for b in host_only_hit) and store.arena.free_pages == free_pages
     assert (store.counters.demotions, store.counters.promotions) == transitions  # reads are not transitions

@@ -127,7 +127,6 @@ def test_fused_reads_host_only_blocks_in_place_at_the_master_view():
             assert arena.free_pages == arena.num_pages - sum(store.block_pages(b, x) for b, x in enumerate(bits))
             plain = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=False, cache_decoded=False)
             want = plain(x, ids, weights)
-            assert store.counters.host_reads == 2 * NUM_PROJ  # the plain path's use; the fused one's is the runner's
             err = (outputs[0].float() - want.float()).norm() / want.float().norm()
             assert err < REL_TOL, f"relative error {err:.3g}"
     on_host, resident = outputs

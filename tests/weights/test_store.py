@@ -185,6 +185,13 @@ def test_record_use_counts_reads_of_host_only_blocks(blocks) -> None:
     assert store.counters.host_read_bytes == 2 * master[0] + master[1]
     assert master == [store.masters.master_bytes(1), store.masters.master_bytes(2)]
     assert store.recency.last_access(1) == 2 and store.recency.last_access(0) == 1
+    queued = store.host_only_set()  # taken as a step is queued
+    assert queued == {1, 2}
+    store.promote(1, 2)
+    store.sync()  # committed before the step's use is recorded: the step still read the host
+    store.record_use([1], queued)
+    store.record_use([1])  # a later step reads it from the arena
+    assert store.counters.host_reads == 4 and store.host_only_set() == {2}
 
 
 def test_footprint_and_recency(blocks) -> None:
