@@ -230,12 +230,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--floor-bits", type=int, default=PlannerConfig().default_floor_bits,
                         help="the planner's default_floor_bits (0: host-only is its last rung)")
     parser.add_argument("--host-stall-weight", type=float, default=PlannerConfig().host_stall_weight,
-                        help="the planner's host_stall_weight (the price of a host-only block's fetch stalls)")
+                        help="the planner's host_stall_weight (the price of a host-only block's read stalls)")
     parser.add_argument("--reference-step-s", type=float, default=PlannerConfig().reference_step_s,
                         help="the planner's reference_step_s (the step a host-only block's stall is priced against)")
     parser.add_argument("--host-only-step-overhead-s", type=float,
                         default=PlannerConfig().host_only_step_overhead_s,
-                        help="the planner's host_only_step_overhead_s (0: host-only's eager steps unpriced)")
+                        help="the planner's host_only_step_overhead_s (a per-step cost of any block on the host)")
+    parser.add_argument("--host-read-latency-s", type=float, default=PlannerConfig().host_read_latency_s,
+                        help="the planner's host_read_latency_s (fixed cost of one read of a host-only block)")
     parser.add_argument("--budget-labels", help="';'-separated budget labels to run (e.g. 'uniform 3-bit'; "
                                                 "default every budget; uniform 3-bit is always run)")
     parser.add_argument("--out", type=Path, default=RESULTS / "frontier_cpu.json")
@@ -250,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     table = load(args.model / SENSITIVITY_FILE)
     fallback = no_sensitivity_table(paged.shape)
     cfg = PlannerConfig(default_floor_bits=args.floor_bits, host_stall_weight=args.host_stall_weight,
-                        reference_step_s=args.reference_step_s,
+                        reference_step_s=args.reference_step_s, host_read_latency_s=args.host_read_latency_s,
                         host_only_step_overhead_s=args.host_only_step_overhead_s)
     domains = corpus_domains(args.tokens_dir)
     workloads = {} if args.no_mix else {"mix": domains}

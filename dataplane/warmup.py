@@ -28,8 +28,9 @@ special-cased) and then zeroes the engine's counters and routing window, so
 neither the metrics nor the controlplane's activity table see the synthetic
 traffic. The rounds (``warmup_rounds``):
 
-* one prefill per token count 1 block, 2 blocks, ... up to the step's token
-  budget (each a step of its own);
+* one prefill per token count 1, 2, 4, ... up to the step's token budget
+  (each a step of its own; until session 54 the counts under one KV block
+  were covered only by the host-only rounds, now gone);
 * for each decode batch bucket B, B short requests decoding together (the
   bucket's graph is captured on its first decode step);
 * a burst of ``max_running_seqs`` requests whose prompts take several steps,
@@ -113,7 +114,7 @@ def warmup_rounds(
     if min(max_running_seqs, max_batched_tokens, max_pending_requests, block_size, kv_tokens) < 1:
         raise ValueError("warm-up limits must all be >= 1")
     longest = max(1, min(context_length - 1 - MIXED_DECODE_TOKENS, kv_tokens))
-    rounds = [WarmupRound((min(n, longest),), 1) for n in _doubling(block_size, max_batched_tokens)]
+    rounds = [WarmupRound((min(n, longest),), 1) for n in _doubling(1, max_batched_tokens)]
     short = min(block_size, longest)
     for bucket in buckets:
         batch = min(bucket, max_running_seqs, max_pending_requests)

@@ -32,7 +32,7 @@ def _rounds(**overrides) -> list[WarmupRound]:
 def test_rounds_cover_prefill_sizes_buckets_and_mixed_steps() -> None:
     rounds = _rounds()
     prefills = [r.prompt_lengths for r in rounds if r.max_tokens == 1]
-    assert prefills == [(16,), (32,), (64,), (100,)]  # doubling blocks, then the whole token budget
+    assert prefills == [(1,), (2,), (4,), (8,), (16,), (32,), (64,), (100,)]  # doubling, then the whole budget
     buckets = [r for r in rounds if r.max_tokens == BUCKET_DECODE_TOKENS]
     assert [len(r.prompt_lengths) for r in buckets] == [1, 2, 4, 8]
     (mixed,) = [r for r in rounds if r.max_tokens == MIXED_DECODE_TOKENS]
