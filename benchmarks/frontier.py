@@ -236,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-only-step-overhead-s", type=float,
                         default=PlannerConfig().host_only_step_overhead_s,
                         help="the planner's host_only_step_overhead_s (a per-step cost of any block on the host)")
+    parser.add_argument("--host-price-batch", type=int, default=1,
+                        help="the planner's host_price_batch (the decode batch host reads are priced at; the "
+                             "workload's demand here is its whole token mass, not a running batch)")
     parser.add_argument("--host-read-latency-s", type=float, default=PlannerConfig().host_read_latency_s,
                         help="the planner's host_read_latency_s (fixed cost of one read of a host-only block)")
     parser.add_argument("--budget-labels", help="';'-separated budget labels to run (e.g. 'uniform 3-bit'; "
@@ -253,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     fallback = no_sensitivity_table(paged.shape)
     cfg = PlannerConfig(default_floor_bits=args.floor_bits, host_stall_weight=args.host_stall_weight,
                         reference_step_s=args.reference_step_s, host_read_latency_s=args.host_read_latency_s,
+                        host_price_batch=args.host_price_batch,
                         host_only_step_overhead_s=args.host_only_step_overhead_s)
     domains = corpus_domains(args.tokens_dir)
     workloads = {} if args.no_mix else {"mix": domains}

@@ -44,6 +44,9 @@ class ActivitySnapshot:
     prob_share: np.ndarray  # [layers, experts] decayed router prob mass share
     demand_share: np.ndarray  # [layers, experts] latest running demand share
     has_demand: bool  # False when no request was running at the last report
+    # Sequences running at the last report: each adds one routing
+    # distribution (rows summing to 1) to the running demand.
+    running_seqs: float = 0.0
 
 
 class ActivityTable:
@@ -109,4 +112,5 @@ class ActivityTable:
             prob_share=normalize_rows(self._prob),
             demand_share=normalize_rows(self._demand),
             has_demand=bool(self._demand.sum() > 0.0),
+            running_seqs=float(self._demand.sum(axis=1).mean()),
         )

@@ -82,7 +82,8 @@ class PlannerConfig(BaseModel):
     # quality is the master's and its cost the expected read stall per
     # token, priced in the sensitivity table's units:
     #
-    #   stall_s/token = route_prob * (host_read_latency_s + bytes / host_bw)
+    #   stall_s/step = read_prob * (host_read_latency_s + bytes / host_bw)
+    #   read_prob = 1 - (1 - route_prob)^B     (B: host_price_batch)
     #   cost = host_stall_weight * worst_cost * stall_s / reference_step_s
     #
     # with worst_cost = the table's predicted cost of every block at its
@@ -94,8 +95,8 @@ class PlannerConfig(BaseModel):
     # second constant is therefore worst_cost / reference_step_s, in the
     # table's own units (nats of KL per token for a calibrated table; the
     # fallback model's units otherwise). At batch 1 a token waits for the
-    # read only if it routes to the expert (route_prob); larger batches
-    # wait more often, so this is a lower bound on the stall.
+    # read only if it routes to the expert (route_prob); a batch waits if any
+    # of its tokens does (host_price_batch).
     # Rate of a kernel's reads from pinned host memory: 43.7-48.3 GB/s for
     # 8-64 MB reads on the H100 (benchmarks/host_read_probe.py,
     # host_read_probe_h100_s53.json). (Until session 54, when a use fetched
@@ -115,6 +116,19 @@ class PlannerConfig(BaseModel):
     reference_step_s: float = Field(default=6.7e-4, gt=0.0)
     # Dimensionless scale of the exchange rate above (0: stalls are free).
     host_stall_weight: float = Field(default=1.0, ge=0.0)
+    # The decode batch the stall is priced at. A step of B sequences reads a
+    # host-only block once if any of them routes to it, with chance
+    # 1 - (1 - route_prob)^B, and the read delays all B: the stall per step
+    # is that chance times the read, compared with reference_step_s (a
+    # decode step's time barely grows with B: 0.37-0.57 ms at B = 1-16 for
+    # the default model at uniform 3 bits on the H100,
+    # host_only_cost_*_u3_inplace_h100_s54.json). At B = 1 this is the
+    # per-token price above. 0: the running batch of the last report (the
+    # running demand's sequences, at least 1); n >= 1: as if n sequences
+    # decode together. Not modelled: reads of one step contend (measured
+    # 7-10 us a read at B = 1, 15-19 us at B = 4-16), so at batch the price
+    # is still about 2x low.
+    host_price_batch: int = Field(default=0, ge=0)
     # Extra time of every step while any block is host-only, whatever the
     # reads: priced as a stall every token pays, in the same exchange rate,
     # on a budget state that keeps any block on the host (build_ladder then

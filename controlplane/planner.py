@@ -13,7 +13,9 @@ bits a to bits b:
     mix        = (w_share*share + w_prob*prob + w_demand*demand)
                  / (w_share + w_prob + w_demand)
     stall_i    = host_stall_weight * worst_cost / reference_step_s
-                 * route_prob[l, e] * (host_read_latency_s + bytes_i(8) / host_bw)
+                 * read_prob[l, e] * (host_read_latency_s + bytes_i(8) / host_bw)
+    read_prob  = 1 - (1 - route_prob)^B   (chance a step of B sequences reads it;
+                                           B = host_price_batch or the running batch)
     route_prob = min(1, top_k * share)    (chance a token needs the expert)
     worst_cost = sum over blocks of sens_i(lowest view)   (table units)
 

@@ -118,8 +118,10 @@ class RungCost:
         worst_cost = float(inputs.sensitivity.cost[..., lowest].sum())  # table units
         per_stall_s = cfg.host_stall_weight * worst_cost / cfg.reference_step_s  # table units per s/token
         self.host_only_overhead = per_stall_s * cfg.host_only_step_overhead_s  # table units, any block on the host
-        self._route_prob = route_probability(inputs.activity, inputs.shape.top_k)  # [L, E]
-        self._stall_scale = per_stall_s * self._route_prob  # [L, E] table units per s of host reads
+        route_prob = route_probability(inputs.activity, inputs.shape.top_k)  # [L, E] chance a token needs it
+        self.price_batch = cfg.host_price_batch or max(1, round(inputs.activity.running_seqs))
+        read_prob = 1.0 - (1.0 - route_prob) ** self.price_batch  # [L, E] chance a step reads the block
+        self._stall_scale = per_stall_s * read_prob  # [L, E] table units per s of host reads
         self._read_latency_s = cfg.host_read_latency_s
         self._host_bw = cfg.host_bandwidth_bytes_per_s
 

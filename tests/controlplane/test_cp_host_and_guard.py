@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,25 @@ def test_host_only_rung_priced_in_table_units_and_linear_in_route_probability(ti
     a = build_ladder(tiny_inputs(share, old), cfg).demotions
     b = build_ladder(tiny_inputs(share, scaled), cfg).demotions
     assert [(r.layer, r.expert, r.proj, r.to_bits) for r in a] == [(r.layer, r.expert, r.proj, r.to_bits) for r in b]
+
+
+def test_a_batch_reads_a_host_only_block_if_any_of_its_tokens_routes_to_it(tiny_table):
+    """host_price_batch B prices a step's read chance 1 - (1 - p)^B (p the
+    per-token route probability); 0 takes B from the running sequences."""
+    share = skewed_share(tiny_table.num_layers, tiny_table.num_experts, cold=0.01, hot=0.3)
+    inputs = tiny_inputs(share, old_profile(tiny_table))  # sens(0) == sens(2): the 2 -> 0 rung is the stall
+    one = RungCost(inputs, at_fetch_price(1.0, host_price_batch=1))
+    batch = RungCost(inputs, at_fetch_price(1.0, host_price_batch=16))
+    for expert, p in ((COLD, 0.02), (HOT, 0.6)):
+        ratio = batch.rung(0, expert, 0, 2, 0).quality_delta / one.rung(0, expert, 0, 2, 0).quality_delta
+        assert ratio == pytest.approx((1 - (1 - p) ** 16) / p)
+    assert RungCost(inputs, at_fetch_price(1.0)).price_batch == 1  # nothing running: one sequence
+    running = PlanInputs(inputs.shape, inputs.sensitivity, replace(inputs.activity, running_seqs=7.4),
+                         inputs.current_bits, inputs.constraints)
+    live = RungCost(running, at_fetch_price(1.0))
+    assert live.price_batch == 7
+    assert live.rung(0, HOT, 0, 2, 0).quality_delta == pytest.approx(
+        RungCost(inputs, at_fetch_price(1.0, host_price_batch=7)).rung(0, HOT, 0, 2, 0).quality_delta)
 
 
 def test_host_only_at_the_master_view_trades_the_lowest_views_loss_for_the_stall(tiny_table):

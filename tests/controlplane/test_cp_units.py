@@ -68,7 +68,16 @@ def test_activity_decays_by_half_life():
 def test_activity_uniform_before_data():
     snap = ActivityTable(L, E, 10.0).snapshot()
     np.testing.assert_allclose(snap.routed_share, 1 / E)
-    assert not snap.has_demand
+    assert not snap.has_demand and snap.running_seqs == 0.0
+
+
+def test_running_seqs_counts_the_demand_distributions():
+    # Each running sequence adds one routing distribution (a row summing to 1
+    # per layer) to the demand: three sequences here.
+    table = ActivityTable(L, E, 10.0)
+    demand = np.array([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.2, 0.3, 0.5]]).sum(axis=0)  # one layer's three rows
+    table.update(10, None, None, np.concatenate([demand, demand[::-1]]))
+    assert table.snapshot().running_seqs == pytest.approx(3.0)
 
 
 def make_cost() -> np.ndarray:
