@@ -55,7 +55,7 @@ def build_store(shape: MoeShape, layers: int, page_bytes: int, device: str,
     total = layers * shape.experts * sum(per_block)
     storage = torch.empty(total, page_bytes, dtype=torch.uint8, device=device)
     order = torch.randperm(total, generator=gen)
-    table = torch.full((n_blocks, wl.NUM_FIELDS, max(max(p) for p in pages_of)), -1, dtype=torch.int32)
+    table = torch.full((n_blocks, wl.NUM_FIELDS, max(max(p) for p in pages_of)), -1, dtype=torch.int64)
     cursor = 0
     for proj in range(PROJS_PER_EXPERT):
         blocks = torch.arange(proj, n_blocks, PROJS_PER_EXPERT)
@@ -63,7 +63,7 @@ def build_store(shape: MoeShape, layers: int, page_bytes: int, device: str,
             npg = pages_of[proj][f]
             ids = order[cursor : cursor + npg * len(blocks)].reshape(len(blocks), npg)
             cursor += npg * len(blocks)
-            table[blocks, f, :npg] = ids.to(torch.int32)
+            table[blocks, f, :npg] = ids
             padded = torch.zeros(npg * page_bytes, dtype=torch.uint8, device=device)
             padded[: fields[proj][f].numel()] = fields[proj][f]
             src = padded.view(1, npg, page_bytes).expand(len(blocks), npg, page_bytes)

@@ -4,8 +4,10 @@
 import pytest
 import torch
 
-from benchmarks.moe_setup import MIXTRAL, QWEN, fields_config, projection_views, routing, two_views
+from benchmarks.moe_setup import (MIXTRAL, QWEN, MoeShape, build_store, fields_config, projection_views, routing,
+                                  two_views)
 from kernels import weight_layout as wl
+from kernels.moe_paged import check_weights
 
 
 def test_mixed_is_the_named_projection_views():
@@ -60,3 +62,13 @@ def test_plain_roundrobin_is_over_every_expert():
 def test_bad_routing_is_refused(mode):
     with pytest.raises(ValueError, match="routing|roundrobin:N"):
         routing(MIXTRAL, 4, "cpu", mode=mode)
+
+
+def test_build_store_gives_the_tables_the_kernels_check():
+    # The layer benchmarks' synthetic store must pass the launches' own table
+    # checks (int64 page offsets since session 54; kernels/moe_paged.py).
+    tiny = MoeShape("tiny", 128, 256, 4, 2)
+    page = 1 << (wl.TILE_ROWS * 256 - 1).bit_length()  # the widest 8-bit tile, a power of two
+    weights = build_store(tiny, 1, page, "cpu")
+    assert weights.page_table.dtype == torch.int64
+    assert check_weights(weights, tiny.hidden, tiny.ffn, tiny.experts * 3) == page.bit_length() - 1
