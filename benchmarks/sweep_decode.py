@@ -34,7 +34,7 @@ def _probe_kernel(
     xp_ptr,  # [3, M, K] fp16 activation planes, virtual order (weight_layout.plane_scales)
     xsum_ptr,  # [M, K / 128] fp32
     arena_ptr,  # int32 arena words
-    pt_ptr,  # [blocks, 5, max_pages] int32
+    pt_ptr,  # [blocks, 5, max_pages] int64 page offsets
     out_ptr,  # [N, BM] fp32, accumulated
     block, N, K, pt_block_stride, pt_field_stride, log2p, per_split, n_tokens,
     NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,

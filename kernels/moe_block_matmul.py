@@ -179,7 +179,7 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     """acc fp32 [BN, BM] = W_b[rows, groups g0..g1) @ x[groups]^T for one block.
 
     arena_ptr: int32 [num_pages * page_bytes / 4] the arena as words;
-    pt_blk_ptr: int32 [5, max_pages] the block's page-table rows (field stride
+    pt_blk_ptr: int64 [5, max_pages] the block's page-table rows (field stride
     pt_field_stride); rows: int32 [BN] in-range row indices; xt_ptrs: fp16
     pointers [128, BM] to group 0 of the activation tile (virtual order);
     xs_ptrs: fp32 pointers [BM] to the activation sums of group 0, XS_SUB

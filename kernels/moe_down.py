@@ -126,7 +126,7 @@ def _moe_down_kernel(
     num_active_ptr,  # [1] int32
     tw_ptr,  # [T * top_k] fp32 routing weights
     arena_ptr,  # int32 arena words
-    pt_ptr,  # [num_blocks, 5, max_pages] int32
+    pt_ptr,  # [num_blocks, 5, max_pages] int64 page offsets (docs/WEIGHT_LAYOUT.md)
     bf_ptr,  # [num_blocks] int32
     out_ptr,  # [T, H] fp32, accumulated into (zeroed by moe_prepare)
     plan_ptr,  # [programs, DOWN_PLAN_FIELDS * E_PAD] int32 scratch, one row per program (BALANCE only)

@@ -156,7 +156,7 @@ def _moe_gate_up_kernel(
     active_ptr,  # [E] int32 experts with tokens
     num_active_ptr,  # [1] int32
     arena_ptr,  # [num_pages * page_bytes / 4] int32 arena words
-    pt_ptr,  # [num_blocks, 5, max_pages] int32 page table
+    pt_ptr,  # [num_blocks, 5, max_pages] int64 page table (offsets from the arena base)
     bf_ptr,  # [num_blocks] int32 resident field count per block
     gu_ptr,  # [T * top_k, SPLIT, 2, F] fp32 scratch: gate / up pre-activations, per K range
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
