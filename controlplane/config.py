@@ -120,8 +120,8 @@ class PlannerConfig(BaseModel):
     # host-only block once if any of them routes to it, with chance
     # 1 - (1 - route_prob)^B, and the read delays all B: the stall per step
     # is that chance times the read, compared with reference_step_s (a
-    # decode step's time barely grows with B: 0.37-0.57 ms at B = 1-16 for
-    # the default model at uniform 3 bits on the H100,
+    # decode step's time grows little with B: 0.37-0.40 ms at B = 1 and
+    # 0.57-0.71 ms at B = 16 for the default model at uniform 3 bits on the H100,
     # host_only_cost_*_u3_inplace_h100_s54.json). At B = 1 this is the
     # per-token price above. 0: the running batch of the last report (the
     # running demand's sequences, at least 1); n >= 1: as if n sequences

@@ -156,13 +156,8 @@ class WeightStore:
     def num_blocks(self) -> int:
         return len(self._shapes)
 
-    @property
-    def host_only_blocks(self) -> int:
-        """Blocks with no arena pages (served from the host)."""
-        return len(self._host_only)
-
     def host_only_set(self) -> frozenset[int]:
-        """The host-only blocks now (what a step queued now reads from the host)."""
+        """The blocks with no arena pages now (what a step queued now reads from the host)."""
         return frozenset(self._host_only)
 
     def _set_fields(self, block: int, fields: int) -> None:
@@ -369,10 +364,10 @@ class WeightStore:
         blocks = list(blocks)
         self.recency.touch(blocks)
         on_host = self._host_only if host_only is None else host_only
-        for b in blocks:
-            if b in on_host:
-                self.counters.host_reads += 1
-                self.counters.host_read_bytes += self.masters.master_bytes(b)
+        if on_host:  # called every step: with nothing on the host, no pass over the blocks
+            read = [b for b in blocks if b in on_host]
+            self.counters.host_reads += len(read)
+            self.counters.host_read_bytes += sum(self.masters.master_bytes(b) for b in read)
 
     # -- readers ----------------------------------------------------------------------
     def read_view(self, block: int) -> BlockView:

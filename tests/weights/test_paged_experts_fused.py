@@ -123,7 +123,7 @@ def test_fused_reads_host_only_blocks_in_place_at_the_master_view():
         fused = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False)
         outputs.append(fused(x, ids, weights))
         if host_bits == 0:
-            assert store.host_only_blocks == 2 * NUM_PROJ and {1, 3} <= set(ids.flatten().tolist())
+            assert len(store.host_only_set()) == 2 * NUM_PROJ and {1, 3} <= set(ids.flatten().tolist())
             assert arena.free_pages == arena.num_pages - sum(store.block_pages(b, x) for b, x in enumerate(bits))
             plain = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=False, cache_decoded=False)
             want = plain(x, ids, weights)

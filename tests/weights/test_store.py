@@ -141,7 +141,7 @@ def test_host_only_block_names_its_master_pages_on_the_host(blocks) -> None:
     store = WeightStore(arena, blocks, initial_bits=4)
     free_before = arena.free_pages
     freed = store.set_host_only(1)
-    assert store.bits(1) == 0 and store.host_only_blocks == 1 and store.block_fields[1].item() == NUM_FIELDS
+    assert store.bits(1) == 0 and len(store.host_only_set()) == 1 and store.block_fields[1].item() == NUM_FIELDS
     assert arena.free_pages == free_before + freed // PAGE and store.resident_pages(1) == []
     base = arena.storage.data_ptr()
     n, k = SHAPES[1]
@@ -159,17 +159,17 @@ def test_host_only_block_names_its_master_pages_on_the_host(blocks) -> None:
 def test_promoting_a_host_only_block_drops_its_host_rows(blocks) -> None:
     arena = arena_for(200, PAGE)
     store = WeightStore(arena, blocks, initial_bits=[8, 0, 2])
-    assert store.host_only_blocks == 1 and store.block_fields.tolist() == [5, 5, 1]
+    assert len(store.host_only_set()) == 1 and store.block_fields.tolist() == [5, 5, 1]
     store.promote(1, 3)
     assert store.block_fields[1].item() == NUM_FIELDS  # readers see the master until the commit
     store.sync()
-    assert store.host_only_blocks == 0 and store.block_fields[1].item() == 2
+    assert len(store.host_only_set()) == 0 and store.block_fields[1].item() == 2
     assert all(0 <= p < arena.num_pages for p in store.resident_pages(1))
     assert (store.page_table[1, 2:] == -1).all()
     assert torch.equal(store.decode(1)[1], expected_view(blocks[1], 3))
     store.demote(0, 2)
     store.set_host_only(0)
-    assert store.host_only_blocks == 1 and store.block_fields[0].item() == NUM_FIELDS
+    assert len(store.host_only_set()) == 1 and store.block_fields[0].item() == NUM_FIELDS
     assert store.counters.promotions == 1 and store.counters.demotions == 2
 
 
