@@ -170,6 +170,8 @@ def _moe_gate_up_kernel(
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
     SPLIT: tl.constexpr,  # K ranges of each projection (MoeTiles.split_up)
     INTERLEAVE: tl.constexpr,  # the grid is (slot, row program) (MoeTiles.gate_up_interleave)
+    TOKENS_LO: tl.constexpr = 0,  # only experts of over TOKENS_LO tokens (0: no bound; run_gate_up)
+    TOKENS_HI: tl.constexpr = 0,  # only experts of at most TOKENS_HI tokens (0: no bound)
 ):
     # Program ((tile * SPLIT + part) * 2 + which, slot), or the transpose with
     # INTERLEAVE (the first grid dimension is dispatched first): gate_up_program.
@@ -184,7 +186,7 @@ def _moe_gate_up_kernel(
                     sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
                     count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
                     pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
-                    False, (pid // 2) % SPLIT, SPLIT)
+                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI)
 
 
 @triton.jit
@@ -193,7 +195,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
                     ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
                     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
                     STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr, part=0,
-                    SPLIT: tl.constexpr = 1):
+                    SPLIT: tl.constexpr = 1, TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0):
     """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
     rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
     the slot's expert, over K range `part` of SPLIT (groups cut evenly) and
@@ -203,9 +205,17 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     they take the same tiles). With SIGNAL, every combined token tile adds
     1 to ready_ptr[expert * (F / BN) + tile] after its h is stored (release),
     for a reader in the same launch (kernels/moe_gate_up_down.py); without,
-    ready_ptr is not touched."""
+    ready_ptr is not touched. TOKENS_LO / TOKENS_HI (0: no bound): the
+    program works only for an expert of over TOKENS_LO and at most TOKENS_HI
+    tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages)."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
+    lo = start
+    if TOKENS_LO > 0:
+        lo = start + TOKENS_LO
+    hi = end
+    if TOKENS_HI > 0:
+        hi = start + TOKENS_HI
     # Every loaded value is tested in two conditions: the compiler would
     # otherwise sink each load below the branch before it, one round trip
     # after another. Not in one condition: with the slot test joined to the
@@ -213,7 +223,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     # 8-bit one-token loop 406 instructions a step instead of 362 (local
     # Triton 3.6 sm_90, benchmarks/sass_loops.py).
     if slot < n_act:
-        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
+        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (lo < end) & (end <= hi):
             nf = tl.where(which == 0, nf_g, nf_u)
             n = tile * BN + tl.arange(0, BN)
             rows = tl.minimum(n, F - 1)
@@ -240,15 +250,35 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
                 top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy = DEFAULT_PDL) -> None:
-    """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare); pdl: kernels/pdl.py."""
+    """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare); pdl: kernels/pdl.py.
+    With tiles.gate_up_split_stages, two launches: the experts of at most
+    block_m tokens on the base tile alone, then those over it on the wide
+    tile alone (each launch's programs of the other class exit at once)."""
     t, hidden = ws.prep.xp.shape
-    slots = min(num_experts, t * top_k)
-    pt = weights.page_table
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
     if ws.gu.shape[1] != tiles.split_up:
         raise ValueError("workspace was allocated for another gate/up split")
+    if not tiles.gate_up_split_stages:
+        _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m,
+                        tiles.block_m_wide, tiles.num_stages, tiles.wide_loop_stages, 0, 0)
+        return
+    _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m, 0,
+                    tiles.gate_up_split_stages, tiles.gate_up_split_stages, 0, tiles.block_m)
+    _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m_wide, 0,
+                    tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
+
+
+def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,
+                    tiles: MoeTiles, log2p: int, pdl: PdlPolicy, block_m: int, block_m_wide: int, stages: int,
+                    wide_stages: int, tokens_lo: int, tokens_hi: int) -> None:
+    # One gate/up launch over every slot, of token tile block_m (and
+    # block_m_wide), for the experts of over tokens_lo and at most tokens_hi
+    # tokens (0: no bound).
+    t, hidden = ws.prep.xp.shape
+    slots = min(num_experts, t * top_k)
+    pt = weights.page_table
     row_programs = 2 * tiles.split_up * (ffn // tiles.block_n_up)
     grid = (slots, row_programs) if tiles.gate_up_interleave else (row_programs, slots)
     kernel = _moe_gate_up_kernel[grid](
@@ -258,10 +288,9 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         hidden, ffn,
         pt.stride(0), pt.stride(1), log2p, top_k, ws.counts.shape[2],
         ws.prep.xp.numel(), ws.h.numel(),
-        BN=tiles.block_n_up, BM=tiles.block_m,
-        BM_WIDE=tiles.block_m_wide,
-        USE_ASM=tiles.use_asm, STAGES=tiles.num_stages, STAGES_WIDE=tiles.wide_loop_stages,
-        SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, **tiles.launch_options(),
-        **pdl_options(ws.h.device, t, pdl),
+        BN=tiles.block_n_up, BM=block_m, BM_WIDE=block_m_wide,
+        USE_ASM=tiles.use_asm, STAGES=stages, STAGES_WIDE=wide_stages,
+        SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
+        **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

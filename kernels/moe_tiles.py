@@ -120,6 +120,12 @@ class MoeTiles:
     programs, each with a shorter K loop, where the row tiles alone leave
     multiprocessors idle (one token, few small experts); only for the
     one-token tile in its own launch.
+    gate_up_split_stages: with a wide tile, the gate/up projection as two
+    launches, each compiled for one token tile: the experts of at most
+    block_m tokens at this pipeline depth, then the others on the wide tile
+    at wide_loop_stages (0: one launch with both tiles). Compiled in but
+    unused, the wide tile costs the base tile's loops 5-8 % (benchmarks/NOTES.md,
+    session 53); two launches cost a wave's tail between them.
     """
 
     block_n_up: int = 128
@@ -139,6 +145,7 @@ class MoeTiles:
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
     gate_up_interleave: bool = False
+    gate_up_split_stages: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -163,6 +170,9 @@ class MoeTiles:
             raise ValueError(f"split_up must be >= 1, got {self.split_up}")
         if self.split_up > 1 and (self.block_m != CUDA_CORE_TOKEN_TILE or self.one_launch):
             raise ValueError("split_up > 1 needs the one-token tile (block_m 1) in its own gate/up launch")
+        if self.gate_up_split_stages < 0 or (self.gate_up_split_stages and not wide):
+            raise ValueError(f"gate_up_split_stages needs a wide tile and must be >= 0, got "
+                             f"{self.gate_up_split_stages} with block_m_wide {wide}")
         if self.num_stages < 1 or self.wide_stages < 0:
             raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
                              f"{self.wide_stages}")
@@ -218,9 +228,10 @@ class MoeTiles:
         views = sum(c << (8 * i) for i, c in enumerate(self.down_group_cost))
         return views | int(self.down_zigzag) << (8 * len(self.down_group_cost))
 
-    def launch_options(self) -> dict:
-        """Compiler options of both weight launches."""
-        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+    def launch_options(self, num_stages: int | None = None) -> dict:
+        """Compiler options of both weight launches (num_stages: a launch's
+        own depth, None: self.num_stages)."""
+        opts = {"num_warps": self.num_warps, "num_stages": num_stages or self.num_stages}
         if self.maxnreg is not None:
             opts["maxnreg"] = self.maxnreg
         return opts
@@ -330,7 +341,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      block_m_wide=block_m_wide, limit_carveout=limit_carveout,
                      balance_down=balance_down, down_group_cost=tuning.down_group_cost,
                      down_zigzag=tuning.down_zigzag,
-                     gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens)
+                     gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
+                     gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:

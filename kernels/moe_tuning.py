@@ -213,6 +213,10 @@ class MoeTuning:
     (MoeTiles.gate_up_interleave), so that in a state that gives whole
     experts one width the resident programs mix widths all through the
     launch; 0: never (GATE_UP_INTERLEAVE_MAX_TOKENS has the measurements).
+    wide_gate_up_split_stages: where choose_tiles compiles a wide tile in,
+    the gate/up projection as two launches, one per token tile, the base
+    tile's at this pipeline depth (MoeTiles.gate_up_split_stages; 0: one
+    launch).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -229,6 +233,7 @@ class MoeTuning:
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
     gate_up_interleave_max_tokens: int = GATE_UP_INTERLEAVE_MAX_TOKENS
+    wide_gate_up_split_stages: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -243,6 +248,8 @@ class MoeTuning:
                      "narrow_tile_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.wide_gate_up_split_stages < 0:
+            raise ValueError(f"wide_gate_up_split_stages must be >= 0, got {self.wide_gate_up_split_stages}")
         if self.one_token_split_up < 1:
             raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:

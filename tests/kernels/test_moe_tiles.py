@@ -8,6 +8,23 @@ from kernels.moe_tiles import MoeTiles, choose_tiles
 from kernels.moe_tuning import GATE_UP_INTERLEAVE_MAX_TOKENS, MoeTuning
 
 
+def test_gate_up_split_only_with_a_wide_tile():
+    # MoeTuning.wide_gate_up_split_stages reaches the tiles only where a
+    # wide tile is compiled in (Mixtral B=64), and only from the tuning.
+    with pytest.raises(ValueError, match="gate_up_split_stages"):
+        MoeTiles(block_m=16, gate_up_split_stages=4)
+    with pytest.raises(ValueError, match="gate_up_split_stages"):
+        MoeTiles(block_m=16, block_m_wide=32, gate_up_split_stages=-1)
+    with pytest.raises(ValueError, match="wide_gate_up_split_stages"):
+        MoeTuning(wide_gate_up_split_stages=-1)
+    split = MoeTuning(wide_gate_up_split_stages=4)
+    assert choose_tiles(64, 2, 8, 4096, 14336, tuning=split).gate_up_split_stages == 4
+    assert choose_tiles(64, 2, 8, 4096, 14336).gate_up_split_stages == 0
+    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=split).gate_up_split_stages == 0  # no wide tile
+    tiles = MoeTiles(block_m=16, block_m_wide=32, num_stages=3, gate_up_split_stages=4)
+    assert tiles.launch_options()["num_stages"] == 3 and tiles.launch_options(4)["num_stages"] == 4
+
+
 def test_tiles_validate_and_widen_only_when_needed():
     with pytest.raises(ValueError, match="block_m_wide"):
         MoeTiles(block_m=32, block_m_wide=32)
