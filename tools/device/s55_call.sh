@@ -8,7 +8,7 @@
 source .carry/on_device.sh || exit 1
 C=$1
 rm -rf /tmp/runs
-e2e_run 330 table --bits 8,4,mixed26 --batches 1,16,64
-e2e_run 110 split4_ra --bits 4,mixed26 --batches 64 --wide-gate-up-split-stages 4
-e2e_run 60 shipped64_ra --bits 4,mixed26 --batches 64
+e2e_run 320 table --bits 8,4,mixed26 --batches 1,16,64
+e2e_run 120 split4_ra --bits 4,mixed26 --batches 64 --wide-gate-up-split-stages 4
+e2e_run 90 shipped64_ra --bits 4,mixed26 --batches 64
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_s55.json" | tail -20
