@@ -12,7 +12,8 @@ come from kernels/moe_tiles.py:
    projection of h, times the routing weight, atomically added into out
    [T, H] fp32 (the weighted sum over the top-k and the K split in one go).
 At one token, launches 2 and 3 may run as one (MoeTiles.one_launch,
-kernels/moe_gate_up_down.py).
+kernels/moe_gate_up_down.py); with a wide tile, launch 2 may run as two, one
+per token tile (MoeTiles.gate_up_split_stages).
 
 fused_moe_from_residual replaces launch 1 at decode sizes with
 kernels/moe_entry.py, which also does the residual add and norm before the
