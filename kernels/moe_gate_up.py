@@ -251,9 +251,12 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
                 top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy = DEFAULT_PDL) -> None:
     """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare); pdl: kernels/pdl.py.
-    With tiles.gate_up_split_stages, two launches: the experts of at most
-    block_m tokens on the base tile alone, then those over it on the wide
-    tile alone (each launch's programs of the other class exit at once)."""
+    With tiles.gate_up_split_stages, two launches: the experts of over
+    block_m tokens on the wide tile alone, and those of at most block_m on
+    the base tile alone (each launch's programs of the other class exit at
+    once); on a GPU the wide one on ws.side_stream, forked from and joined
+    back into the current stream (in a CUDA graph: two branches), so that
+    both run at once and the work stays shared as in one launch."""
     t, hidden = ws.prep.xp.shape
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
@@ -264,10 +267,16 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m,
                         tiles.block_m_wide, tiles.num_stages, tiles.wide_loop_stages, 0, 0)
         return
+    main = torch.cuda.current_stream(ws.h.device) if ws.side_stream is not None else None
+    if main is not None:
+        ws.side_stream.wait_stream(main)
+    with torch.cuda.stream(ws.side_stream):  # None: the current stream
+        _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m_wide, 0,
+                        tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
     _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m, 0,
                     tiles.gate_up_split_stages, tiles.gate_up_split_stages, 0, tiles.block_m)
-    _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m_wide, 0,
-                    tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
+    if main is not None:
+        main.wait_stream(ws.side_stream)
 
 
 def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,

@@ -36,6 +36,10 @@ class MoeWorkspace:
     ready: torch.Tensor
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
+    # The second stream of a gate/up split into two launches
+    # (MoeTiles.gate_up_split_stages) on a GPU: the wide tile's launch runs
+    # beside the base tile's, so that each fills the other's tail.
+    side_stream: torch.cuda.Stream | None = None
 
 
 # Vectors of down_plan_width(E) slots in a row of the down launch's plan:
@@ -74,6 +78,8 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     dtype = tiles.activation_dtype
     h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
+    side = (torch.cuda.Stream(torch.device(device))
+            if tiles.gate_up_split_stages and torch.device(device).type == "cuda" else None)
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype,
                         tiles.narrow_order),
@@ -83,6 +89,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts),
                               dtype=torch.int32, device=device),
+        side_stream=side,
     )
 
 
