@@ -122,10 +122,12 @@ class MoeTiles:
     one-token tile in its own launch.
     gate_up_split_stages: with a wide tile, the gate/up projection as two
     launches, each compiled for one token tile: the experts of at most
-    block_m tokens at this pipeline depth, then the others on the wide tile
-    at wide_loop_stages (0: one launch with both tiles). Compiled in but
-    unused, the wide tile costs the base tile's loops 5-8 % (benchmarks/NOTES.md,
-    session 53); two launches cost a wave's tail between them.
+    block_m tokens at this pipeline depth, the others on the wide tile at
+    wide_loop_stages (0: one launch with both tiles). Compiled in but unused,
+    the wide tile costs the base tile's loops 5-8 % (benchmarks/NOTES.md,
+    session 53). On a GPU the two run at once on two streams
+    (kernels/moe_gate_up.run_gate_up): one after the other, each one's tail
+    left the GPU idle (MoeTuning's WIDE_GATE_UP_SPLIT_STAGES has both).
     """
 
     block_n_up: int = 128

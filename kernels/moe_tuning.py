@@ -165,6 +165,17 @@ DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
 # 452.7 -> 463.9, B=16 1342.5 -> 1371.1; uniform 4-bit B=4 464.3 -> 463.4,
 # B=16 1393.2 -> 1386.9.
 GATE_UP_INTERLEAVE_MAX_TOKENS = 32
+# Where a wide tile is compiled in (Mixtral B = 33-64), gate/up as two
+# launches on two streams, each compiled for one token tile, the base tile's
+# at 4 stages (MoeTiles.gate_up_split_stages). H100, random routing, the
+# layer, 4-bit, us, shipped -> split: B=48 369.7 -> 352.4, B=56 409.1 ->
+# 398.9, B=64 413.0 -> 402.2 (2-bit 333.1 -> 326.1, 8-bit 590.7 -> 582.0);
+# end to end, two rounds, tok/s: 4-bit B=48 3378.1 -> 3539.9, B=56 3723.9 ->
+# 3835.8, B=64 4233.8 -> 4326.4; mixed 2/6 3364.7 -> 3502.4, 3710.0 -> 3809.6,
+# 4227.7 -> 4308.6 (benchmarks/results/*_split_*_h100_s55.json). One launch
+# after the other instead: B=64 4-bit layer 418.6 -> 433.1 us, end to end
+# 4165.5 -> 4089.5 (each launch's tail idles the GPU); B=48 378.9 -> 354.3.
+WIDE_GATE_UP_SPLIT_STAGES = 4
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -215,8 +226,9 @@ class MoeTuning:
     launch; 0: never (GATE_UP_INTERLEAVE_MAX_TOKENS has the measurements).
     wide_gate_up_split_stages: where choose_tiles compiles a wide tile in,
     the gate/up projection as two launches, one per token tile, the base
-    tile's at this pipeline depth (MoeTiles.gate_up_split_stages; 0: one
-    launch).
+    tile's at this pipeline depth, on two streams at once
+    (MoeTiles.gate_up_split_stages; 0: one launch with both tiles;
+    WIDE_GATE_UP_SPLIT_STAGES has the measurements).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -233,7 +245,7 @@ class MoeTuning:
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
     gate_up_interleave_max_tokens: int = GATE_UP_INTERLEAVE_MAX_TOKENS
-    wide_gate_up_split_stages: int = 0
+    wide_gate_up_split_stages: int = WIDE_GATE_UP_SPLIT_STAGES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))

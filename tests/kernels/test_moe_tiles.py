@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.moe_tiles import MoeTiles, choose_tiles
-from kernels.moe_tuning import GATE_UP_INTERLEAVE_MAX_TOKENS, MoeTuning
+from kernels.moe_tuning import GATE_UP_INTERLEAVE_MAX_TOKENS, WIDE_GATE_UP_SPLIT_STAGES, MoeTuning
 
 
 def test_gate_up_split_only_with_a_wide_tile():
@@ -17,9 +17,11 @@ def test_gate_up_split_only_with_a_wide_tile():
         MoeTiles(block_m=16, block_m_wide=32, gate_up_split_stages=-1)
     with pytest.raises(ValueError, match="wide_gate_up_split_stages"):
         MoeTuning(wide_gate_up_split_stages=-1)
-    split = MoeTuning(wide_gate_up_split_stages=4)
-    assert choose_tiles(64, 2, 8, 4096, 14336, tuning=split).gate_up_split_stages == 4
-    assert choose_tiles(64, 2, 8, 4096, 14336).gate_up_split_stages == 0
+    split = MoeTuning(wide_gate_up_split_stages=3)
+    assert choose_tiles(64, 2, 8, 4096, 14336, tuning=split).gate_up_split_stages == 3
+    assert choose_tiles(64, 2, 8, 4096, 14336).gate_up_split_stages == WIDE_GATE_UP_SPLIT_STAGES > 0
+    one = MoeTuning(wide_gate_up_split_stages=0)
+    assert choose_tiles(64, 2, 8, 4096, 14336, tuning=one).gate_up_split_stages == 0
     assert choose_tiles(32, 2, 8, 4096, 14336, tuning=split).gate_up_split_stages == 0  # no wide tile
     tiles = MoeTiles(block_m=16, block_m_wide=32, num_stages=3, gate_up_split_stages=4)
     assert tiles.launch_options()["num_stages"] == 3 and tiles.launch_options(4)["num_stages"] == 4
