@@ -1,7 +1,7 @@
 """Fused mixed-precision MoE layer over paged multi-precision expert weights.
 
-Three launches per layer, no host sync (CUDA-graph friendly); their shapes
-come from kernels/moe_tiles.py:
+Three launches per layer (four with a split gate/up, below), no host sync
+(CUDA-graph friendly); their shapes come from kernels/moe_tiles.py:
 1. moe_prepare (kernels/moe_align.py): sort (token, slot) pairs by expert,
    stage x as fp16 in the kernels' K order with per-group sums, zero the output;
 2. run_gate_up (kernels/moe_gate_up.py): per (expert, rows of F): gate and
@@ -66,7 +66,7 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     arrival counters of a workspace allocated here (kernels/arrival_counters.py;
     None: zeroed per call). tiles: the launch shape (None: choose_tiles with
     tuning, itself None: MoeTuning()). pdl: which launches take part in PDL
-    (kernels/pdl.py). Three launches, no host sync.
+    (kernels/pdl.py). Three or four launches, no host sync.
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
