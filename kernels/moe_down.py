@@ -14,7 +14,7 @@ from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
-    settle_carveout
+    fork_side_stream, join_side_stream, settle_carveout
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.weight_layout import GROUP
 
@@ -137,13 +137,16 @@ def _moe_down_kernel(
     STAGES: tl.constexpr,  # pipeline depth of the BM loops (MoeTiles.num_stages)
     STAGES_WIDE: tl.constexpr,  # of the BM_WIDE loops (MoeTiles.wide_loop_stages)
     DOWN_COSTS: tl.constexpr,  # MoeTiles.down_cost_word (BALANCE only)
+    TOKENS_LO: tl.constexpr = 0,  # only experts of over TOKENS_LO tokens (0: no bound; not with BALANCE)
+    TOKENS_HI: tl.constexpr = 0,  # only experts of at most TOKENS_HI tokens (0: no bound)
 ):
     # Program (n, p): down_program, which waits for the gate/up launch
     # after its routing loads (the entry's tables, two launches back).
     down_program(tl.program_id(0), tl.program_id(1), tl.num_programs(1), h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                  offsets_ptr, active_ptr, num_active_ptr, tw_ptr, arena_ptr, pt_ptr, bf_ptr, out_ptr, plan_ptr,
                  plan_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k,
-                 q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES_WIDE, False, PDL, DOWN_COSTS)
+                 q_x, BN, BM, BM_WIDE, HS_SUB, USE_ASM, E_PAD, BALANCE, STAGES, STAGES_WIDE, False, PDL, DOWN_COSTS,
+                 TOKENS_LO, TOKENS_HI)
 
 
 @triton.jit
@@ -152,7 +155,8 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
                  pt_block_stride, pt_field_stride, log2p, split, groups_per_split, top_k, q_x,
                  BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, HS_SUB: tl.constexpr,
                  USE_ASM: tl.constexpr, E_PAD: tl.constexpr, BALANCE: tl.constexpr, STAGES: tl.constexpr,
-                 STAGES_WIDE: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr, DOWN_COSTS: tl.constexpr):
+                 STAGES_WIDE: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr, DOWN_COSTS: tl.constexpr,
+                 TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0):
     """One program of the down launch (arguments as _moe_down_kernel's),
     program (pid_n, pid_p) of num_p per row tile. With WAIT, h is written by
     other programs of the same launch (kernels/moe_gate_up_down.py): before
@@ -164,7 +168,10 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
     field counts and token ranges: the MoE entry's, two launches back, and
     the weight store's) through the L2, then waits for the previous grid
     (kernels/pdl.py), so that their round trips overlap the gate/up
-    launch's last programs; the caller must not have waited."""
+    launch's last programs; the caller must not have waited.
+    TOKENS_LO / TOKENS_HI (0: no bound; without BALANCE only): the program
+    works only for an expert of over TOKENS_LO and at most TOKENS_HI tokens
+    (MoeTiles.down_split_stages)."""
     # Program (n, p) of split programs per expert slot: rows [n BN, +BN) of
     # the down blocks. Without BALANCE: slot p // split, K range p % split of
     # groups_per_split groups. With BALANCE: share p of the row tile's work,
@@ -233,8 +240,14 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         g1 = tl.minimum(g0 + groups_per_split, n_groups)
         expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
         wait_for_previous_grid(PDL)
+        lo = start
+        if TOKENS_LO > 0:
+            lo = start + TOKENS_LO
+        hi = end
+        if TOKENS_HI > 0:
+            hi = start + TOKENS_HI
         # One condition on every loaded value (as in the gate/up launch).
-        if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (start < end):
+        if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (lo < end) & (end <= hi):
             if WAIT:
                 _wait_for_h(ready_ptr, expert, start, end, g0, g1, F, BM, HS_SUB)
             _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_ptr, out_ptr, blk, nf_d,
@@ -286,21 +299,43 @@ def down_launch_shape(ws: MoeWorkspace, tiles: MoeTiles, num_experts: int, top_k
 def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
              num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int,
              pdl: PdlPolicy = DEFAULT_PDL) -> None:
-    """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up); pdl: kernels/pdl.py."""
-    t, hidden = ws.prep.xp.shape
-    row_tiles, progs_per_tile, split, groups_per_split = down_launch_shape(ws, tiles, num_experts, top_k, ffn)
+    """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up); pdl: kernels/pdl.py.
+    With tiles.down_split_stages, two launches by token class at once, as
+    run_gate_up's split (the wide one on ws.side_stream)."""
+    shape = down_launch_shape(ws, tiles, num_experts, top_k, ffn)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    pt = weights.page_table
     check_h_planes(ws, tiles)
+    if not tiles.down_split_stages:
+        _launch_down(ws, tw, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, shape, tiles.block_m,
+                     tiles.block_m_wide, tiles.num_stages, tiles.wide_loop_stages, 0, 0)
+        return
+    with fork_side_stream(ws):
+        _launch_down(ws, tw, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, shape,
+                     tiles.block_m_wide, 0, tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
+    _launch_down(ws, tw, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, shape, tiles.block_m, 0,
+                 tiles.down_split_stages, tiles.down_split_stages, 0, tiles.block_m)
+    join_side_stream(ws)
+
+
+def _launch_down(ws: MoeWorkspace, tw: torch.Tensor, weights: PagedWeights, layer: int, num_experts: int,
+                 top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy,
+                 shape: tuple[int, int, int, int], block_m: int, block_m_wide: int, stages: int,
+                 wide_stages: int, tokens_lo: int, tokens_hi: int) -> None:
+    # One down launch (shape: down_launch_shape's) of token tile block_m (and
+    # block_m_wide) for the experts of over tokens_lo and at most tokens_hi
+    # tokens (0: no bound).
+    t, hidden = ws.prep.xp.shape
+    row_tiles, progs_per_tile, split, groups_per_split = shape
+    pt = weights.page_table
     kernel = _moe_down_kernel[(row_tiles, progs_per_tile)](
         ws.h, ws.hq_scale, ws.hsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active, ws.prep.num_active,
         tw, weights.storage.view(torch.int32), pt, weights.block_fields, ws.prep.out, ws.down_plan,
         layer * num_experts * PROJS_PER_EXPERT, num_experts, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         split, groups_per_split, top_k, ws.h.numel(),
-        BN=tiles.block_n_down, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide,
+        BN=tiles.block_n_down, BM=block_m, BM_WIDE=block_m_wide,
         HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
-        E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=tiles.num_stages,
-        STAGES_WIDE=tiles.wide_loop_stages, DOWN_COSTS=tiles.down_cost_word,
-        **tiles.launch_options(), **pdl_options(ws.h.device, t, pdl),
+        E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=stages,
+        STAGES_WIDE=wide_stages, DOWN_COSTS=tiles.down_cost_word, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
+        **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

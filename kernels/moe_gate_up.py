@@ -27,7 +27,8 @@ from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_decode import tile_k_order, virtual_slot
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
 from kernels.moe_tiles import MoeTiles
-from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, settle_carveout
+from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, fork_side_stream, \
+    join_side_stream, settle_carveout
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
@@ -267,16 +268,12 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m,
                         tiles.block_m_wide, tiles.num_stages, tiles.wide_loop_stages, 0, 0)
         return
-    main = torch.cuda.current_stream(ws.h.device) if ws.side_stream is not None else None
-    if main is not None:
-        ws.side_stream.wait_stream(main)
-    with torch.cuda.stream(ws.side_stream):  # None: the current stream
+    with fork_side_stream(ws):
         _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m_wide, 0,
                         tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
     _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m, 0,
                     tiles.gate_up_split_stages, tiles.gate_up_split_stages, 0, tiles.block_m)
-    if main is not None:
-        main.wait_stream(ws.side_stream)
+    join_side_stream(ws)
 
 
 def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,

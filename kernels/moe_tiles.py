@@ -128,6 +128,8 @@ class MoeTiles:
     session 53). On a GPU the two run at once on two streams
     (kernels/moe_gate_up.run_gate_up): one after the other, each one's tail
     left the GPU idle (MoeTuning's WIDE_GATE_UP_SPLIT_STAGES has both).
+    down_split_stages: the same split of the down launch (0: one launch;
+    not with balance_down, whose plan shares all experts' work).
     """
 
     block_n_up: int = 128
@@ -148,6 +150,7 @@ class MoeTiles:
     down_zigzag: bool = False
     gate_up_interleave: bool = False
     gate_up_split_stages: int = 0
+    down_split_stages: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -172,9 +175,13 @@ class MoeTiles:
             raise ValueError(f"split_up must be >= 1, got {self.split_up}")
         if self.split_up > 1 and (self.block_m != CUDA_CORE_TOKEN_TILE or self.one_launch):
             raise ValueError("split_up > 1 needs the one-token tile (block_m 1) in its own gate/up launch")
-        if self.gate_up_split_stages < 0 or (self.gate_up_split_stages and not wide):
-            raise ValueError(f"gate_up_split_stages needs a wide tile and must be >= 0, got "
-                             f"{self.gate_up_split_stages} with block_m_wide {wide}")
+        for name in ("gate_up_split_stages", "down_split_stages"):
+            stages = getattr(self, name)
+            if stages < 0 or (stages and not wide):
+                raise ValueError(f"{name} needs a wide tile and must be >= 0, got {stages} with "
+                                 f"block_m_wide {wide}")
+        if self.down_split_stages and self.balance_down:
+            raise ValueError("down_split_stages needs the plain down split (balance_down False)")
         if self.num_stages < 1 or self.wide_stages < 0:
             raise ValueError(f"num_stages must be >= 1 and wide_stages >= 0, got {self.num_stages}, "
                              f"{self.wide_stages}")
@@ -344,7 +351,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      balance_down=balance_down, down_group_cost=tuning.down_group_cost,
                      down_zigzag=tuning.down_zigzag,
                      gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
-                     gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0)
+                     gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
+                     down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:

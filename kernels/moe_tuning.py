@@ -229,6 +229,8 @@ class MoeTuning:
     tile's at this pipeline depth, on two streams at once
     (MoeTiles.gate_up_split_stages; 0: one launch with both tiles;
     WIDE_GATE_UP_SPLIT_STAGES has the measurements).
+    wide_down_split_stages: the same for the down launch
+    (MoeTiles.down_split_stages; 0: one launch). Off: not measured yet.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -246,6 +248,7 @@ class MoeTuning:
     down_zigzag: bool = False
     gate_up_interleave_max_tokens: int = GATE_UP_INTERLEAVE_MAX_TOKENS
     wide_gate_up_split_stages: int = WIDE_GATE_UP_SPLIT_STAGES
+    wide_down_split_stages: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -260,8 +263,9 @@ class MoeTuning:
                      "narrow_tile_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.wide_gate_up_split_stages < 0:
-            raise ValueError(f"wide_gate_up_split_stages must be >= 0, got {self.wide_gate_up_split_stages}")
+        for name in ("wide_gate_up_split_stages", "wide_down_split_stages"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.one_token_split_up < 1:
             raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:

@@ -5,7 +5,9 @@ both weight launches run on them (check_h_planes, settle_carveout)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -36,9 +38,10 @@ class MoeWorkspace:
     ready: torch.Tensor
     # Loaded kernels (CUfunction handles) whose carveout this workspace set.
     carveouts_set: set[int] = field(default_factory=set)
-    # The second stream of a gate/up split into two launches
-    # (MoeTiles.gate_up_split_stages) on a GPU: the wide tile's launch runs
-    # beside the base tile's, so that each fills the other's tail.
+    # The second stream of a launch split into two by token class
+    # (MoeTiles.gate_up_split_stages, down_split_stages) on a GPU: the wide
+    # tile's launch runs beside the base tile's, so that each fills the
+    # other's tail (fork_side_stream, join_side_stream).
     side_stream: torch.cuda.Stream | None = None
 
 
@@ -78,8 +81,8 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     dtype = tiles.activation_dtype
     h = torch.empty(planes_of(dtype), pairs, ffn, dtype=dtype, device=device)
     row_tiles, progs_per_tile = tiles.down_grid(num_tokens, top_k, num_experts, hidden, ffn)
-    side = (torch.cuda.Stream(torch.device(device))
-            if tiles.gate_up_split_stages and torch.device(device).type == "cuda" else None)
+    split = tiles.gate_up_split_stages or tiles.down_split_stages
+    side = torch.cuda.Stream(torch.device(device)) if split and torch.device(device).type == "cuda" else None
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype,
                         tiles.narrow_order),
@@ -131,3 +134,20 @@ def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
     """After a launch: limit the loaded kernel's carveout once (MoeTiles.limit_carveout)."""
     if tiles.limit_carveout and ws.h.is_cuda:
         limit_carveout_once(kernel, ws.carveouts_set, tiles.resident_programs, ws.h.device)
+
+
+@contextlib.contextmanager
+def fork_side_stream(ws: MoeWorkspace) -> Iterator[None]:
+    """Launches inside run on ws.side_stream after all work queued so far on
+    the current stream (in a CUDA graph: a branch); without a side stream
+    (CPU, no split) on the current stream. join_side_stream(ws) afterwards."""
+    if ws.side_stream is not None:
+        ws.side_stream.wait_stream(torch.cuda.current_stream(ws.h.device))
+    with torch.cuda.stream(ws.side_stream):  # None: the current stream
+        yield
+
+
+def join_side_stream(ws: MoeWorkspace) -> None:
+    """Later work on the current stream waits for ws.side_stream's."""
+    if ws.side_stream is not None:
+        torch.cuda.current_stream(ws.h.device).wait_stream(ws.side_stream)

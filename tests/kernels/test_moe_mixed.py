@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import moe_align, moe_gate_up, moe_mixed
+from kernels import moe_align, moe_down, moe_gate_up, moe_mixed
 from kernels import weight_layout as wl
 from kernels.moe_align import moe_prepare, moe_prepare_reference
 from kernels.moe_mixed import (
@@ -98,16 +98,17 @@ def test_scale_words_across_page_breaks(device):
         assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("t,block_m,wide,balance,split", [(20, 16, 0, False, 0), (20, 16, 32, False, 0),
-                                                         (40, 16, 32, False, 0), (40, 16, 32, True, 0),
-                                                         (40, 16, 32, False, 2), (20, 8, 0, False, 0),
-                                                         (40, 8, 0, True, 0)])
-def test_few_experts_host_only_and_token_loop(device, t, block_m, wide, balance, split):
+@pytest.mark.parametrize("t,block_m,wide,balance,split,down_split", [
+    (20, 16, 0, False, 0, 0), (20, 16, 32, False, 0, 0), (40, 16, 32, False, 0, 0), (40, 16, 32, True, 0, 0),
+    (40, 16, 32, False, 2, 0), (40, 16, 32, False, 2, 2), (40, 16, 32, False, 0, 3), (20, 8, 0, False, 0, 0),
+    (40, 8, 0, True, 0, 0)])
+def test_few_experts_host_only_and_token_loop(device, t, block_m, wide, balance, split, down_split):
     # t tokens on two experts (more than one token tile each: several tiles,
     # one wide tile, or several wide tiles), one slot routed to a host-only
     # expert, one slot ignored (-1). block_m 8: 2-5 narrow tiles an expert.
-    # split: gate/up in two launches, one per token class (t = 40: experts
-    # of 39 and 30 tokens on the wide tile, of 10 and 1 on the base tile).
+    # split / down_split: gate/up / down in two launches, one per token class
+    # (t = 40: experts of 39 and 30 tokens on the wide tile, of 10 and 1 on
+    # the base tile).
     weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
     torch.manual_seed(6)
     x = torch.randn(t, H).to(torch.float16)
@@ -118,7 +119,7 @@ def test_few_experts_host_only_and_token_loop(device, t, block_m, wide, balance,
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1, block_m_wide=wide,
-                     balance_down=balance, gate_up_split_stages=split)
+                     balance_down=balance, gate_up_split_stages=split, down_split_stages=down_split)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
@@ -233,6 +234,33 @@ def test_split_gate_up_launches_take_one_token_class_each(device, monkeypatch, k
     written = torch.isfinite(ws.h.float().cpu()).all(-1)
     assert not bool(torch.isfinite(ws.h.float().cpu()[~written]).any())  # whole rows or none
     assert torch.equal(written, (experts == 3) == (keep == "narrow"))
+
+
+@pytest.mark.parametrize("keep", ["narrow", "wide"])
+def test_split_down_launches_take_one_token_class_each(device, monkeypatch, keep):
+    # MoeTiles.down_split_stages: with only one of the two down launches
+    # run, the output is the layer of that class's experts alone (the other
+    # class's routes ignored) -- base tile: at most block_m tokens.
+    weights = random_moe(1, E, H, F, lambda l, e, p: [2, 5, 3][p], PAGE, device, seed=11)
+    torch.manual_seed(12)
+    t = 24
+    x = torch.randn(t, H).to(torch.float16)
+    ids = torch.tensor([[0, 1]] * t)
+    ids[:5, 1] = 3  # expert 0: 24 tokens (wide), 1: 19 (wide), 3: 5 (base)
+    tw = torch.rand(t, 2)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, block_m_wide=32,
+                     down_split_stages=2)
+    launch = moe_down._launch_down
+
+    def one_class(*args):
+        if (args[-1] > 0) == (keep == "narrow"):  # tokens_hi: the base tile's launch
+            launch(*args)
+
+    monkeypatch.setattr(moe_down, "_launch_down", one_class)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
+    kept = torch.where((ids == 3) == (keep == "narrow"), ids, torch.full_like(ids, -1))
+    ref = moe_mixed_reference(x.to(device), kept.to(device), tw.to(device), weights, 0, E, F)
+    assert rel_err(out, ref) < 3e-3
 
 
 def ws_dtype_of(tiles):
@@ -357,17 +385,19 @@ def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, rows_per_thread):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wide,stages,wide_stages,split", [(0, 3, 0, 0), (32, 3, 0, 0), (32, 4, 3, 0),
-                                                             (32, 3, 3, 4)])
-def test_gpu_loaded_experts_with_and_without_wide_tile(wide, stages, wide_stages, split):
+@pytest.mark.parametrize("wide,stages,wide_stages,split,down_split", [(0, 3, 0, 0, 0), (32, 3, 0, 0, 0),
+                                                                        (32, 4, 3, 0, 0), (32, 3, 3, 4, 0),
+                                                                        (32, 3, 3, 4, 4)])
+def test_gpu_loaded_experts_with_and_without_wide_tile(wide, stages, wide_stages, split, down_split):
     # 48 tokens on 3 of 8 experts (30-35 tokens each: one or two wide tiles,
     # two or three narrow ones), then on 4 (16-27 each: both token classes);
     # then the two tiles' loops at different pipeline depths in one launch;
-    # last, gate/up as two launches, one per token class.
+    # last, gate/up (and down) as two launches, one per token class.
     gen = torch.Generator().manual_seed(11)
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(48)]) for n in (3, 4))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=16, split_k=2, use_asm=True, block_m_wide=wide,
-                     num_stages=stages, wide_stages=wide_stages, gate_up_split_stages=split)
+                     num_stages=stages, wide_stages=wide_stages, gate_up_split_stages=split,
+                     down_split_stages=down_split)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=11)
 
 

@@ -23,6 +23,16 @@ def test_gate_up_split_only_with_a_wide_tile():
     one = MoeTuning(wide_gate_up_split_stages=0)
     assert choose_tiles(64, 2, 8, 4096, 14336, tuning=one).gate_up_split_stages == 0
     assert choose_tiles(32, 2, 8, 4096, 14336, tuning=split).gate_up_split_stages == 0  # no wide tile
+    with pytest.raises(ValueError, match="down_split_stages"):
+        MoeTiles(block_m=16, down_split_stages=4)
+    with pytest.raises(ValueError, match="balance_down"):
+        MoeTiles(block_m=16, block_m_wide=32, balance_down=True, down_split_stages=4)
+    with pytest.raises(ValueError, match="wide_down_split_stages"):
+        MoeTuning(wide_down_split_stages=-1)
+    assert choose_tiles(64, 2, 8, 4096, 14336).down_split_stages == 0  # off until measured
+    down = MoeTuning(wide_down_split_stages=4)
+    assert choose_tiles(64, 2, 8, 4096, 14336, tuning=down).down_split_stages == 4
+    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=down).down_split_stages == 0  # no wide tile
     tiles = MoeTiles(block_m=16, block_m_wide=32, num_stages=3, gate_up_split_stages=4)
     assert tiles.launch_options()["num_stages"] == 3 and tiles.launch_options(4)["num_stages"] == 4
 
