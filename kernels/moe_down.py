@@ -11,7 +11,7 @@ import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
     fork_side_stream, join_side_stream, settle_carveout
@@ -240,12 +240,7 @@ def down_program(pid_n, pid_p, num_p, h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr,
         g1 = tl.minimum(g0 + groups_per_split, n_groups)
         expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
         wait_for_previous_grid(PDL)
-        lo = start
-        if TOKENS_LO > 0:
-            lo = start + TOKENS_LO
-        hi = end
-        if TOKENS_HI > 0:
-            hi = start + TOKENS_HI
+        lo, hi = token_class_bounds(start, end, TOKENS_LO, TOKENS_HI)
         # One condition on every loaded value (as in the gate/up launch).
         if (slot < n_act) & (g0 < g1) & (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (lo < end) & (end <= hi):
             if WAIT:

@@ -25,7 +25,7 @@ from kernels.moe_stage import FP16_MAX, SPAN, actual_to_virtual, pair_position, 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_decode import tile_k_order, virtual_slot
-from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert
+from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, fork_side_stream, \
     join_side_stream, settle_carveout
@@ -211,12 +211,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages)."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
-    lo = start
-    if TOKENS_LO > 0:
-        lo = start + TOKENS_LO
-    hi = end
-    if TOKENS_HI > 0:
-        hi = start + TOKENS_HI
+    lo, hi = token_class_bounds(start, end, TOKENS_LO, TOKENS_HI)
     # Every loaded value is tested in two conditions: the compiler would
     # otherwise sink each load below the branch before it, one round trip
     # after another. Not in one condition: with the slot test joined to the

@@ -28,6 +28,21 @@ class PagedWeights:
 
 
 @triton.jit
+def token_class_bounds(start, end, TOKENS_LO: tl.constexpr, TOKENS_HI: tl.constexpr):
+    """(lo, hi) such that an expert of sorted tokens [start, end) is in the
+    launch's token class iff lo < end <= hi: over TOKENS_LO and at most
+    TOKENS_HI tokens (each 0: no bound; MoeTiles.gate_up_split_stages,
+    down_split_stages). Without bounds: start < end <= end."""
+    lo = start
+    if TOKENS_LO > 0:
+        lo = start + TOKENS_LO
+    hi = end
+    if TOKENS_HI > 0:
+        hi = start + TOKENS_HI
+    return lo, hi
+
+
+@triton.jit
 def slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E):
     """The expert in `slot` (0 <= slot < E; a scalar or a vector of slots),
     its first block (gate; up and down follow), the three blocks' resident
