@@ -176,6 +176,15 @@ GATE_UP_INTERLEAVE_MAX_TOKENS = 32
 # after the other instead: B=64 4-bit layer 418.6 -> 433.1 us, end to end
 # 4165.5 -> 4089.5 (each launch's tail idles the GPU); B=48 378.9 -> 354.3.
 WIDE_GATE_UP_SPLIT_STAGES = 4
+# The same split of the down launch (MoeTiles.down_split_stages) does not pay.
+# H100, random routing, the layer, us at 4-bit B = 48 / 56 / 64, 2-bit and
+# 8-bit B=64, one launch -> split with the base tile at 4 stages -> at 3:
+# 351.9-353.6 / 399.2-400.4 / 403.6-404.0 / 327.9-328.1 / 582.3-582.4 ->
+# 355.3 / 458.3 / 461.5 / 364.9 / 641.9 -> 357.0 / 396.8 / 400.3 / 325.8 /
+# 578.4; end to end, two rounds, 4-bit B = 48 / 56 / 64: 3528.3 / 3818.9 /
+# 4322.5 -> 3352.9 / 3464.7 / 3886.4 tok/s at 4 stages
+# (benchmarks/results/*_down_split_*_h100_s56.json).
+WIDE_DOWN_SPLIT_STAGES = 0
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -230,7 +239,8 @@ class MoeTuning:
     (MoeTiles.gate_up_split_stages; 0: one launch with both tiles;
     WIDE_GATE_UP_SPLIT_STAGES has the measurements).
     wide_down_split_stages: the same for the down launch
-    (MoeTiles.down_split_stages; 0: one launch). Off: not measured yet.
+    (MoeTiles.down_split_stages; 0: one launch). Off: measured slower or
+    level (WIDE_DOWN_SPLIT_STAGES).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -248,7 +258,7 @@ class MoeTuning:
     down_zigzag: bool = False
     gate_up_interleave_max_tokens: int = GATE_UP_INTERLEAVE_MAX_TOKENS
     wide_gate_up_split_stages: int = WIDE_GATE_UP_SPLIT_STAGES
-    wide_down_split_stages: int = 0
+    wide_down_split_stages: int = WIDE_DOWN_SPLIT_STAGES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
