@@ -37,10 +37,11 @@ from dataplane.logprobs import TokenLogprobs
 from dataplane.memory.arena import Arena
 from dataplane.model_info import ModelInfo
 from dataplane.routing_stats import DemandTracker, RoutingWindow
-from dataplane.runner import LaunchedStep, ModelRunner, StepResult
+from dataplane.runner import ModelRunner
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from dataplane.sequence import FinishReason, Sequence, SequenceStatus
+from dataplane.step_records import LaunchedStep, StepResult
 from dataplane.structured_output import GrammarBackend
 
 IDLE_WAIT_S = 0.05  # how long an idle loop sleeps waiting for commands

@@ -14,8 +14,6 @@ token ids copied on the device, before the host has seen them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
@@ -23,89 +21,25 @@ from dataplane.cuda_graphs import DecodeGraphs, DecodeRows
 from dataplane.forward_context import ForwardContext
 from dataplane.kv_cache import KVCacheManager
 from dataplane.layers.attention import AttentionMetadata
-from dataplane.logprobs import StepLogprobs, TokenLogprobs, step_logprobs
+from dataplane.logprobs import TokenLogprobs, step_logprobs
 from dataplane.routing_stats import RoutingStats
 from dataplane.sampler import Sampler
+from dataplane.scheduler import ScheduledSeq
+from dataplane.step_records import (
+    DevicePicks,
+    HostStats,
+    LaunchedStep,
+    PromptLogprobs,
+    StepResult,
+    start_host_copy,
+)
 from dataplane.weights.layout import NUM_PROJ
 from dataplane.weights.paged_experts import PagedExperts
 from dataplane.weights.store import WeightStore
-from dataplane.scheduler import ScheduledSeq
 
 # Prompt rows whose logits are made at once for prompt logprobs: [rows, vocab]
 # float32 is 128 MiB at a 32k vocabulary.
 PROMPT_LOGPROBS_ROWS = 1024
-
-
-@dataclass
-class StepResult:
-    """What one forward step produced (host data only)."""
-
-    sampled: dict[str, int]  # seq_id -> next token, for sequences that sampled
-    routed_tokens: torch.Tensor  # [layers, experts] int64
-    prob_mass: torch.Tensor  # [layers, experts] float32
-    seq_prob_sum: torch.Tensor  # [B, layers, experts] float32, scheduled order
-    num_tokens: int
-    # seq_id -> its new token's log-probabilities, for sequences that sampled and asked
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # seq_id -> (first, entries of prompt tokens first + 1, ...), for sequences
-    # that asked for prompt logprobs and prefilled prompt positions this step
-    prompt_logprobs: dict[str, list[tuple[int, list[TokenLogprobs]]]] = field(default_factory=dict)
-    host_only: tuple[frozenset[int], ...] = ()  # LaunchedStep.host_only
-
-
-@dataclass(frozen=True)
-class _HostStats:
-    """Host copies of a step's routing statistics, queued on the device stream.
-
-    On CUDA they land in pinned memory once the stream reaches them: read
-    them only after the step's collect.
-    """
-
-    routed_tokens: torch.Tensor  # [layers, experts] int64
-    prob_mass: torch.Tensor  # [layers, experts] float32
-    seq_prob_sum: torch.Tensor  # [B, layers, experts] float32, scheduled order
-
-    @classmethod
-    def start(cls, routing: RoutingStats, batch: int) -> "_HostStats":
-        # One copy of the recorder's buffer (the three sums and any padding
-        # rows: a few KB), then views of it.
-        routed, mass, seq = routing.views(_start_host_copy(routing.buffer))
-        return cls(routed_tokens=routed, prob_mass=mass, seq_prob_sum=seq[:batch])
-
-
-@dataclass(frozen=True)
-class _DevicePicks:
-    """Next tokens of a graph step, sampled on the device at launch."""
-
-    ids: torch.Tensor  # [B] int64 on the device, scheduled order (input of a step launched ahead)
-    host: torch.Tensor  # [B] int64 host copy (pinned on CUDA), valid after ``done``
-    done: torch.cuda.Event | None  # recorded after the step's host copies; None off CUDA
-    logprobs: StepLogprobs | None = None  # host copies (rows: scheduled order), valid after ``done``
-
-
-@dataclass(frozen=True)
-class _PromptLogprobs:
-    """Device log-probabilities of prompt tokens first + 1, first + 2, ... of one sequence."""
-
-    seq_id: str
-    first: int
-    values: StepLogprobs
-
-
-@dataclass(frozen=True)
-class LaunchedStep:
-    """A step whose device work is queued (``ModelRunner.launch``); ``collect`` finishes it."""
-
-    scheduled: list[ScheduledSeq]
-    # [S, vocab] rows of the sampling sequences (scheduled order): float32, or
-    # the model's dtype from a graph replay
-    logits: torch.Tensor | None
-    stats: _HostStats
-    num_tokens: int
-    picks: _DevicePicks | None = None  # set when every row was sampled at launch (graph steps)
-    prompt_logprobs: list[_PromptLogprobs] = field(default_factory=list)  # eager steps only
-    # each weight store's host-only blocks as the step was queued (the ones it read from the host)
-    host_only: tuple[frozenset[int], ...] = ()
 
 
 class ModelRunner:
@@ -225,7 +159,7 @@ class ModelRunner:
                 sampling = [i for i, item in enumerate(scheduled) if item.samples]
                 if len(sampling) < len(scheduled):
                     logits = logits[sampling] if sampling else None
-                return LaunchedStep(scheduled, logits, _HostStats.start(routing, len(scheduled)), len(rows),
+                return LaunchedStep(scheduled, logits, HostStats.start(routing, len(scheduled)), len(rows),
                                     host_only=self._host_only_now())
         input_ids, positions, ctx = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
@@ -240,12 +174,12 @@ class ModelRunner:
             rows_t = torch.tensor(last_rows, device=self.device)
             logits = self.model.compute_logits(hidden[rows_t])  # [S, vocab] float32
         assert ctx.routing is not None
-        stats = _HostStats.start(ctx.routing, len(scheduled))
+        stats = HostStats.start(ctx.routing, len(scheduled))
         prompt_logprobs = self._prompt_logprobs(scheduled, hidden)
         return LaunchedStep(scheduled, logits, stats, int(input_ids.shape[0]), prompt_logprobs=prompt_logprobs,
                             host_only=self._host_only_now())
 
-    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor) -> list[_PromptLogprobs]:
+    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor) -> list[PromptLogprobs]:
         """Log-probabilities of the prompt tokens this step's rows predict, for
         sequences that asked (queued on the device). Position p's row predicts
         token p + 1; positions whose entries the sequence holds already (a
@@ -253,7 +187,7 @@ class ModelRunner:
         PROMPT_LOGPROBS_ROWS rows at a time, to bound their memory.
 
         hidden: [T, H], the step's rows in scheduled order."""
-        found: list[_PromptLogprobs] = []
+        found: list[PromptLogprobs] = []
         row = 0  # the item's first row in ``hidden``
         for item in scheduled:
             seq, top_n = item.seq, item.seq.sampling.prompt_logprobs
@@ -269,7 +203,7 @@ class ModelRunner:
                 targets = torch.tensor(seq.prompt_token_ids[start + 1 : stop + 1], dtype=torch.int64)
                 values = step_logprobs(logits, targets.to(self.device, non_blocking=True), [top_n] * (stop - start))
                 assert values is not None
-                found.append(_PromptLogprobs(seq.seq_id, start, values))
+                found.append(PromptLogprobs(seq.seq_id, start, values))
         return found
 
     @torch.inference_mode()
@@ -309,14 +243,14 @@ class ModelRunner:
         ids = self.sampler.pick(logits, seqs, greedy)  # [B] int64
         logprobs = step_logprobs(logits, ids, [seq.sampling.logprobs for seq in seqs])
         if logprobs is not None:
-            logprobs = logprobs.map_tensors(_start_host_copy)
-        stats = _HostStats.start(routing, len(scheduled))
-        host = _start_host_copy(ids)
+            logprobs = logprobs.map_tensors(start_host_copy)
+        stats = HostStats.start(routing, len(scheduled))
+        host = start_host_copy(ids)
         done = None
         if ids.is_cuda:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(ids.device))
-        return LaunchedStep(scheduled, None, stats, len(scheduled), _DevicePicks(ids, host, done, logprobs),
+        return LaunchedStep(scheduled, None, stats, len(scheduled), DevicePicks(ids, host, done, logprobs),
                             host_only=self._host_only_now())
 
     def _host_only_now(self) -> tuple[frozenset[int], ...]:
@@ -399,12 +333,3 @@ def _touch_groups(modules: list[PagedExperts], num_layers: int) -> list[tuple[We
             raise ValueError("paged-experts modules on one store must have the same expert count")
         served[m.layer] = True
     return list(groups.values())
-
-
-def _start_host_copy(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``t``; from a CUDA tensor it lands in pinned memory once the stream reaches it."""
-    if not t.is_cuda:
-        return t.clone()
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    out.copy_(t, non_blocking=True)
-    return out

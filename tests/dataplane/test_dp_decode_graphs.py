@@ -52,7 +52,7 @@ def test_routing_stats_token_weight_excludes_rows() -> None:
 
 
 def test_routing_stats_are_views_of_one_buffer() -> None:
-    # One fill zeroes them and one copy takes them to the host (runner._HostStats).
+    # One fill zeroes them and one copy takes them to the host (step_records.HostStats).
     stats = RoutingStats(3, 5, torch.tensor([0, 1]), 2)
     stats.record(1, torch.tensor([[0, 4], [4, 2]]), torch.full((2, 5), 0.25))
     routed, mass, seq = stats.views(stats.buffer.clone())
