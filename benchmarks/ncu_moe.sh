@@ -12,6 +12,9 @@ metrics=smsp__inst_executed.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1te
 # shared-memory bank conflicts, L2 hits and DRAM bytes.
 metrics="$metrics,l1tex__t_sector_hit_rate.pct,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"
 metrics="$metrics,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum"
+# What the multiprocessors read from the L2 (weights and the activation tiles) against what the L2 reads
+# from DRAM (the weights): their ratio is the activations' share of the L2's traffic.
+metrics="$metrics,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum"
 for stall in long_scoreboard wait barrier short_scoreboard math_pipe_throttle mio_throttle lg_throttle \
              not_selected selected dispatch_stall no_instruction branch_resolving membar sleeping drain \
              imc_miss tex_throttle; do

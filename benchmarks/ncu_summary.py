@@ -32,6 +32,8 @@ METRICS = (
     "L2 Cache Throughput",
     "Compute (SM) Throughput",
     "dram__bytes_read.sum",
+    "lts__t_sectors_srcunit_tex_op_read.sum",
+    "l1tex__m_xbar2l1tex_read_bytes.sum",
     "l1tex__t_sector_hit_rate.pct",
     "lts__t_sector_hit_rate.pct",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
