@@ -65,7 +65,7 @@ from kernels.moe_tuning import MoeTuning  # noqa: E402
 # under 1 MiB, so smaller pages keep the padding (and the store) small.
 PAGE_BYTES = {MIXTRAL.name: 2 * 2**20, QWEN.name: 256 * 2**10}
 BITS = ["8", "6", "4", "3", "2", "mixed"]
-DEFAULT_TUNE = dict(block_n=128, use_asm=True)  # num_stages: choose_tiles' default per tile
+DEFAULT_TUNE = dict(use_asm=True)  # rows, warps, num_stages: choose_tiles' defaults per tile
 BATCHES = [1, 4, 16, 64]
 # Batch sizes whose --stage-bits rows also time each launch alone (B=4 left
 # out of the table's to keep its time; 32 for the mixed probe of session 51).

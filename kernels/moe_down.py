@@ -119,7 +119,7 @@ def _down_segment(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, 
 def _moe_down_kernel(
     h_ptr,  # [3, T * top_k, F] fp16, sorted, in the slot order of BM: the planes (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 scales of the int16 h (BM 1)
-    hsum_ptr,  # [T * top_k, F / BN_UP] fp32 per-tile sums of h
+    hsum_ptr,  # [T * top_k, F / min(BN_UP, 128)] fp32 sums of h (MoeTiles.h_sum_rows)
     sorted_ptr,  # [T * top_k] int32 flat (token, slot) sorted by expert
     offsets_ptr,  # [E + 1] int32
     active_ptr,  # [E] int32
@@ -328,7 +328,7 @@ def _launch_down(ws: MoeWorkspace, tw: torch.Tensor, weights: PagedWeights, laye
         layer * num_experts * PROJS_PER_EXPERT, num_experts, hidden, ffn, pt.stride(0), pt.stride(1), log2p,
         split, groups_per_split, top_k, ws.h.numel(),
         BN=tiles.block_n_down, BM=block_m, BM_WIDE=block_m_wide,
-        HS_SUB=GROUP // tiles.block_n_up, USE_ASM=tiles.use_asm,
+        HS_SUB=GROUP // tiles.h_sum_rows, USE_ASM=tiles.use_asm,
         E_PAD=down_plan_width(num_experts), BALANCE=tiles.balance_down, STAGES=stages,
         STAGES_WIDE=wide_stages, DOWN_COSTS=tiles.down_cost_word, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
         **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),

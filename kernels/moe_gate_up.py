@@ -92,8 +92,7 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
             gate, up = _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
         h = gate / (1.0 + tl.exp(-gate)) * up
         h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-        tile_sum = tl.sum(tl.where(keep, h16.to(tl.float32), 0.0), axis=0)
-        tl.store(hsum_ptr + pos64 * (F // BN) + tile, tile_sum, mask=valid)
+        _store_h_sums(hsum_ptr, pos64, F, tile, tl.where(keep, h16.to(tl.float32), 0.0), valid, BN, BM)
         if BM == 1:
             # BN rows = BN / SPAN whole spans (F and BN are multiples of 64)
             q, scale = quantize_spans(tl.reshape(h16.to(tl.float32), (1, BN)), 1, BN)
@@ -112,6 +111,21 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
         # Relaxed: the counter's next use is in a later launch, ordered by
         # this grid's end; acq_rel put a GPU-wide fence before the exit.
         tl.atomic_xchg(counter, 0, sem="relaxed")
+
+
+@triton.jit
+def _store_h_sums(hsum_ptr, pos64, F, tile, h, valid, BN: tl.constexpr, BM: tl.constexpr):
+    # The down launch's activation sums: h [BN, BM] (zero outside the rows
+    # and tokens kept) summed per row tile, or per group of 128 rows where a
+    # tile spans several groups (MoeTiles.h_sum_rows; the down launch reads
+    # one sum per group then).
+    if BN > 128:
+        sums = tl.sum(tl.reshape(h, (BN // 128, 128, BM)), axis=1)  # [BN / 128, BM]
+        j = tl.arange(0, BN // 128)
+        at = hsum_ptr + pos64[None, :] * (F // 128) + tile * (BN // 128) + j[:, None]
+        tl.store(at, sums, mask=valid[None, :])
+    else:
+        tl.store(hsum_ptr + pos64 * (F // BN) + tile, tl.sum(h, axis=0), mask=valid)
 
 
 @triton.jit
@@ -163,7 +177,7 @@ def _moe_gate_up_kernel(
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
     h_ptr,  # [3, T * top_k, F] fp16 out, sorted, in the slot order of BM: the planes (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 out, scales of the int16 h (BM 1)
-    hsum_ptr,  # [T * top_k, F / BN] fp32 out, per-tile sums of h
+    hsum_ptr,  # [T * top_k, F / min(BN, 128)] fp32 out, sums of h per tile (per group: BN > 128)
     block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles,
     q_x, q_h,  # elements from one plane of xp (of h) to the next
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,

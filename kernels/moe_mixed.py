@@ -135,11 +135,11 @@ def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: 
         sms = (torch.cuda.get_device_properties(device).multi_processor_count
                if device.type == "cuda" else DEFAULT_SMS)
         tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda", tuning=tuning)
-    if GROUP % tiles.block_n_up or ffn % tiles.block_n_up:
-        raise ValueError(f"block_n_up {tiles.block_n_up} must divide 128 and ffn {ffn}")
+    if ffn % tiles.block_n_up:
+        raise ValueError(f"block_n_up {tiles.block_n_up} must divide ffn {ffn}")
     if workspace is None:
         workspace = alloc_workspace(t, top_k, hidden, ffn, num_experts, tiles, device, counters)
-    elif workspace.h.shape != (t * top_k, ffn) or workspace.hsum.shape[1] != ffn // tiles.block_n_up:
+    elif workspace.h.shape != (t * top_k, ffn) or workspace.hsum.shape[1] != ffn // tiles.h_sum_rows:
         raise ValueError("workspace does not match these sizes and tiles")
     first = layer * num_experts * PROJS_PER_EXPERT
     down_fields = weights.block_fields[first + PROJ_DOWN: first + num_experts * PROJS_PER_EXPERT: PROJS_PER_EXPERT]

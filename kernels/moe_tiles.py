@@ -43,12 +43,16 @@ NARROW_TOKEN_TILE = 8
 # 64 rows with dp2a ran as 128 (moe_tune_b1_s14_h200.json).
 CUDA_CORE_TOKEN_TILE = 1
 CUDA_CORE_ROWS_PER_WARP = 32
+# Warps of a tensor-core program per 128 weight rows (8 warps on 128 rows
+# ran 10-20 % slower, benchmarks/NOTES.md session 3; 64 rows keep 4).
+TENSOR_CORE_WARPS = 4
 # Resident programs per multiprocessor when the compiler picks the registers
 # (MoeTiles.maxnreg None): both weight kernels use 225-255 registers per
 # thread at 4 warps (ncu on the H200: "Block Limit Registers 2"). Programs
-# of fewer warps are counted at 255 registers a thread instead (4 of 2
-# warps: the one-token tile of 64 rows, Qwen1.5-MoE at B=1).
+# of other warp counts are counted at 255 registers a thread instead (4 of 2
+# warps: the one-token tile of 64 rows, Qwen1.5-MoE at B=1; 1 of 8 warps).
 PROGRAMS_PER_SM = 2
+PROGRAMS_PER_SM_WARPS = 4
 # What a register cap allows instead (MoeTiles.resident_programs): the
 # H200's register file per multiprocessor, and the granularity in which a
 # thread's registers are allocated.
@@ -77,7 +81,13 @@ MIN_GROUPS_PER_RANGE = 4
 
 @dataclass(frozen=True)
 class MoeTiles:
-    """Launch shape. block_n_up must divide 128; split_k 0 = fill the GPU.
+    """Launch shape. split_k 0 = fill the GPU.
+
+    block_n_up / block_n_down: weight rows per program of the gate/up and
+    down launches. block_n_up over 128 (tensor-core tiles only) reads each
+    activation tile once for more weight rows: the 16-token tile's
+    activations are 4 KiB a step against 8.7 KiB of 4-bit (4.6 KiB of 2-bit)
+    weights at 128 rows, all from the L2.
 
     num_stages: pipeline depth of the K loops (kernels/moe_block_matmul.py
     STAGES; also the launches' num_stages option).
@@ -169,6 +179,9 @@ class MoeTiles:
         if wide and self.narrow_order:
             raise ValueError(f"block_m {self.block_m} stages the activations in its own slot order: "
                              f"no wide tile can read them (block_m_wide must be 0, got {wide})")
+        if self.block_n_up > GROUP and self.block_m == CUDA_CORE_TOKEN_TILE:
+            raise ValueError(f"block_n_up over {GROUP} needs a tensor-core tile, got {self.block_n_up} with "
+                             f"block_m {self.block_m}")
         if self.one_launch and not self.fits_one_launch:
             raise ValueError("one_launch needs block_m 1, no wide tile and block_n_up == block_n_down")
         if self.split_up < 1:
@@ -192,6 +205,13 @@ class MoeTiles:
         one-token tile without a wide tile, one row tile height for both."""
         return (self.block_m == CUDA_CORE_TOKEN_TILE and not self.block_m_wide
                 and self.block_n_up == self.block_n_down)
+
+    @property
+    def h_sum_rows(self) -> int:
+        """Rows of h per activation sum that the gate/up launch writes for
+        the down launch: one sum per row tile, or per group where a row tile
+        spans several groups (block_n_up > GROUP)."""
+        return min(self.block_n_up, GROUP)
 
     @property
     def narrow_order(self) -> bool:
@@ -250,7 +270,8 @@ def resident_programs(maxnreg: int | None, num_warps: int) -> int:
     """MoeTiles.resident_programs for a register cap (None: the compiler's
     choice) and warps per program."""
     if maxnreg is None:
-        return max(PROGRAMS_PER_SM, resident_programs(MAX_REGISTERS_PER_THREAD, num_warps))
+        measured = PROGRAMS_PER_SM if num_warps <= PROGRAMS_PER_SM_WARPS else 0
+        return max(measured, resident_programs(MAX_REGISTERS_PER_THREAD, num_warps))
     threads = 32 * num_warps
     per_thread = -(-maxnreg // REGISTER_GRANULE) * REGISTER_GRANULE
     return max(1, min(REGISTERS_PER_SM // (per_thread * threads), THREADS_PER_SM // threads))
@@ -269,8 +290,8 @@ def default_stages(block_m: int, block_m_wide: int, tuning: MoeTuning) -> int:
 
 
 def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn: int,
-                 num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int = GROUP,
-                 num_stages: int | None = None, num_warps: int = 4, maxnreg: int | None = None,
+                 num_sms: int = DEFAULT_SMS, use_asm: bool = False, block_n: int | None = None,
+                 num_stages: int | None = None, num_warps: int | None = None, maxnreg: int | None = None,
                  wide_stages: int | None = None, tuning: MoeTuning | None = None,
                  block_m: int | None = None, block_m_wide: int | None = None,
                  limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
@@ -278,9 +299,11 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     one token: the CUDA-core tile, one row per thread (num_warps follows the
     rows, 64 where 128 would leave multiprocessors idle in gate/up).
 
-    block_n: rows per program (64 or 128; 128 amortizes more per-iteration
-    work, 64 gives more programs); gate/up drops to 64 rows when 128 would
-    leave multiprocessors idle. num_stages: pipeline depth (None:
+    block_n: rows per program (64, 128 or 256; more amortizes more
+    per-iteration work, fewer gives more programs; None: 128, or for the
+    tensor-core tiles tuning.tensor_core_rows where the shapes divide and
+    gate/up fills num_sms); gate/up drops to 64 rows when 128 would leave
+    multiprocessors idle. num_warps (None): TENSOR_CORE_WARPS per 128 rows. num_stages: pipeline depth (None:
     default_stages); wide_stages: that of the wide tile's loops (None:
     tuning.wide_tile_stages); maxnreg (None: tuning.one_token_maxnreg for the
     one-token tile, tuning.narrow_tile_maxnreg for the 8-token one, else
@@ -327,6 +350,12 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
         # instructions per step in the SASS). Not for many experts either
         # (BALANCE_MAX_EXPERTS).
         balance_down = block_m_wide == 0 and num_experts <= BALANCE_MAX_EXPERTS
+    if block_n is None:
+        rows = tuning.tensor_core_rows
+        fits = not hidden % rows and not ffn % rows and 2 * (ffn // rows) * active >= num_sms
+        block_n = rows if block_m != CUDA_CORE_TOKEN_TILE and fits else GROUP
+    if num_warps is None:
+        num_warps = TENSOR_CORE_WARPS * max(1, block_n // GROUP)
     half = GROUP // 2
     block_n_up = block_n if 2 * (ffn // block_n) * active >= num_sms or ffn % half else half
     if one_token:

@@ -185,6 +185,17 @@ WIDE_GATE_UP_SPLIT_STAGES = 4
 # 4322.5 -> 3352.9 / 3464.7 / 3886.4 tok/s at 4 stages
 # (benchmarks/results/*_down_split_*_h100_s56.json).
 WIDE_DOWN_SPLIT_STAGES = 0
+# tensor_core_rows: weight rows per program of the tensor-core tiles (8, 16
+# and 32 tokens), on rows / 32 warps, where the shapes divide (Mixtral; not
+# Qwen1.5-MoE's ffn 1408) and the gate/up launch still fills the GPU. At 256
+# (8 warps, one program per multiprocessor) each activation tile, 4 KiB a
+# step at 16 tokens and read from the L2, serves twice the weight rows
+# (kernels/moe_tiles.MoeTiles). Local sm_90 SASS (Triton 3.6), gate/up, 16
+# tokens, 4 stages, instructions a step at 2 / 3 / 4 / 6 / 8 bits: 128 rows
+# 229 / 286 / 373 / 272 / 382, 216 bytes of stack, 67 KB of shared memory;
+# 256 rows 222 / 281 / 370 / 262 / 379, 128 bytes, 118 KB.
+TENSOR_CORE_ROWS = 128
+TENSOR_CORE_ROWS_CHOICES = (128, 256)
 # The hardware's limit on a thread's registers (sm_70 and later).
 MAX_REGISTERS_PER_THREAD = 255
 
@@ -238,6 +249,9 @@ class MoeTuning:
     tile's at this pipeline depth, on two streams at once
     (MoeTiles.gate_up_split_stages; 0: one launch with both tiles;
     WIDE_GATE_UP_SPLIT_STAGES has the measurements).
+    tensor_core_rows: weight rows per program of the tensor-core tiles
+    (TENSOR_CORE_ROWS_CHOICES; warps follow, 32 rows each) where the shapes
+    divide and the gate/up launch fills the GPU, else 128.
     wide_down_split_stages: the same for the down launch
     (MoeTiles.down_split_stages; 0: one launch). Off: measured slower or
     level (WIDE_DOWN_SPLIT_STAGES).
@@ -259,6 +273,7 @@ class MoeTuning:
     gate_up_interleave_max_tokens: int = GATE_UP_INTERLEAVE_MAX_TOKENS
     wide_gate_up_split_stages: int = WIDE_GATE_UP_SPLIT_STAGES
     wide_down_split_stages: int = WIDE_DOWN_SPLIT_STAGES
+    tensor_core_rows: int = TENSOR_CORE_ROWS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -276,6 +291,9 @@ class MoeTuning:
         for name in ("wide_gate_up_split_stages", "wide_down_split_stages"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.tensor_core_rows not in TENSOR_CORE_ROWS_CHOICES:
+            raise ValueError(f"tensor_core_rows must be one of {TENSOR_CORE_ROWS_CHOICES}, "
+                             f"got {self.tensor_core_rows}")
         if self.one_token_split_up < 1:
             raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:

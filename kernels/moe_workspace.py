@@ -26,7 +26,7 @@ class MoeWorkspace:
     gu: torch.Tensor  # [T * k, split_up, 2, F] fp32 gate / up pre-activations, per K range
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted, slot order (as prep.narrow_order): plane 0
-    hsum: torch.Tensor  # [T * k, F / block_n_up] fp32
+    hsum: torch.Tensor  # [T * k, F / tiles.h_sum_rows] fp32
     h_planes: torch.Tensor  # [NUM_PLANES, T * k, F] as h: h and h times plane_scales(1), (2)
     # The CUDA-core tile (tiles.activation_dtype int16): h is h quantized
     # (weight_layout.quantize_activations, pair order), h_planes [1, T * k, F].
@@ -88,7 +88,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
                         tiles.narrow_order),
         gu=torch.empty(pairs, tiles.split_up, 2, ffn, dtype=torch.float32, device=device),
         counts=zeroed[:n_counts].view(shape), ready=zeroed[n_counts:],
-        h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.block_n_up, dtype=torch.float32, device=device),
+        h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.h_sum_rows, dtype=torch.float32, device=device),
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),
         down_plan=torch.empty(row_tiles * progs_per_tile, DOWN_PLAN_FIELDS * down_plan_width(num_experts),
                               dtype=torch.int32, device=device),

@@ -26,12 +26,13 @@ def mixed_fields(layer: int, e: int, proj: int) -> int:
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
 
 
-def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False, workspace=None):
-    """The layer (1024 x 1408, 8 experts, mixed bits) against the fp32
+def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False, workspace=None,
+                           ffn=1408):
+    """The layer (1024 x ffn, 8 experts, mixed bits) against the fp32
     reference eagerly, then (on CUDA) replayed from a graph after the routing
     changes in place to new_ids and, optionally, block 0 drops to one field:
     the graph reads the tables, so neither needs a re-capture."""
-    hidden, ffn, experts = 1024, 1408, 8
+    hidden, experts = 1024, 8
     weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
     torch.manual_seed(seed)
     t, k = ids.shape
