@@ -193,7 +193,17 @@ WIDE_DOWN_SPLIT_STAGES = 0
 # (kernels/moe_tiles.MoeTiles). Local sm_90 SASS (Triton 3.6), gate/up, 16
 # tokens, 4 stages, instructions a step at 2 / 3 / 4 / 6 / 8 bits: 128 rows
 # 229 / 286 / 373 / 272 / 382, 216 bytes of stack, 67 KB of shared memory;
-# 256 rows 222 / 281 / 370 / 262 / 379, 128 bytes, 118 KB.
+# 256 rows 222 / 281 / 370 / 262 / 379, 128 bytes, 118 KB. Measured slower
+# (H100, Mixtral, random routing, us, 128 rows -> 256): B=16 4-bit 302.9 ->
+# 319.7, 2-bit 215.7 -> 230.1; B=32 4-bit 335.5 -> 364.6, 2-bit 259.4 ->
+# 283.3; B=64 4-bit 401.8 -> 431.9, 2-bit 326.6 -> 358.2, 8-bit 582.3 ->
+# 594.6, mixed 404.2 -> 474.3 (moe_rows_random_h100_s56.json). Under ncu
+# (B=64, 2-bit, no wide tile; moe_ncu_rows_h100_s56.json) the gate/up
+# launch read 392 MB from the L2 instead of 521 MB (266 MB from DRAM), but
+# took 217.2 us against 191.7: barrier stalls per issued instruction 0.90
+# -> 1.51, as the 8 warps of the one resident program wait for each other
+# at every step, where two programs of 4 cover each other's waits; the L2
+# was at 57 % of its peak with 128 rows, so its traffic was not the limit.
 TENSOR_CORE_ROWS = 128
 TENSOR_CORE_ROWS_CHOICES = (128, 256)
 # The hardware's limit on a thread's registers (sm_70 and later).
