@@ -2,9 +2,9 @@
 # Session 56's table call (fresh machine; limit 590 s). On an H200: the issue-5 end-to-end cells at
 # the defaults (synthetic Mixtral-8x7B, 8 / 4-bit and whole-expert mixed 2/6, B = 1 / 16 / 64), then
 # the layer table (Mixtral-8x7B and Qwen1.5-MoE, B = 1 / 4 / 16 / 64, 8 / 4 / 2 bits and mixed, round
-# robin) in the time left. On any other card: the pipeline depths of the gate/up split's two launches
-# and the row-tile-major gate/up order at B = 40-64 (the layer, random routing), then the GPU test of both token-class splits (session
-# 56's first call lost it to a 90 s timeout).
+# robin) in the time left. On any other card: the pipeline depths of the gate/up split's two
+# launches and the row-tile-major gate/up order at B = 40-64 (the layer, random routing), then the
+# GPU test of both token-class splits (session 56's first call lost it to a 90 s timeout).
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
 #   bash tools/device/s56_call.sh <commit>
 source .carry/on_device.sh || exit 1
