@@ -12,10 +12,10 @@ C=$1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 if [[ $GPU == *H200* ]]; then
   rm -rf /tmp/runs
-  e2e_run 300 table --bits 8,4,mixed26 --batches 1,16,64
+  e2e_run 270 table --bits 8,4,mixed26 --batches 1,16,64
   python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_s56_h200.json" | tail -10
   LEFT=$((570 - SECONDS))
-  timeout "$LEFT" python3 benchmarks/bench_moe.py --models mixtral,qwen --bits 8,4,2,mixed --batches 1,4,16,64 \
+  [[ $LEFT -gt 90 ]] && timeout "$LEFT" python3 benchmarks/bench_moe.py --models mixtral,qwen --bits 8,4,2,mixed --batches 1,4,16,64 \
     --kernels-only --no-check --budget $((LEFT - 15)) --commit "$C" --out "${OUT:-/tmp}/moe_table_s56_h200.json" \
     2>&1 | grep -v "^ *$" | tail -36
 else
