@@ -4,7 +4,7 @@
 # tests (eager and graph replay against the reference), then Nsight Compute counters of gate/up and
 # down at B=64, 2 bits, round robin, no wide tile, 128 against 256 rows (L2 throughput, L2 -> SM bytes
 # against DRAM bytes), then the layer, Mixtral, random routing, shipped / 256 rows / shipped.
-# Call B is tools/device/rows_e2e_ab.sh.
+# The end-to-end A/B that was to follow (call B) was not run: the layer was slower.
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
 #   bash tools/device/rows_probe.sh <commit>
 source .carry/on_device.sh || exit 1
