@@ -1,7 +1,8 @@
 """Launch 2 of the fused MoE layer (kernels/moe_mixed.py): per (expert slot,
 BN rows of F, gate or up, K range of MoeTiles.split_up), the projection of
 the expert's tokens through the block's pages at its own bitwidth; the last
-of each row tile's 2 x split_up programs to finish stores SiLU(gate) * up, rounded to fp16, as h in sorted order, in the three
+of each row tile's 2 x split_up programs to finish stores SiLU(gate) * up,
+rounded to fp16, as h in sorted order, in the three
 activation planes the down launch's views read (weight_layout.plane_scales),
 or for the CUDA-core tile quantized to int16 per span of 64 rows
 (weight_layout.quantize_activations), with per-tile sums of h.

@@ -87,7 +87,8 @@ class MoeTiles:
     down launches. block_n_up over 128 (tensor-core tiles only) reads each
     activation tile once for more weight rows: the 16-token tile's
     activations are 4 KiB a step against 8.7 KiB of 4-bit (4.6 KiB of 2-bit)
-    weights at 128 rows, all from the L2.
+    weights at 128 rows, all from the L2. Measured slower at 256 rows
+    (moe_tuning.TENSOR_CORE_ROWS).
 
     num_stages: pipeline depth of the K loops (kernels/moe_block_matmul.py
     STAGES; also the launches' num_stages option).
@@ -303,12 +304,12 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     per-iteration work, fewer gives more programs; None: 128, or for the
     tensor-core tiles tuning.tensor_core_rows where the shapes divide and
     gate/up fills num_sms); gate/up drops to 64 rows when 128 would leave
-    multiprocessors idle. num_warps (None): TENSOR_CORE_WARPS per 128 rows. num_stages: pipeline depth (None:
-    default_stages); wide_stages: that of the wide tile's loops (None:
-    tuning.wide_tile_stages); maxnreg (None: tuning.one_token_maxnreg for the
-    one-token tile, tuning.narrow_tile_maxnreg for the 8-token one, else
-    none); tuning: the measured defaults (None:
-    MoeTuning()).
+    multiprocessors idle. num_warps (None): TENSOR_CORE_WARPS per 128 rows.
+    num_stages: pipeline depth (None: default_stages); wide_stages: that of
+    the wide tile's loops (None: tuning.wide_tile_stages); maxnreg (None:
+    tuning.one_token_maxnreg for the one-token tile,
+    tuning.narrow_tile_maxnreg for the 8-token one, else none); tuning: the
+    measured defaults (None: MoeTuning()).
     block_m: tokens per tile (None: from the mean tokens per expert:
     NARROW_TOKEN_TILE up to tuning.narrow_tile_max_mean, else the least of
     16, 32, 64 that holds the mean). block_m_wide (None: when the mean load
