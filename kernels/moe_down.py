@@ -14,7 +14,7 @@ from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import DOWN_PLAN_FIELDS, MoeWorkspace, check_h_planes, down_plan_width, \
-    fork_side_stream, join_side_stream, settle_carveout
+    launch_by_token_class, settle_carveout
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 from kernels.weight_layout import GROUP
 
@@ -296,20 +296,12 @@ def run_down(ws: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights
              pdl: PdlPolicy = DEFAULT_PDL) -> None:
     """Launch 3: accumulates ws.prep.out from ws.h (after run_gate_up); pdl: kernels/pdl.py.
     With tiles.down_split_stages, two launches by token class at once, as
-    run_gate_up's split (the wide one on ws.side_stream)."""
+    run_gate_up's split (moe_workspace.launch_by_token_class)."""
     shape = down_launch_shape(ws, tiles, num_experts, top_k, ffn)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     check_h_planes(ws, tiles)
-    if not tiles.down_split_stages:
-        _launch_down(ws, tw, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, shape, tiles.block_m,
-                     tiles.block_m_wide, tiles.num_stages, tiles.wide_loop_stages, 0, 0)
-        return
-    with fork_side_stream(ws):
-        _launch_down(ws, tw, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, shape,
-                     tiles.block_m_wide, 0, tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
-    _launch_down(ws, tw, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, shape, tiles.block_m, 0,
-                 tiles.down_split_stages, tiles.down_split_stages, 0, tiles.block_m)
-    join_side_stream(ws)
+    launch_by_token_class(ws, tiles, tiles.down_split_stages, lambda *tile_class: _launch_down(
+        ws, tw, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, shape, *tile_class))
 
 
 def _launch_down(ws: MoeWorkspace, tw: torch.Tensor, weights: PagedWeights, layer: int, num_experts: int,

@@ -28,8 +28,8 @@ from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_decode import tile_k_order, virtual_slot
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
-from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, fork_side_stream, \
-    join_side_stream, settle_carveout
+from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, launch_by_token_class, \
+    settle_carveout
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 _FP16_MAX_C = tl.constexpr(FP16_MAX)
@@ -265,25 +265,15 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     With tiles.gate_up_split_stages, two launches: the experts of over
     block_m tokens on the wide tile alone, and those of at most block_m on
     the base tile alone (each launch's programs of the other class exit at
-    once); on a GPU the wide one on ws.side_stream, forked from and joined
-    back into the current stream (in a CUDA graph: two branches), so that
-    both run at once and the work stays shared as in one launch."""
+    once), at once on two streams (moe_workspace.launch_by_token_class)."""
     t, hidden = ws.prep.xp.shape
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
     if ws.gu.shape[1] != tiles.split_up:
         raise ValueError("workspace was allocated for another gate/up split")
-    if not tiles.gate_up_split_stages:
-        _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m,
-                        tiles.block_m_wide, tiles.num_stages, tiles.wide_loop_stages, 0, 0)
-        return
-    with fork_side_stream(ws):
-        _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m_wide, 0,
-                        tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
-    _launch_gate_up(ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, tiles.block_m, 0,
-                    tiles.gate_up_split_stages, tiles.gate_up_split_stages, 0, tiles.block_m)
-    join_side_stream(ws)
+    launch_by_token_class(ws, tiles, tiles.gate_up_split_stages, lambda *tile_class: _launch_gate_up(
+        ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, *tile_class))
 
 
 def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,

@@ -259,12 +259,13 @@ class MoeTuning:
     tile's at this pipeline depth, on two streams at once
     (MoeTiles.gate_up_split_stages; 0: one launch with both tiles;
     WIDE_GATE_UP_SPLIT_STAGES has the measurements).
-    tensor_core_rows: weight rows per program of the tensor-core tiles
-    (TENSOR_CORE_ROWS_CHOICES; warps follow, 32 rows each) where the shapes
-    divide and the gate/up launch fills the GPU, else 128.
     wide_down_split_stages: the same for the down launch
     (MoeTiles.down_split_stages; 0: one launch). Off: measured slower or
     level (WIDE_DOWN_SPLIT_STAGES).
+    tensor_core_rows: weight rows per program of the tensor-core tiles
+    (TENSOR_CORE_ROWS_CHOICES; 4 warps per 128 rows) where the shapes divide
+    and the gate/up launch fills the GPU, else 128. Off at 128: 256 measured
+    slower (TENSOR_CORE_ROWS).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES

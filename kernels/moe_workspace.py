@@ -5,9 +5,8 @@ both weight launches run on them (check_h_planes, settle_carveout)."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -41,7 +40,7 @@ class MoeWorkspace:
     # The second stream of a launch split into two by token class
     # (MoeTiles.gate_up_split_stages, down_split_stages) on a GPU: the wide
     # tile's launch runs beside the base tile's, so that each fills the
-    # other's tail (fork_side_stream, join_side_stream).
+    # other's tail (launch_by_token_class).
     side_stream: torch.cuda.Stream | None = None
 
 
@@ -136,18 +135,25 @@ def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
         limit_carveout_once(kernel, ws.carveouts_set, tiles.resident_programs, ws.h.device)
 
 
-@contextlib.contextmanager
-def fork_side_stream(ws: MoeWorkspace) -> Iterator[None]:
-    """Launches inside run on ws.side_stream after all work queued so far on
-    the current stream (in a CUDA graph: a branch); without a side stream
-    (CPU, no split) on the current stream. join_side_stream(ws) afterwards."""
-    if ws.side_stream is not None:
-        ws.side_stream.wait_stream(torch.cuda.current_stream(ws.h.device))
-    with torch.cuda.stream(ws.side_stream):  # None: the current stream
-        yield
-
-
-def join_side_stream(ws: MoeWorkspace) -> None:
-    """Later work on the current stream waits for ws.side_stream's."""
-    if ws.side_stream is not None:
-        torch.cuda.current_stream(ws.h.device).wait_stream(ws.side_stream)
+def launch_by_token_class(ws: MoeWorkspace, tiles: MoeTiles, split_stages: int,
+                          launch: Callable[[int, int, int, int, int, int], None]) -> None:
+    """One weight launch, or two by token class (split_stages > 0: MoeTiles.
+    gate_up_split_stages or down_split_stages). launch(block_m, block_m_wide,
+    stages, wide_stages, tokens_lo, tokens_hi) queues one launch of those
+    token tiles for the experts of over tokens_lo and at most tokens_hi tokens
+    (0: no bound). Split: the experts of over block_m tokens on the wide tile
+    alone, on ws.side_stream after all work queued so far (in a CUDA graph: a
+    branch; without a side stream, CPU, on the current stream), beside those
+    of at most block_m on the base tile at split_stages; the current stream
+    then waits for both, so that each launch fills the other's tail."""
+    if not split_stages:
+        launch(tiles.block_m, tiles.block_m_wide, tiles.num_stages, tiles.wide_loop_stages, 0, 0)
+        return
+    side = ws.side_stream
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(ws.h.device))
+    with torch.cuda.stream(side):  # None: the current stream
+        launch(tiles.block_m_wide, 0, tiles.wide_loop_stages, tiles.wide_loop_stages, tiles.block_m, 0)
+    launch(tiles.block_m, 0, split_stages, split_stages, 0, tiles.block_m)
+    if side is not None:
+        torch.cuda.current_stream(ws.h.device).wait_stream(side)
