@@ -141,6 +141,8 @@ class MoeTiles:
     left the GPU idle (MoeTuning's WIDE_GATE_UP_SPLIT_STAGES has both).
     down_split_stages: the same split of the down launch (0: one launch;
     not with balance_down, whose plan shares all experts' work).
+    gate_up_pair_stages: an expert's gate and up blocks of one view in one
+    program, one K loop of this depth (kernels/moe_pair_matmul.py; 0: off).
     """
 
     block_n_up: int = 128
@@ -162,6 +164,7 @@ class MoeTiles:
     gate_up_interleave: bool = False
     gate_up_split_stages: int = 0
     down_split_stages: int = 0
+    gate_up_pair_stages: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -194,6 +197,8 @@ class MoeTiles:
             if stages < 0 or (stages and not wide):
                 raise ValueError(f"{name} needs a wide tile and must be >= 0, got {stages} with "
                                  f"block_m_wide {wide}")
+        if self.gate_up_pair_stages < 0 or (self.gate_up_pair_stages and self.block_m == CUDA_CORE_TOKEN_TILE):
+            raise ValueError(f"gate_up_pair_stages must be >= 0, on a tensor-core tile: {self.gate_up_pair_stages}")
         if self.down_split_stages and self.balance_down:
             raise ValueError("down_split_stages needs the plain down split (balance_down False)")
         if self.num_stages < 1 or self.wide_stages < 0:
@@ -382,7 +387,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      down_zigzag=tuning.down_zigzag,
                      gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
                      gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
-                     down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0)
+                     down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0,
+                     gate_up_pair_stages=0 if one_token else tuning.gate_up_pair_stages)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:
