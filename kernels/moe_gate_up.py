@@ -105,24 +105,43 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
 
 
 @triton.jit
-def _pair_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_gate, nf, h_ptr, hq_scale_ptr, hsum_ptr, start, end, n,
-                rows, col, tile, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x, q_h,
-                BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
+def _pair_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_gate, nf, gu_ptr, counters, h_ptr, hq_scale_ptr,
+                hsum_ptr, start, end, n, rows, col, tile, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
+                q_h, part, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
+                SPLIT: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through BN rows of
     # the gate block and the up block (pair_matmul: both of nf fields; the up
-    # block's page-table row follows the gate's); h stored by this program.
+    # block's page-table row follows the gate's) over K range `part` of
+    # SPLIT; h stored by this program, or with SPLIT > 1 by the last of the
+    # row tile's SPLIT programs to arrive (counters[token tile], two
+    # arrivals each: the count the one-block programs keep).
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)  # the planes hold each group in the slot order of BM
+    g0 = part * (H // 128) // SPLIT
+    g1 = (part + 1) * (H // 128) // SPLIT
     for m0 in range(start, end, BM):
         pos = m0 + m
         valid = pos < end
         tok = (tl.load(sorted_ptr + pos, mask=valid, other=0) // top_k).to(tl.int64)
         gate, up = pair_matmul_any(nf, arena_ptr, pt_gate, pt_gate + pt_block_stride, pt_field_stride, F, H, rows,
-                                   log2p, xp_ptr + tok[None, :] * H + kv[:, None], valid[None, :],
+                                   g0, g1, log2p, xp_ptr + tok[None, :] * H + kv[:, None], valid[None, :],
                                    xsum_ptr + tok * (H // 128), valid, q_x, BN, BM, USE_ASM, STAGES)
         keep = (n < F)[:, None] & valid[None, :]
-        _store_h(h_ptr, hq_scale_ptr, hsum_ptr, q_h, gate, up, pos.to(tl.int64), n, col, tile, m0, F, keep, valid,
-                 BN, BM, USE_ASM)
+        pos64 = pos.to(tl.int64)
+        if SPLIT == 1:
+            _store_h(h_ptr, hq_scale_ptr, hsum_ptr, q_h, gate, up, pos64, n, col, tile, m0, F, keep, valid,
+                     BN, BM, USE_ASM)
+        else:
+            counter = counters + (m0 - start) // BM
+            mine = gu_ptr + ((pos64[None, :] * SPLIT + part) * 2) * F + n[:, None]  # gu [pairs, SPLIT, 2, F]
+            tl.store(mine, gate, mask=keep)
+            tl.store(mine + F, up, mask=keep)
+            tl.debug_barrier()
+            if tl.atomic_add(counter, 2, sem="acq_rel") == 2 * SPLIT - 2:
+                gate, up = _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
+                _store_h(h_ptr, hq_scale_ptr, hsum_ptr, q_h, gate, up, pos64, n, col, tile, m0, F, keep, valid,
+                         BN, BM, USE_ASM)
+                tl.atomic_xchg(counter, 0, sem="relaxed")
 
 
 @triton.jit
@@ -257,10 +276,10 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     ready_ptr is not touched. TOKENS_LO / TOKENS_HI (0: no bound): the
     program works only for an expert of over TOKENS_LO and at most TOKENS_HI
     tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages).
-    PAIR_STAGES (0: off; tensor-core tiles, SPLIT 1, no SIGNAL): where the
-    expert's gate and up blocks are of one view, the program of `which` 0
-    runs both in one K loop of this depth and stores h itself
-    (kernels/moe_pair_matmul.py); that of 1 exits."""
+    PAIR_STAGES (0: off; tensor-core tiles, no SIGNAL): where the expert's
+    gate and up blocks are of one view, the program of `which` 0 runs both
+    over its K range in one loop of this depth (kernels/moe_pair_matmul.py)
+    and stores h (SPLIT > 1: the last to arrive); that of 1 exits."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     lo, hi = token_class_bounds(start, end, TOKENS_LO, TOKENS_HI)
@@ -287,16 +306,16 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
             if (PAIR_STAGES > 0) and (nf_g == nf_u):
                 # The pair's program of `which` 0 takes both blocks; that of 1 has nothing to do.
                 if which == 0:
-                    pair_args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, h_ptr, hq_scale_ptr, hsum_ptr,
-                                 start, end, n, rows, col, tile, H, F, pt_block_stride, pt_field_stride, log2p,
-                                 top_k, q_x, q_h)
+                    pair_args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
+                                 hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, H, F, pt_block_stride,
+                                 pt_field_stride, log2p, top_k, q_x, q_h, part)
                     if BM_WIDE > BM:
                         if end - start <= BM:
-                            _pair_tiles(*pair_args, BN, BM, USE_ASM, PAIR_STAGES)
+                            _pair_tiles(*pair_args, BN, BM, USE_ASM, PAIR_STAGES, SPLIT)
                         else:
-                            _pair_tiles(*pair_args, BN, BM_WIDE, USE_ASM, PAIR_STAGES)
+                            _pair_tiles(*pair_args, BN, BM_WIDE, USE_ASM, PAIR_STAGES, SPLIT)
                     else:
-                        _pair_tiles(*pair_args, BN, BM, USE_ASM, PAIR_STAGES)
+                        _pair_tiles(*pair_args, BN, BM, USE_ASM, PAIR_STAGES, SPLIT)
             elif BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal

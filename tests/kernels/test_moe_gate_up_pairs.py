@@ -37,13 +37,17 @@ def test_pairs_each_view(device, bits, block_m):
     assert bool(torch.isfinite(out).all()) and rel_err(out, ref) < 3e-3
 
 
-def test_pairs_beside_experts_of_two_views(device):
+@pytest.mark.parametrize("split", [1, 3])
+def test_pairs_beside_experts_of_two_views(device, split):
     # Experts 0 and 2 have gate and up of one view (the pair product), 1 and
     # 3 of two (one block a program, the combine by arrival); 4 host-only.
+    # split: K ranges per row tile (H = 256: 2 groups, so range 0 is empty
+    # at 3), the last pair program to arrive adding them.
     views = {0: (3, 3, 5), 1: (1, 5, 2), 2: (5, 5, 1), 3: (2, 4, 4)}
-    weights, x, ids, tw = _layer(device, lambda l, e, p: views[e][p] if e in views else 0, 6, 40)
+    weights, x, ids, tw = _layer(device, lambda l, e, p: views[e][p] if e in views else 0, 20, 40)
     for bn_up in (64, 128):
-        tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=16, split_k=2, gate_up_pair_stages=3)
+        tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=8, split_k=2, gate_up_pair_stages=3,
+                         split_up=split)
         out = fused_moe_mixed(x, ids, tw, weights, 0, E, F, tiles)
         assert rel_err(out, moe_mixed_reference(x, ids, tw, weights, 0, E, F)) < 3e-3, bn_up
 
@@ -67,6 +71,11 @@ def test_pair_stages_reach_the_tensor_core_tiles_only():
     assert choose_tiles(16, 2, 8, 4096, 14336, tuning=tuning).gate_up_pair_stages == 3
     assert choose_tiles(1, 2, 8, 4096, 14336, tuning=tuning).gate_up_pair_stages == 0
     assert choose_tiles(16, 2, 8, 4096, 14336).gate_up_pair_stages == MoeTuning().gate_up_pair_stages
+    split = MoeTuning(gate_up_pair_stages=3, gate_up_pair_split=2)
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=split).split_up == 2
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_pair_split=2)).split_up == 1
+    with pytest.raises(ValueError, match="split_up"):
+        MoeTiles(block_m=16, split_up=2)
     with pytest.raises(ValueError, match="gate_up_pair_stages"):
         MoeTiles(block_m=1, gate_up_pair_stages=2)
     with pytest.raises(ValueError, match="gate_up_pair_stages"):

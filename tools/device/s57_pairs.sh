@@ -7,10 +7,12 @@
 source .carry/on_device.sh || exit 1
 C=$1
 BASE='"use_asm":true'
-CANDS="[{$BASE},{$BASE,\"tuning\":{\"gate_up_pair_stages\":3}},{$BASE,\"tuning\":{\"gate_up_pair_stages\":2}},{$BASE}]"
+P3='"gate_up_pair_stages":3'
+CANDS="[{$BASE},{$BASE,\"tuning\":{$P3}},{$BASE,\"tuning\":{$P3,\"gate_up_pair_split\":2}},"
+CANDS+="{$BASE,\"tuning\":{\"gate_up_pair_stages\":2}},{$BASE}]"
 timeout 400 python3 benchmarks/bench_moe.py --models mixtral --tune-only --budget 390 --commit "$C" \
-  --routing random --tune-cases 16:4,16:2,16:8,16:views-6.6.6-2.2.2,64:4,64:2 --candidates "$CANDS" \
-  --out "${OUT:-/tmp}/moe_pairs_s57.json" 2>&1 | grep "^tune" | tail -8
+  --routing random --tune-cases 4:4,16:4,16:2,16:8,16:views-6.6.6-2.2.2,64:4,64:2 --candidates "$CANDS" \
+  --out "${OUT:-/tmp}/moe_pairs_s57.json" 2>&1 | grep "^tune" | tail -10
 timeout $((575 - SECONDS)) python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gate_up_pairs.py \
   -k "beside or wide_tile" 2>&1 | tail -3
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
