@@ -124,60 +124,16 @@ def _act_load(ptrs, mask, ACT_CG: tl.constexpr):
 
 
 @triton.jit
-def block_regions(pt_blk_ptr, pt_field_stride, r64, n_rows, n_groups, log2p, NF: tl.constexpr):
-    """Per-row page bases (tile_pages: a, b, brk each) of one block's NF
-    fields and of its view's scales, which sit after the codes of field
-    NF - 1 (whole tiles: the last one is padded); fields >= NF repeat field 0."""
-    a0, b0, k0 = tile_pages(pt_blk_ptr, r64, 0, n_groups, 32, log2p)
-    a1, b1, k1 = a0, b0, k0
-    a2, b2, k2 = a0, b0, k0
-    a3, b3, k3 = a0, b0, k0
-    a4, b4, k4 = a0, b0, k0
-    if NF >= 2:
-        a1, b1, k1 = tile_pages(pt_blk_ptr + pt_field_stride, r64, 0, n_groups, 16, log2p)
-    if NF >= 3:
-        a2, b2, k2 = tile_pages(pt_blk_ptr + 2 * pt_field_stride, r64, 0, n_groups, 16, log2p)
-    if NF >= 4:
-        a3, b3, k3 = tile_pages(pt_blk_ptr + 3 * pt_field_stride, r64, 0, n_groups, 32, log2p)
-    if NF >= 5:
-        a4, b4, k4 = tile_pages(pt_blk_ptr + 4 * pt_field_stride, r64, 0, n_groups, 32, log2p)
-    padded = (n_rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
-    if NF == 1 or NF >= 4:
-        code_bytes = padded.to(tl.int64) * (n_groups * 32)
-    else:
-        code_bytes = padded.to(tl.int64) * (n_groups * 16)
-    sa, sb, sk = tile_pages(pt_blk_ptr + (NF - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
-    return a0, b0, k0, a1, b1, k1, a2, b2, k2, a3, b3, k3, a4, b4, k4, sa, sb, sk
-
-
-@triton.jit
-def segment_bases(a0, b0, k0, a1, b1, k1, a2, b2, k2, a3, b3, k3, a4, b4, k4, sa, sb, sk, gs, ge,
-                  NF: tl.constexpr):
-    """(ge cut at the block's next page break after chunk gs, the row bases
-    p0..p4 of its fields and ps of its scales for that segment)."""
-    ge, p0 = _field_segment(a0, b0, k0, gs, ge, 8)
-    ge = _next_brk(sk, gs, ge)
-    p1 = p0
-    p2 = p0
-    p3 = p0
-    p4 = p0
-    if NF >= 2:
-        ge, p1 = _field_segment(a1, b1, k1, gs, ge, 4)
-    if NF >= 3:
-        ge, p2 = _field_segment(a2, b2, k2, gs, ge, 4)
-    if NF >= 4:
-        ge, p3 = _field_segment(a3, b3, k3, gs, ge, 8)
-    if NF >= 5:
-        ge, p4 = _field_segment(a4, b4, k4, gs, ge, 8)
-    return ge, p0, p1, p2, p3, p4, tl.where(gs < sk, sa, sb)
-
-
-@triton.jit
-def group_fields(arena_ptr, p0, p1, p2, p3, p4, ps, g, c4, zero, NF: tl.constexpr):
-    """Group g's field words (f0, f3, f4: uint32 [BN, 4, 2]; f1, f2: [BN, 4];
-    fields >= NF repeat f0) and its (scale, offset) words sw int32 [BN],
-    tied into f0 by `zero` (block_matmul says why)."""
+def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero, inv_step,
+                xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, qs_ptrs,
+                XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                USE_ASM: tl.constexpr, ACT_CG: tl.constexpr):
+    # Group g of one segment: acc [BN, BM] += its product, scaled, plus its
+    # offset term; returns (acc, the activation sums of group g + 1).
     sw = tl.load(arena_ptr + ps + g * TILE_ROWS)  # [BN] (scale, offset) fp16 pair
+    xs = xs_next  # [BM] activation sums of group g
+    g_next = tl.minimum(g + 1, g1 - 1)
+    xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB, ACT_CG)
     f0 = _load_two_bit(arena_ptr, p0, g) | (sw & zero).to(tl.uint32)[:, None, None]
     f1 = f0
     f2 = f0
@@ -191,51 +147,6 @@ def group_fields(arena_ptr, p0, p1, p2, p3, p4, ps, g, c4, zero, NF: tl.constexp
         f3 = _load_two_bit(arena_ptr, p3, g)
     if NF >= 5:
         f4 = _load_two_bit(arena_ptr, p4, g)
-    return f0, f1, f2, f3, f4, sw
-
-
-@triton.jit
-def add_group(acc, part, sw, xs, inv_step):
-    """acc [BN, BM] + the group's product part scaled by its scales (sw),
-    plus its offset term against the activation sums xs [BM]."""
-    scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
-    offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    acc = acc + part * scale[:, None]
-    return acc + offset[:, None] * xs[None, :]
-
-
-@triton.jit
-def tensor_core_view(xt_ptrs, plane_off, NF: tl.constexpr):
-    """(the scale factor of the NF-field view, the activation pointers moved
-    to its plane) for the tensor-core tiles. The decode yields t 2^p 2^-24
-    against activations staged times 2^-p, except for a constant factor per
-    view (the 3-bit code sits one bit up its nibble, the 6-bit code two bits
-    up its byte): 2^24 / factor goes into the scale. The view's plane sits
-    plane * plane_off elements after plane 0 (weight_layout.view_plane)."""
-    if NF == 2:
-        inv_step = 8388608.0  # 2^23
-    elif NF == 4:
-        inv_step = 4194304.0  # 2^22
-    else:
-        inv_step = 16777216.0  # 2^24
-    if NF == 1:
-        xt_ptrs += 2 * plane_off
-    elif NF <= 3:
-        xt_ptrs += plane_off
-    return inv_step, xt_ptrs
-
-
-@triton.jit
-def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero, inv_step,
-                xt_ptrs, xt_mask, xs_ptrs, xs_mask, xs_group_stride, qs_ptrs,
-                XS_SUB: tl.constexpr, NF: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                USE_ASM: tl.constexpr, ACT_CG: tl.constexpr):
-    # Group g of one segment: acc [BN, BM] += its product, scaled, plus its
-    # offset term; returns (acc, the activation sums of group g + 1).
-    f0, f1, f2, f3, f4, sw = group_fields(arena_ptr, p0, p1, p2, p3, p4, ps, g, c4, zero, NF)
-    xs = xs_next  # [BM] activation sums of group g
-    g_next = tl.minimum(g + 1, g1 - 1)
-    xs_next = _group_sums(xs_ptrs, g_next, xs_group_stride, xs_mask, XS_SUB, ACT_CG)
     if BM > 1:
         w = decode_tile(f0, f1, f2, f3, f4, NF, BN, USE_ASM, BM)  # [BN, 128] fp16
         xt = tl.load(xt_ptrs + g * 128, mask=xt_mask, other=0.0)  # [128, BM] x 2^-p
@@ -253,7 +164,11 @@ def _group_step(acc, xs_next, arena_ptr, p0, p1, p2, p3, p4, ps, g, g1, c4, zero
         else:
             act_scale = tl.load(qs_ptrs + g * 2)
         part = group_dot(f0, f1, f2, f3, f4, act, act_scale, NF, BN, USE_ASM)[:, None]  # [BN, 1] sum t x * place
-    return add_group(acc, part, sw, xs, inv_step), xs_next
+    scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * inv_step
+    offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    acc = acc + part * scale[:, None]
+    acc = acc + offset[:, None] * xs[None, :]
+    return acc, xs_next
 
 
 @triton.jit
@@ -289,12 +204,45 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     n_groups = K // 128
     r64 = rows.to(tl.int64)
     c4 = tl.arange(0, 4)
-    (a0, b0, k0, a1, b1, k1, a2, b2, k2, a3, b3, k3, a4, b4, k4, sa, sb, sk) = \
-        block_regions(pt_blk_ptr, pt_field_stride, r64, n_rows, n_groups, log2p, NF)
+    a0, b0, k0 = tile_pages(pt_blk_ptr, r64, 0, n_groups, 32, log2p)
+    a1, b1, k1 = a0, b0, k0
+    a2, b2, k2 = a0, b0, k0
+    a3, b3, k3 = a0, b0, k0
+    a4, b4, k4 = a0, b0, k0
+    if NF >= 2:
+        a1, b1, k1 = tile_pages(pt_blk_ptr + pt_field_stride, r64, 0, n_groups, 16, log2p)
+    if NF >= 3:
+        a2, b2, k2 = tile_pages(pt_blk_ptr + 2 * pt_field_stride, r64, 0, n_groups, 16, log2p)
+    if NF >= 4:
+        a3, b3, k3 = tile_pages(pt_blk_ptr + 3 * pt_field_stride, r64, 0, n_groups, 32, log2p)
+    if NF >= 5:
+        a4, b4, k4 = tile_pages(pt_blk_ptr + 4 * pt_field_stride, r64, 0, n_groups, 32, log2p)
+    # Scales of the NF-field view sit after the codes of field NF - 1 (whole
+    # tiles: the last one is padded).
+    padded = (n_rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+    if NF == 1 or NF >= 4:
+        code_bytes = padded.to(tl.int64) * (n_groups * 32)
+    else:
+        code_bytes = padded.to(tl.int64) * (n_groups * 16)
+    sa, sb, sk = tile_pages(pt_blk_ptr + (NF - 1) * pt_field_stride, r64, code_bytes, n_groups, 4, log2p)
+    # The decode yields t 2^p 2^-24 against activations staged times 2^-p,
+    # except for a constant factor per view (the 3-bit code sits one bit up
+    # its nibble, the 6-bit code two bits up its byte): fold 2^24 / factor
+    # into the scale. The activations' plane of the view sits plane * plane_off
+    # elements after plane 0 (weight_layout.view_plane).
     if BM == 1:
         inv_step = view_place(NF)
+    elif NF == 2:
+        inv_step = 8388608.0  # 2^23
+    elif NF == 4:
+        inv_step = 4194304.0  # 2^22
     else:
-        inv_step, xt_ptrs = tensor_core_view(xt_ptrs, plane_off, NF)
+        inv_step = 16777216.0  # 2^24
+    if BM > 1:
+        if NF == 1:
+            xt_ptrs += 2 * plane_off
+        elif NF <= 3:
+            xt_ptrs += plane_off
     acc = tl.zeros((BN, BM), tl.float32)
     # Latency of the two small per-group loads (ncu stall sampling on the H200:
     # their global-load waits and the layout conversions they caused were the
@@ -307,8 +255,21 @@ def block_matmul(arena_ptr, pt_blk_ptr, pt_field_stride, n_rows, K, rows, g0, g1
     xs_next = _group_sums(xs_ptrs, g0, xs_group_stride, xs_mask, XS_SUB, ACT_CG)
     gs = g0
     while gs < g1:
-        ge, p0, p1, p2, p3, p4, ps = segment_bases(a0, b0, k0, a1, b1, k1, a2, b2, k2, a3, b3, k3, a4, b4, k4,
-                                                   sa, sb, sk, gs, g1, NF)
+        ge, p0 = _field_segment(a0, b0, k0, gs, g1, 8)
+        ge = _next_brk(sk, gs, ge)
+        p1 = p0
+        p2 = p0
+        p3 = p0
+        p4 = p0
+        if NF >= 2:
+            ge, p1 = _field_segment(a1, b1, k1, gs, ge, 4)
+        if NF >= 3:
+            ge, p2 = _field_segment(a2, b2, k2, gs, ge, 4)
+        if NF >= 4:
+            ge, p3 = _field_segment(a3, b3, k3, gs, ge, 8)
+        if NF >= 5:
+            ge, p4 = _field_segment(a4, b4, k4, gs, ge, 8)
+        ps = tl.where(gs < sk, sa, sb)
         if BM > 1:
             # The launch's num_stages would pipeline a plain range too, but
             # one depth for every loop; a launch with a wide tile gives each

@@ -26,7 +26,6 @@ from kernels.moe_stage import FP16_MAX, SPAN, actual_to_virtual, pair_position, 
 from kernels.moe_block_matmul import block_matmul_any
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_decode import tile_k_order, virtual_slot
-from kernels.moe_pair_matmul import pair_matmul_any
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, launch_by_token_class, \
@@ -92,8 +91,19 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
             up = tl.where(which == 0, other, acc)
         else:
             gate, up = _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
-        _store_h(h_ptr, hq_scale_ptr, hsum_ptr, q_h, gate, up, pos64, n, col, tile, m0, F, keep, valid, BN, BM,
-                 USE_ASM)
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
+        _store_h_sums(hsum_ptr, pos64, F, tile, tl.where(keep, h16.to(tl.float32), 0.0), valid, BN, BM)
+        if BM == 1:
+            # BN rows = BN / SPAN whole spans (F and BN are multiples of 64)
+            q, scale = quantize_spans(tl.reshape(h16.to(tl.float32), (1, BN)), 1, BN)
+            row = tl.cast(m0, tl.int64)
+            tl.store(h_ptr + row * F + pair_position(n), tl.reshape(q, (BN,)))
+            spans = tile * (BN // SPAN) + tl.arange(0, BN // SPAN)
+            tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
+        else:
+            tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
+            _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM, USE_ASM)
         if SIGNAL:
             # Every thread's h, hq_scale and hsum stores before the release
             # (kernels/moe_gate_up_down.py waits on this count).
@@ -102,66 +112,6 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
         # Relaxed: the counter's next use is in a later launch, ordered by
         # this grid's end; acq_rel put a GPU-wide fence before the exit.
         tl.atomic_xchg(counter, 0, sem="relaxed")
-
-
-@triton.jit
-def _pair_tiles(xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_gate, nf, gu_ptr, counters, h_ptr, hq_scale_ptr,
-                hsum_ptr, start, end, n, rows, col, tile, H, F, pt_block_stride, pt_field_stride, log2p, top_k, q_x,
-                q_h, part, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr,
-                SPLIT: tl.constexpr):
-    # Tokens [start, end) of the sorted list, BM at a time, through BN rows of
-    # the gate block and the up block (pair_matmul: both of nf fields; the up
-    # block's page-table row follows the gate's) over K range `part` of
-    # SPLIT; h stored by this program, or with SPLIT > 1 by the last of the
-    # row tile's SPLIT programs to arrive (counters[token tile], two
-    # arrivals each: the count the one-block programs keep).
-    m = tl.arange(0, BM)
-    kv = tl.arange(0, 128)  # the planes hold each group in the slot order of BM
-    g0 = part * (H // 128) // SPLIT
-    g1 = (part + 1) * (H // 128) // SPLIT
-    for m0 in range(start, end, BM):
-        pos = m0 + m
-        valid = pos < end
-        tok = (tl.load(sorted_ptr + pos, mask=valid, other=0) // top_k).to(tl.int64)
-        gate, up = pair_matmul_any(nf, arena_ptr, pt_gate, pt_gate + pt_block_stride, pt_field_stride, F, H, rows,
-                                   g0, g1, log2p, xp_ptr + tok[None, :] * H + kv[:, None], valid[None, :],
-                                   xsum_ptr + tok * (H // 128), valid, q_x, BN, BM, USE_ASM, STAGES)
-        keep = (n < F)[:, None] & valid[None, :]
-        pos64 = pos.to(tl.int64)
-        if SPLIT == 1:
-            _store_h(h_ptr, hq_scale_ptr, hsum_ptr, q_h, gate, up, pos64, n, col, tile, m0, F, keep, valid,
-                     BN, BM, USE_ASM)
-        else:
-            counter = counters + (m0 - start) // BM
-            mine = gu_ptr + ((pos64[None, :] * SPLIT + part) * 2) * F + n[:, None]  # gu [pairs, SPLIT, 2, F]
-            tl.store(mine, gate, mask=keep)
-            tl.store(mine + F, up, mask=keep)
-            tl.debug_barrier()
-            if tl.atomic_add(counter, 2, sem="acq_rel") == 2 * SPLIT - 2:
-                gate, up = _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
-                _store_h(h_ptr, hq_scale_ptr, hsum_ptr, q_h, gate, up, pos64, n, col, tile, m0, F, keep, valid,
-                         BN, BM, USE_ASM)
-                tl.atomic_xchg(counter, 0, sem="relaxed")
-
-
-@triton.jit
-def _store_h(h_ptr, hq_scale_ptr, hsum_ptr, q_h, gate, up, pos64, n, col, tile, m0, F, keep, valid,
-             BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
-    # h = SiLU(gate) * up (fp32 [BN, BM]), rounded to fp16, stored as the
-    # down launch reads it (the planes, or the int16 row for BM 1) with its sums.
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-    _store_h_sums(hsum_ptr, pos64, F, tile, tl.where(keep, h16.to(tl.float32), 0.0), valid, BN, BM)
-    if BM == 1:
-        # BN rows = BN / SPAN whole spans (F and BN are multiples of 64)
-        q, scale = quantize_spans(tl.reshape(h16.to(tl.float32), (1, BN)), 1, BN)
-        row = tl.cast(m0, tl.int64)
-        tl.store(h_ptr + row * F + pair_position(n), tl.reshape(q, (BN,)))
-        spans = tile * (BN // SPAN) + tl.arange(0, BN // SPAN)
-        tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
-    else:
-        tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
-        _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM, USE_ASM)
 
 
 @triton.jit
@@ -238,7 +188,6 @@ def _moe_gate_up_kernel(
     INTERLEAVE: tl.constexpr,  # the grid is (slot, row program) (MoeTiles.gate_up_interleave)
     TOKENS_LO: tl.constexpr = 0,  # only experts of over TOKENS_LO tokens (0: no bound; run_gate_up)
     TOKENS_HI: tl.constexpr = 0,  # only experts of at most TOKENS_HI tokens (0: no bound)
-    PAIR_STAGES: tl.constexpr = 0,  # gate and up of one view in one program (MoeTiles.gate_up_pair_stages)
 ):
     # Program ((tile * SPLIT + part) * 2 + which, slot), or the transpose with
     # INTERLEAVE (the first grid dimension is dispatched first): gate_up_program.
@@ -253,7 +202,7 @@ def _moe_gate_up_kernel(
                     sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
                     count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
                     pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
-                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI, PAIR_STAGES)
+                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI)
 
 
 @triton.jit
@@ -262,8 +211,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
                     ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
                     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
                     STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr, part=0,
-                    SPLIT: tl.constexpr = 1, TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0,
-                    PAIR_STAGES: tl.constexpr = 0):
+                    SPLIT: tl.constexpr = 1, TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0):
     """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
     rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
     the slot's expert, over K range `part` of SPLIT (groups cut evenly) and
@@ -275,11 +223,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     for a reader in the same launch (kernels/moe_gate_up_down.py); without,
     ready_ptr is not touched. TOKENS_LO / TOKENS_HI (0: no bound): the
     program works only for an expert of over TOKENS_LO and at most TOKENS_HI
-    tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages).
-    PAIR_STAGES (0: off; tensor-core tiles, no SIGNAL): where the expert's
-    gate and up blocks are of one view, the program of `which` 0 runs both
-    over its K range in one loop of this depth (kernels/moe_pair_matmul.py)
-    and stores h (SPLIT > 1: the last to arrive); that of 1 exits."""
+    tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages)."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     lo, hi = token_class_bounds(start, end, TOKENS_LO, TOKENS_HI)
@@ -303,20 +247,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
                     top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part)
-            if (PAIR_STAGES > 0) and (nf_g == nf_u):
-                # The pair's program of `which` 0 takes both blocks; that of 1 has nothing to do.
-                if which == 0:
-                    pair_args = (xp_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
-                                 hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, H, F, pt_block_stride,
-                                 pt_field_stride, log2p, top_k, q_x, q_h, part)
-                    if BM_WIDE > BM:
-                        if end - start <= BM:
-                            _pair_tiles(*pair_args, BN, BM, USE_ASM, PAIR_STAGES, SPLIT)
-                        else:
-                            _pair_tiles(*pair_args, BN, BM_WIDE, USE_ASM, PAIR_STAGES, SPLIT)
-                    else:
-                        _pair_tiles(*pair_args, BN, BM, USE_ASM, PAIR_STAGES, SPLIT)
-            elif BM_WIDE > BM:  # compile time: this launch has a wide tile
+            if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
@@ -366,7 +297,6 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
         BN=tiles.block_n_up, BM=block_m, BM_WIDE=block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=stages, STAGES_WIDE=wide_stages,
         SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
-        PAIR_STAGES=tiles.gate_up_pair_stages,
         **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles)

@@ -130,7 +130,7 @@ class MoeTiles:
     sums in the workspace, added in K order by the last to arrive): more
     programs, each with a shorter K loop, where the row tiles alone leave
     multiprocessors idle (one token, few small experts); only for the
-    one-token tile in its own launch, or gate/up pairs.
+    one-token tile in its own launch.
     gate_up_split_stages: with a wide tile, the gate/up projection as two
     launches, each compiled for one token tile: the experts of at most
     block_m tokens at this pipeline depth, the others on the wide tile at
@@ -141,9 +141,6 @@ class MoeTiles:
     left the GPU idle (MoeTuning's WIDE_GATE_UP_SPLIT_STAGES has both).
     down_split_stages: the same split of the down launch (0: one launch;
     not with balance_down, whose plan shares all experts' work).
-    gate_up_pair_stages: an expert's gate and up blocks of one view in one
-    program, one K loop of this depth (kernels/moe_pair_matmul.py; 0: off);
-    split_up then cuts its K range as for the one-token tile.
     """
 
     block_n_up: int = 128
@@ -165,7 +162,6 @@ class MoeTiles:
     gate_up_interleave: bool = False
     gate_up_split_stages: int = 0
     down_split_stages: int = 0
-    gate_up_pair_stages: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -191,16 +187,13 @@ class MoeTiles:
             raise ValueError("one_launch needs block_m 1, no wide tile and block_n_up == block_n_down")
         if self.split_up < 1:
             raise ValueError(f"split_up must be >= 1, got {self.split_up}")
-        if self.split_up > 1 and (self.block_m != CUDA_CORE_TOKEN_TILE or self.one_launch) \
-                and not self.gate_up_pair_stages:
-            raise ValueError("split_up > 1 needs gate/up pairs or the one-token tile (block_m 1) in its own launch")
+        if self.split_up > 1 and (self.block_m != CUDA_CORE_TOKEN_TILE or self.one_launch):
+            raise ValueError("split_up > 1 needs the one-token tile (block_m 1) in its own gate/up launch")
         for name in ("gate_up_split_stages", "down_split_stages"):
             stages = getattr(self, name)
             if stages < 0 or (stages and not wide):
                 raise ValueError(f"{name} needs a wide tile and must be >= 0, got {stages} with "
                                  f"block_m_wide {wide}")
-        if self.gate_up_pair_stages < 0 or (self.gate_up_pair_stages and self.block_m == CUDA_CORE_TOKEN_TILE):
-            raise ValueError(f"gate_up_pair_stages must be >= 0, on a tensor-core tile: {self.gate_up_pair_stages}")
         if self.down_split_stages and self.balance_down:
             raise ValueError("down_split_stages needs the plain down split (balance_down False)")
         if self.num_stages < 1 or self.wide_stages < 0:
@@ -389,9 +382,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      down_zigzag=tuning.down_zigzag,
                      gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
                      gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
-                     down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0,
-                     gate_up_pair_stages=0 if one_token else tuning.gate_up_pair_stages,
-                     split_up=tuning.gate_up_pair_split if tuning.gate_up_pair_stages and not one_token else 1)
+                     down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True)
     if one_token:

@@ -138,19 +138,6 @@ ONE_TOKEN_SPLIT_UP = 2
 # time compiling): mixed 2/6 B=1 299.8 against 299.1-300.8, B=4 529.9 against
 # 534.1 (e2e_down_cost_small_ab_h200_s52.json); B=4 wants a second round.
 DOWN_GROUP_COST = (16, 18, 19, 21, 23)
-# gate_up_pair_stages: the gate/up launch's tensor-core tiles run an expert's
-# gate and up blocks of one view in one program and one K loop, at this
-# pipeline depth (MoeTiles.gate_up_pair_stages; 0: one block per program).
-# Local sm_90 SASS (Triton 3.6, 16 tokens), instructions a step of both
-# blocks against two single steps, 2 / 3 / 4 / 6 / 8 bits: 393 / 503 / 546 /
-# 689 / 703 against 458 / 542 / 582 / 760 / 782; no local memory in the
-# loops; 80 KB of shared memory at 3 stages (118 KB at 4: one program per
-# multiprocessor). Not yet timed on the GPU.
-GATE_UP_PAIR_STAGES = 0
-# gate_up_pair_split: K ranges of each pair's row tile (MoeTiles.split_up).
-# A pair program does the work of two: Mixtral's 1792 gate/up programs at B=16
-# become 896 for 264 resident slots (3.4 rounds, against 6.8).
-GATE_UP_PAIR_SPLIT = 1
 DOWN_COST_VIEWS = 5  # views 2 / 3 / 4 / 6 / 8 bits (docs/WEIGHT_LAYOUT.md)
 DOWN_COST_MAX = 255  # each cost is one byte of MoeTiles.down_cost_word
 # gate_up_interleave_max_tokens: the gate/up launches of at most this many
@@ -279,11 +266,6 @@ class MoeTuning:
     (TENSOR_CORE_ROWS_CHOICES; 4 warps per 128 rows) where the shapes divide
     and the gate/up launch fills the GPU, else 128. Off at 128: 256 measured
     slower (TENSOR_CORE_ROWS).
-    gate_up_pair_stages: the tensor-core tiles' gate and up blocks of one
-    view in one gate/up program, at this pipeline depth
-    (MoeTiles.gate_up_pair_stages; 0: off; GATE_UP_PAIR_STAGES).
-    gate_up_pair_split: K ranges of each of those pairs' row tiles
-    (MoeTiles.split_up).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -303,8 +285,6 @@ class MoeTuning:
     wide_gate_up_split_stages: int = WIDE_GATE_UP_SPLIT_STAGES
     wide_down_split_stages: int = WIDE_DOWN_SPLIT_STAGES
     tensor_core_rows: int = TENSOR_CORE_ROWS
-    gate_up_pair_stages: int = GATE_UP_PAIR_STAGES
-    gate_up_pair_split: int = GATE_UP_PAIR_SPLIT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -319,14 +299,12 @@ class MoeTuning:
                      "narrow_tile_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("wide_gate_up_split_stages", "wide_down_split_stages", "gate_up_pair_stages"):
+        for name in ("wide_gate_up_split_stages", "wide_down_split_stages"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.tensor_core_rows not in TENSOR_CORE_ROWS_CHOICES:
             raise ValueError(f"tensor_core_rows must be one of {TENSOR_CORE_ROWS_CHOICES}, "
                              f"got {self.tensor_core_rows}")
-        if self.gate_up_pair_split < 1:
-            raise ValueError(f"gate_up_pair_split must be >= 1, got {self.gate_up_pair_split}")
         if self.one_token_split_up < 1:
             raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:

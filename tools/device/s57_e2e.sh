@@ -3,6 +3,7 @@
 # shipped launch: synthetic Mixtral-8x7B, 4-bit and whole-expert mixed 2/6 at B = 4 / 8 / 64 (where the
 # layer ran faster or level with pairs, moe_pairs_h100_s57.json), two interleaved rounds (the first
 # run compiles both).
+# Ran at 6884b90 (the pair path was removed after it measured slower: benchmarks/NOTES.md session 57).
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
 #   bash tools/device/s57_e2e.sh <commit> <stages>
 source .carry/on_device.sh || exit 1

@@ -2,6 +2,7 @@
 # Session 57's first call: gate and up of one view in one gate/up program (MoeTuning.gate_up_pair_stages)
 # against the shipped launch, the layer with random routing (Mixtral-8x7B; B=16 on the 8-token tile,
 # B=64 on the gate/up split), then the pair tests on the GPU in the time left.
+# Ran at 318e8d3 (the pair path was removed after it measured slower: benchmarks/NOTES.md session 57).
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
 #   bash tools/device/s57_pairs.sh <commit>
 source .carry/on_device.sh || exit 1
