@@ -23,7 +23,7 @@ from dataplane.routing_stats import RoutingStats
 from dataplane.sampling_params import SamplingParams, StructuredOutput
 from dataplane.weights.layout import NUM_PROJ, block_index
 MODEL = Path(__file__).resolve().parents[2] / "models" / "pw-moe-tiny"
-PROMPTS = [[5, 17, 99, 4, 23, 61, 7], [300, 12, 9], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61]]
+PROMPTS = [[5, 17, 99, 4, 23, 61, 7], [300, 12, 9], list(range(44, 62))]
 NEW_TOKENS = 6
 MAX_BATCH = 4  # 3 prompts -> bucket 4: one padding row
 # float32 on the GPU: Triton's tl.dot rounds fp32 operands to TF32 (10 bits of mantissa), and the
