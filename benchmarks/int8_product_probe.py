@@ -45,6 +45,7 @@ from benchmarks.int8_product_kernel import MODES, int8_probe_kernel  # noqa: E40
 BN, BK, WORDS = 128, 128, 16
 EXPERTS, HIDDEN, INTERMEDIATE = 8, 4096, 14336
 INT8_MAX = 127.0
+TILES = (8, 16, 32, 64)  # the product's tokens: mma.sync under 16, wgmma from 16
 COUNTED = ("HGMMA", "IGMMA", "HMMA", "IMMA", "LOP3", "SHF", "PRMT", "FFMA", "I2F", "LDS", "LDGSTS", "LDG", "BAR.SYNC",
            "SHFL", "STL", "LDL")
 PRODUCTS = ("HGMMA", "IGMMA", "HMMA", "IMMA", "FFMA")
@@ -59,8 +60,8 @@ class Config:
     @staticmethod
     def parse(text: str) -> "Config":
         mode, tile, stages = text.split(":")
-        if mode not in MODES or int(tile) not in (8, 16):
-            raise ValueError(f"bad form {text!r}: mode in {sorted(MODES)}, tile 8 or 16")
+        if mode not in MODES or int(tile) not in TILES:
+            raise ValueError(f"bad form {text!r}: mode in {sorted(MODES)}, tile in {TILES}")
         return Config(mode, int(tile), int(stages))
 
 
