@@ -13,7 +13,13 @@ product taken in one of two forms (MODE):
   s_row * a_token. The activations' precision changes: the product is
   exact against the quantized activations, not against the fp16 ones.
 * STREAM (timing only): the copies and the scale epilogue alone, the codes
-  folded into the accumulator by one LOP3-level sum, no product.
+  folded into the accumulator by one LOP3-level sum, no product;
+* FIELDS (timing only): the engine's own 4-bit read and decode
+  (kernels/moe_block_matmul.py, moe_decode.decode_tile with 3 fields): the
+  same bytes as three field streams (2-bit words [BN, 4, 2], two 1-bit
+  [BN, 4]), each (tile, group) a contiguous run of its field, merged into
+  nibble words before the fp16 decode. The column order is not staged
+  (the product is wrong by design).
 
 The probe's own layout (not the engine's paged fields): a (tile, group)'s
 codes are 2,048 contiguous int32 words [128 rows, 4 quarters, 4 words], 8
@@ -30,8 +36,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FP16, INT8, STREAM = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-MODES = {"fp16": 0, "int8": 1, "stream": 2}
+from kernels.moe_decode import decode_tile
+
+FP16, INT8, STREAM, FIELDS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+MODES = {"fp16": 0, "int8": 1, "stream": 2, "fields": 3}
 BN = tl.constexpr(128)  # rows of a tile
 BK = tl.constexpr(128)  # K of a group (a step)
 WORDS = tl.constexpr(16)  # words of a row's group: 128 4-bit codes
@@ -74,13 +82,19 @@ def _nibbles_to_bytes(byts, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _int8_tile(byts, USE_ASM: tl.constexpr):
+def _int8_tile(byts, USE_ASM: tl.constexpr, BM: tl.constexpr):
     # uint8 [BN, 64] -> int8 [BN, BK]: byte m = 16 c + 4 i + b of a row holds
     # nibbles 2 b (low) and 2 b + 1 (high) of word (c, i); element (c, i, b,
-    # lh) is nibble j = 2 b + lh, the code t itself. The quarter c goes to K
-    # bits 2-3 (the int8 A operand: 4 consecutive K a register).
+    # lh) is nibble j = 2 b + lh, the code t itself. The quarter c goes to
+    # the K bits of a quad's thread: 2-3 for wgmma's int8 A operand (4
+    # consecutive K a register), 3-4 for mma.sync's (Triton 3.6 lays int8
+    # out with kWidth 8: 8 consecutive K a thread).
     t = tl.join(_nibbles_to_bytes(byts, 0, USE_ASM), _nibbles_to_bytes(byts, 4, USE_ASM))  # [BN, 64, lh]
-    t = tl.permute(tl.reshape(t, (BN, 4, 4, 4, 2)), (0, 2, 4, 1, 3))  # [BN, i, lh, c, b]
+    t = tl.reshape(t, (BN, 4, 4, 4, 2))  # [BN, c, i, b, lh]
+    if BM < 16:
+        t = tl.permute(t, (0, 2, 1, 4, 3))  # [BN, i, c, lh, b]
+    else:
+        t = tl.permute(t, (0, 2, 4, 1, 3))  # [BN, i, lh, c, b]
     return tl.reshape(t, (BN, BK))
 
 
@@ -107,22 +121,37 @@ def int8_probe_kernel(codes_ptr, sw_ptr, xt_ptr, xsum_ptr, xscale_ptr, out_ptr, 
                   + rows[:, None] * (WORDS * 4) + tl.arange(0, WORDS * 4)[None, :])
     sw_base = sw_ptr + tile * n_groups * BN + rows
     zero = n_groups >> 31  # 0 at run time, opaque: ties the scales into the decode (see block_matmul)
+    n_tiles = tl.num_programs(0)
     acc = tl.zeros((BN, BM), tl.float32)
     for g in tl.range(0, n_groups, num_stages=STAGES):
         sw = tl.load(sw_base + g * BN)  # [BN] (scale, offset) fp16 pair
         xs = tl.load(xsum_ptr + g * BM + cols)  # [BM]
         scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
         offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        if MODE != INT8:
+        if MODE == FP16 or MODE == STREAM:
             w = tl.load(code_base + g * STEP_WORDS).to(tl.uint32, bitcast=True) | (sw & zero).to(tl.uint32)[:, None]
         if MODE == FP16:
             a = _fp16_tile(tl.reshape(w, (BN, 4, 4)), BM)  # [BN, c, i] words -> [BN, BK]
             xt = tl.load(xt_ptr + g * BK * BM + k[:, None] * BM + cols[None, :])  # [BK, BM]
             part = tl.dot(a, xt)  # [BN, BM] fp32: 2^-24 sum t x
             acc += part * (scale * SUBNORMAL_SCALE)[:, None]
+        elif MODE == FIELDS:
+            # The codes buffer as three field regions: 2-bit words (half the
+            # bytes), then two 1-bit regions (a quarter each).
+            fb = codes_ptr + tile * n_groups * (STEP_WORDS // 2) + g * (STEP_WORDS // 2)
+            f0 = tl.load(fb + rows[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.uint32, bitcast=True)
+            f0 = tl.reshape(f0 | (sw & zero).to(tl.uint32)[:, None], (BN, 4, 2))
+            one = codes_ptr + n_tiles * n_groups * (STEP_WORDS // 2) + tile * n_groups * (STEP_WORDS // 4)
+            off1 = g * (STEP_WORDS // 4) + rows[:, None] * 4 + tl.arange(0, 4)[None, :]
+            f1 = tl.load(one + off1).to(tl.uint32, bitcast=True)
+            f2 = tl.load(one + n_tiles * n_groups * (STEP_WORDS // 4) + off1).to(tl.uint32, bitcast=True)
+            a = decode_tile(f0, f1, f2, f0, f0, 3, BN, True, BM)  # [BN, BK]
+            xt = tl.load(xt_ptr + g * BK * BM + k[:, None] * BM + cols[None, :])  # [BK, BM]
+            part = tl.dot(a, xt)
+            acc += part * (scale * SUBNORMAL_SCALE)[:, None]
         elif MODE == INT8:
             byts = tl.load(code_bytes + g * STEP_WORDS * 4) | (sw & zero).to(tl.uint8)[:, None]  # [BN, 64]
-            a = _int8_tile(byts, USE_ASM)  # [BN, BK]
+            a = _int8_tile(byts, USE_ASM, BM)  # [BN, BK]
             xq = tl.load(xt_ptr + g * BK * BM + cols[:, None] * BK + k[None, :])  # [BM, BK] int8
             part = tl.dot(a, tl.trans(xq), out_dtype=tl.int32)  # [BN, BM] int32: sum t xq
             xa = tl.load(xscale_ptr + g * BM + cols)  # [BM]
