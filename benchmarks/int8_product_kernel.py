@@ -99,9 +99,11 @@ def _int8_tile(byts, USE_ASM: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def int8_probe_kernel(codes_ptr, sw_ptr, xt_ptr, xsum_ptr, xscale_ptr, out_ptr, n_groups, tokens,
+def int8_probe_kernel(codes_ptr, sw_ptr, xt_ptr, xsum_ptr, xscale_ptr, out_ptr, n_tiles, n_groups, tokens,
                       BM: tl.constexpr, MODE: tl.constexpr, STAGES: tl.constexpr, USE_ASM: tl.constexpr = True):
-    """out[tile rows, :tokens] = W[tile rows] @ x^T for tile program_id(0).
+    """out[tile rows, :tokens] = W[tile rows] @ x^T for tiles program_id(0),
+    + num_programs, ... (one a program when the grid is n_tiles; fewer
+    programs bound the resident ones, as the engine's 255 registers do).
 
     codes_ptr: int32 [tiles, groups, BN, WORDS]; sw_ptr: int32 [tiles, groups,
     BN]; xt_ptr: FP16 fp16 [groups, BK, BM] (column order, times 16^-ab),
@@ -111,53 +113,54 @@ def int8_probe_kernel(codes_ptr, sw_ptr, xt_ptr, xsum_ptr, xscale_ptr, out_ptr, 
     (INT8: the quantization step a of each token's group); out_ptr: fp32
     [tiles * BN, tokens]. Tokens past `tokens` are zero in xt and not stored.
     """
-    tile = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, BN)
     cols = tl.arange(0, BM)
     words = tl.arange(0, WORDS)
     k = tl.arange(0, BK)
-    code_base = codes_ptr + tile * n_groups * STEP_WORDS + rows[:, None] * WORDS + words[None, :]
-    code_bytes = (codes_ptr.to(tl.pointer_type(tl.uint8)) + tile * n_groups * STEP_WORDS * 4
-                  + rows[:, None] * (WORDS * 4) + tl.arange(0, WORDS * 4)[None, :])
-    sw_base = sw_ptr + tile * n_groups * BN + rows
     zero = n_groups >> 31  # 0 at run time, opaque: ties the scales into the decode (see block_matmul)
-    n_tiles = tl.num_programs(0)
-    acc = tl.zeros((BN, BM), tl.float32)
-    for g in tl.range(0, n_groups, num_stages=STAGES):
-        sw = tl.load(sw_base + g * BN)  # [BN] (scale, offset) fp16 pair
-        xs = tl.load(xsum_ptr + g * BM + cols)  # [BM]
-        scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        if MODE == FP16 or MODE == STREAM:
-            w = tl.load(code_base + g * STEP_WORDS).to(tl.uint32, bitcast=True) | (sw & zero).to(tl.uint32)[:, None]
-        if MODE == FP16:
-            a = _fp16_tile(tl.reshape(w, (BN, 4, 4)), BM)  # [BN, c, i] words -> [BN, BK]
-            xt = tl.load(xt_ptr + g * BK * BM + k[:, None] * BM + cols[None, :])  # [BK, BM]
-            part = tl.dot(a, xt)  # [BN, BM] fp32: 2^-24 sum t x
-            acc += part * (scale * SUBNORMAL_SCALE)[:, None]
-        elif MODE == FIELDS:
-            # The codes buffer as three field regions: 2-bit words (half the
-            # bytes), then two 1-bit regions (a quarter each).
-            fb = codes_ptr + tile * n_groups * (STEP_WORDS // 2) + g * (STEP_WORDS // 2)
-            f0 = tl.load(fb + rows[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.uint32, bitcast=True)
-            f0 = tl.reshape(f0 | (sw & zero).to(tl.uint32)[:, None], (BN, 4, 2))
-            one = codes_ptr + n_tiles * n_groups * (STEP_WORDS // 2) + tile * n_groups * (STEP_WORDS // 4)
-            off1 = g * (STEP_WORDS // 4) + rows[:, None] * 4 + tl.arange(0, 4)[None, :]
-            f1 = tl.load(one + off1).to(tl.uint32, bitcast=True)
-            f2 = tl.load(one + n_tiles * n_groups * (STEP_WORDS // 4) + off1).to(tl.uint32, bitcast=True)
-            a = decode_tile(f0, f1, f2, f0, f0, 3, BN, True, BM)  # [BN, BK]
-            xt = tl.load(xt_ptr + g * BK * BM + k[:, None] * BM + cols[None, :])  # [BK, BM]
-            part = tl.dot(a, xt)
-            acc += part * (scale * SUBNORMAL_SCALE)[:, None]
-        elif MODE == INT8:
-            byts = tl.load(code_bytes + g * STEP_WORDS * 4) | (sw & zero).to(tl.uint8)[:, None]  # [BN, 64]
-            a = _int8_tile(byts, USE_ASM, BM)  # [BN, BK]
-            xq = tl.load(xt_ptr + g * BK * BM + cols[:, None] * BK + k[None, :])  # [BM, BK] int8
-            part = tl.dot(a, tl.trans(xq), out_dtype=tl.int32)  # [BN, BM] int32: sum t xq
-            xa = tl.load(xscale_ptr + g * BM + cols)  # [BM]
-            acc += part.to(tl.float32) * (scale[:, None] * xa[None, :])
-        else:
-            acc += tl.sum((w & 0x1).to(tl.float32), axis=1)[:, None] * scale[:, None]
-        acc += offset[:, None] * xs[None, :]
-    out = out_ptr + (tile * BN + rows)[:, None] * tokens + cols[None, :]
-    tl.store(out, acc, mask=cols[None, :] < tokens)
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        tile = tl.full((), 1, tl.int64) * t  # int64 addresses (a plain int in the interpreter)
+        code_base = codes_ptr + tile * n_groups * STEP_WORDS + rows[:, None] * WORDS + words[None, :]
+        code_bytes = (codes_ptr.to(tl.pointer_type(tl.uint8)) + tile * n_groups * STEP_WORDS * 4
+                      + rows[:, None] * (WORDS * 4) + tl.arange(0, WORDS * 4)[None, :])
+        sw_base = sw_ptr + tile * n_groups * BN + rows
+        acc = tl.zeros((BN, BM), tl.float32)
+        for g in tl.range(0, n_groups, num_stages=STAGES):
+            sw = tl.load(sw_base + g * BN)  # [BN] (scale, offset) fp16 pair
+            xs = tl.load(xsum_ptr + g * BM + cols)  # [BM]
+            scale = (sw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            offset = ((sw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            if MODE == FP16 or MODE == STREAM:
+                w = tl.load(code_base + g * STEP_WORDS).to(tl.uint32, bitcast=True)
+                w = w | (sw & zero).to(tl.uint32)[:, None]
+            if MODE == FP16:
+                a = _fp16_tile(tl.reshape(w, (BN, 4, 4)), BM)  # [BN, c, i] words -> [BN, BK]
+                xt = tl.load(xt_ptr + g * BK * BM + k[:, None] * BM + cols[None, :])  # [BK, BM]
+                part = tl.dot(a, xt)  # [BN, BM] fp32: 2^-24 sum t x
+                acc += part * (scale * SUBNORMAL_SCALE)[:, None]
+            elif MODE == FIELDS:
+                # The codes buffer as three field regions: 2-bit words (half the
+                # bytes), then two 1-bit regions (a quarter each).
+                fb = codes_ptr + tile * n_groups * (STEP_WORDS // 2) + g * (STEP_WORDS // 2)
+                f0 = tl.load(fb + rows[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.uint32, bitcast=True)
+                f0 = tl.reshape(f0 | (sw & zero).to(tl.uint32)[:, None], (BN, 4, 2))
+                one = codes_ptr + n_tiles * n_groups * (STEP_WORDS // 2) + tile * n_groups * (STEP_WORDS // 4)
+                off1 = g * (STEP_WORDS // 4) + rows[:, None] * 4 + tl.arange(0, 4)[None, :]
+                f1 = tl.load(one + off1).to(tl.uint32, bitcast=True)
+                f2 = tl.load(one + n_tiles * n_groups * (STEP_WORDS // 4) + off1).to(tl.uint32, bitcast=True)
+                a = decode_tile(f0, f1, f2, f0, f0, 3, BN, True, BM)  # [BN, BK]
+                xt = tl.load(xt_ptr + g * BK * BM + k[:, None] * BM + cols[None, :])  # [BK, BM]
+                part = tl.dot(a, xt)
+                acc += part * (scale * SUBNORMAL_SCALE)[:, None]
+            elif MODE == INT8:
+                byts = tl.load(code_bytes + g * STEP_WORDS * 4) | (sw & zero).to(tl.uint8)[:, None]  # [BN, 64]
+                a = _int8_tile(byts, USE_ASM, BM)  # [BN, BK]
+                xq = tl.load(xt_ptr + g * BK * BM + cols[:, None] * BK + k[None, :])  # [BM, BK] int8
+                part = tl.dot(a, tl.trans(xq), out_dtype=tl.int32)  # [BN, BM] int32: sum t xq
+                xa = tl.load(xscale_ptr + g * BM + cols)  # [BM]
+                acc += part.to(tl.float32) * (scale[:, None] * xa[None, :])
+            else:
+                acc += tl.sum((w & 0x1).to(tl.float32), axis=1)[:, None] * scale[:, None]
+            acc += offset[:, None] * xs[None, :]
+        out = out_ptr + (tile * BN + rows)[:, None] * tokens + cols[None, :]
+        tl.store(out, acc, mask=cols[None, :] < tokens)

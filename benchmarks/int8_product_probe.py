@@ -14,7 +14,9 @@ Mixtral-8x7B's gate/up at B = 16 and 8: 229,376 rows x 4,096, 4-bit codes
 with an fp16 scale and offset per row and group, 499 MB of codes + scales
 a pass (what GB/s counts).
 
-A form (--configs) is mode:tokens_tile:stages, mode fp16 | int8 | stream
+A form (--configs) is mode:tokens_tile:stages[:per_sm] (per_sm: programs
+per multiprocessor looping over the tiles, to bound the resident programs
+as the engine's 255 registers bound them to 2; default one a tile), mode fp16 | int8 | stream
 | fields (the last two timing only; fields: the engine's three-field read
 and decode of the same bytes). Each is first checked at a small irregular shape (5 tiles,
 K = 640, 13 or 5 tokens) against the fp32 reference of the values it
@@ -58,13 +60,15 @@ class Config:
     mode: str
     tile: int  # the product's tokens (BM)
     stages: int
+    per_sm: int = 0  # programs per multiprocessor, each looping over tiles; 0: one program a tile
 
     @staticmethod
     def parse(text: str) -> "Config":
-        mode, tile, stages = text.split(":")
-        if mode not in MODES or int(tile) not in TILES:
-            raise ValueError(f"bad form {text!r}: mode in {sorted(MODES)}, tile in {TILES}")
-        return Config(mode, int(tile), int(stages))
+        mode, tile, stages, *per_sm = text.split(":")
+        if mode not in MODES or int(tile) not in TILES or len(per_sm) > 1:
+            raise ValueError(f"bad form {text!r}: mode:tile:stages[:per_sm], mode in {sorted(MODES)}, "
+                             f"tile in {TILES}")
+        return Config(mode, int(tile), int(stages), int(per_sm[0]) if per_sm else 0)
 
 
 def virtual_position() -> torch.Tensor:
@@ -153,9 +157,12 @@ class Problem:
     def launch(self, config: Config, use_asm: bool = True):
         """A callable that runs the form once; use_asm False for the interpreter."""
         xt, xsum, xscale = self.staged(config)
-        grid = (self.rows // BN,)
-        return lambda: int8_probe_kernel[grid](self.codes, self.sw, xt, xsum, xscale, self.out, self.groups,
-                                               self.tokens, BM=config.tile, MODE=MODES[config.mode],
+        tiles = self.rows // BN
+        programs = tiles
+        if config.per_sm:
+            programs = min(tiles, config.per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
+        return lambda: int8_probe_kernel[(programs,)](self.codes, self.sw, xt, xsum, xscale, self.out, tiles,
+                                                      self.groups, self.tokens, BM=config.tile, MODE=MODES[config.mode],
                                                STAGES=config.stages, USE_ASM=use_asm, num_warps=4)
 
     def check(self, config: Config, use_asm: bool = True) -> dict:
@@ -181,11 +188,11 @@ def compile_only(config: Config) -> dict:
 
     x_type = "*i8" if config.mode == "int8" else "*fp16"
     signature = {"codes_ptr": "*i32", "sw_ptr": "*i32", "xt_ptr": x_type, "xsum_ptr": "*fp32",
-                 "xscale_ptr": "*fp32", "out_ptr": "*fp32", "n_groups": "i32", "tokens": "i32",
+                 "xscale_ptr": "*fp32", "out_ptr": "*fp32", "n_tiles": "i32", "n_groups": "i32", "tokens": "i32",
                  "BM": "constexpr", "MODE": "constexpr", "STAGES": "constexpr", "USE_ASM": "constexpr"}
     constexprs = {"BM": config.tile, "MODE": MODES[config.mode], "STAGES": config.stages, "USE_ASM": True}
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
-    attrs[(6,)] = [["tt.divisibility", 16]]
+    attrs[(7,)] = [["tt.divisibility", 16]]
     src = ASTSource(int8_probe_kernel, signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     with tempfile.TemporaryDirectory() as tmp:
@@ -240,7 +247,7 @@ def main() -> None:
         row.update(ms=ms, hbm_GBps=gbps, pct_copy=100 * gbps * 1e9 / copy)
     print("| form | rel err | vs fp16 x | ms | GB/s | % copy |\n|---|---|---|---|---|---|")
     for config, row in zip(configs, rows):
-        print(f"| {config.mode}:{config.tile}:{config.stages} | {row['rel_err']:.1e} | "
+        print(f"| {config.mode}:{config.tile}:{config.stages}:{config.per_sm} | {row['rel_err']:.1e} | "
               f"{row.get('rel_err_vs_fp16_x', float('nan')):.1e} | {row['ms']:.3f} | {row['hbm_GBps']:.0f} | "
               f"{row['pct_copy']:.1f} |", flush=True)
     meta = dict(gpu=torch.cuda.get_device_name(0), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
