@@ -154,22 +154,24 @@ class Problem:
         w = (self.o.float().repeat_interleave(BK, 1) + self.s.float().repeat_interleave(BK, 1) * self.q.float())
         return w @ x.float().t()
 
-    def launch(self, config: Config, use_asm: bool = True):
-        """A callable that runs the form once; use_asm False for the interpreter."""
+    def launch(self, config: Config, use_asm: bool = True, sms: int | None = None):
+        """A callable that runs the form once; use_asm False for the
+        interpreter; sms: multiprocessors for per_sm (default: the GPU's)."""
         xt, xsum, xscale = self.staged(config)
         tiles = self.rows // BN
         programs = tiles
         if config.per_sm:
-            programs = min(tiles, config.per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
+            sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
+            programs = min(tiles, config.per_sm * sms)
         return lambda: int8_probe_kernel[(programs,)](self.codes, self.sw, xt, xsum, xscale, self.out, tiles,
                                                       self.groups, self.tokens, BM=config.tile, MODE=MODES[config.mode],
                                                STAGES=config.stages, USE_ASM=use_asm, num_warps=4)
 
-    def check(self, config: Config, use_asm: bool = True) -> dict:
+    def check(self, config: Config, use_asm: bool = True, sms: int | None = None) -> dict:
         """Run the form once against the fp32 reference of the values it
         multiplies; int8 also against the fp16 activations."""
         self.out.fill_(float("nan"))
-        self.launch(config, use_asm)()
+        self.launch(config, use_asm, sms)()
         ref = self.reference(self.x_int8 if config.mode == "int8" else self.x.float())
         row = dict(written=bool(torch.isfinite(self.out).all().item()),
                    rel_err=((self.out - ref).norm() / ref.norm()).item())

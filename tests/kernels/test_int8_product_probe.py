@@ -11,11 +11,12 @@ import torch
 from benchmarks.int8_product_probe import BK, BN, Config, Problem, column_position
 
 
-@pytest.mark.parametrize("form", ["fp16:16:2", "int8:16:2", "fp16:8:2", "int8:8:2"])
+# The last two: 2 programs looping over the 3 tiles (one multiprocessor).
+@pytest.mark.parametrize("form", ["fp16:16:2", "int8:16:2", "fp16:8:2", "int8:8:2", "fp16:8:2:2", "int8:16:2:2"])
 def test_probe_product_matches_reference(form, device):
     config = Config.parse(form)
     problem = Problem(rows=3 * BN, k=3 * BK, tokens=config.tile - 3, seed=1, device=device)
-    row = problem.check(config, use_asm=device == "cuda")
+    row = problem.check(config, use_asm=device == "cuda", sms=1)
     assert row["written"]
     assert row["rel_err"] < 1e-5
     if config.mode == "int8":
@@ -35,3 +36,5 @@ def test_column_orders_are_permutations(form):
 def test_bad_form_is_refused():
     with pytest.raises(ValueError, match="mode in"):
         Config.parse("bf16:16:4")
+    with pytest.raises(ValueError, match="per_sm"):
+        Config.parse("fp16:16:4:2:1")
