@@ -49,7 +49,6 @@ import datetime
 import functools
 import json
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -192,7 +191,7 @@ def compile_only(config: Config, producer_regs: int) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from benchmarks.sass_loops import RESOURCES, SASS_LINE, cuobjdump, inner_loops
+    from benchmarks.sass_loops import SASS_LINE, cubin_sass, inner_loops
 
     def desc(dtype, block, layout):
         return f"tensordesc<{dtype}{list(block)},{layout!r}>"
@@ -210,11 +209,7 @@ def compile_only(config: Config, producer_regs: int) -> dict:
     src = GluonASTSource(_ws_kernel, signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=config.consumer_warps, maxnreg=config.maxnreg))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        sass = cuobjdump("-sass", str(cubin))
-        regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
+    sass, regs, stack = cubin_sass(compiled.asm["cubin"])
     ops = [m.group(2).lstrip("@!P0123456789T ").split()[0] for m in map(SASS_LINE.match, sass.splitlines()) if m]
     counts = {op: sum(1 for x in ops if x.startswith(op)) for op in COUNTED}
     # The consumer's step: the innermost loop around the products (or, with

@@ -14,12 +14,12 @@ Mixtral-8x7B's gate/up at B = 16 and 8: 229,376 rows x 4,096, 4-bit codes
 with an fp16 scale and offset per row and group, 499 MB of codes + scales
 a pass (what GB/s counts).
 
-A form (--configs) is mode:tokens_tile:stages[:per_sm] (per_sm: programs
-per multiprocessor looping over the tiles, to bound the resident programs
-as the engine's 255 registers bound them to 2; default one a tile), mode fp16 | int8 | stream
-| fields (the last two timing only; fields: the engine's three-field read
-and decode of the same bytes). Each is first checked at a small irregular shape (5 tiles,
-K = 640, 13 or 5 tokens) against the fp32 reference of the values it
+A form (--configs) is mode:tokens_tile:stages[:per_sm]: mode fp16 | int8
+| stream | fields (the last two timing only; fields: the engine's
+three-field read and decode of the same bytes); per_sm: programs per
+multiprocessor looping over the tiles, to bound the resident programs as
+the engine's 255 registers bound them to 2 (default: one a tile). Each is
+first checked at a small irregular shape (5 tiles, K = 640, 13 or 5 tokens) against the fp32 reference of the values it
 multiplies (rel_err), and int8 also against the fp16 activations
 (rel_err_vs_fp16_x: what quantizing the activations costs); then every form
 is timed in --rounds interleaved rounds (gluon_ws_probe.time_launch).
@@ -34,7 +34,6 @@ import argparse
 import datetime
 import json
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,8 +49,8 @@ EXPERTS, HIDDEN, INTERMEDIATE = 8, 4096, 14336
 INT8_MAX = 127.0
 TIMING_ONLY = ("stream", "fields")  # forms whose product is wrong by design
 TILES = (8, 16, 32, 64)  # the product's tokens: mma.sync under 16, wgmma from 16
-COUNTED = ("HGMMA", "IGMMA", "HMMA", "IMMA", "LOP3", "SHF", "PRMT", "FFMA", "I2F", "LDS", "LDGSTS", "LDG", "BAR.SYNC",
-           "SHFL", "STL", "LDL")
+COUNTED = ("HGMMA", "IGMMA", "HMMA", "IMMA", "LOP3", "SHF", "PRMT", "FFMA", "FMUL", "I2FP", "LDS", "STS", "STSM",
+           "LDGSTS", "LDG", "BAR.SYNC", "SHFL", "STL", "LDL")
 PRODUCTS = ("HGMMA", "IGMMA", "HMMA", "IMMA", "FFMA")
 
 
@@ -164,8 +163,9 @@ class Problem:
             sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
             programs = min(tiles, config.per_sm * sms)
         return lambda: int8_probe_kernel[(programs,)](self.codes, self.sw, xt, xsum, xscale, self.out, tiles,
-                                                      self.groups, self.tokens, BM=config.tile, MODE=MODES[config.mode],
-                                               STAGES=config.stages, USE_ASM=use_asm, num_warps=4)
+                                                      self.groups, self.tokens, BM=config.tile,
+                                                      MODE=MODES[config.mode], STAGES=config.stages,
+                                                      USE_ASM=use_asm, num_warps=4)
 
     def check(self, config: Config, use_asm: bool = True, sms: int | None = None) -> dict:
         """Run the form once against the fp32 reference of the values it
@@ -186,7 +186,7 @@ def compile_only(config: Config) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from benchmarks.sass_loops import RESOURCES, SASS_LINE, cuobjdump, inner_loops
+    from benchmarks.sass_loops import cubin_sass, inner_loops
 
     x_type = "*i8" if config.mode == "int8" else "*fp16"
     signature = {"codes_ptr": "*i32", "sw_ptr": "*i32", "xt_ptr": x_type, "xsum_ptr": "*fp32",
@@ -197,17 +197,8 @@ def compile_only(config: Config) -> dict:
     attrs[(7,)] = [["tt.divisibility", 16]]
     src = ASTSource(int8_probe_kernel, signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        sass = cuobjdump("-sass", str(cubin))
-        regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
-    code = [(int(m.group(1), 16), m.group(2).lstrip("@!P0123456789T ").split()[0])
-            for m in map(SASS_LINE.match, sass.splitlines()) if m]
-    loops = []
-    for lp in inner_loops(sass, PRODUCTS):
-        ops = [op for addr, op in code if addr >= lp.start][:lp.instructions]
-        loops.append(dict(instructions=len(ops), counts={o: sum(x.startswith(o) for x in ops) for o in COUNTED}))
+    sass, regs, stack = cubin_sass(compiled.asm["cubin"])
+    loops = [dict(instructions=lp.instructions, counts=lp.counts) for lp in inner_loops(sass, PRODUCTS, COUNTED)]
     return dict(**asdict(config), registers=regs, stack=stack, shared=compiled.metadata.shared, loops=loops)
 
 
@@ -216,7 +207,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--compile-only", action="store_true")
     forms = [f"{m}:{t}:4" for t in (16, 8) for m in ("stream", "fp16", "int8")]
-    ap.add_argument("--configs", default=",".join(forms), help="mode:tile:stages, comma-separated")
+    ap.add_argument("--configs", default=",".join(forms), help="mode:tile:stages[:per_sm], comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--commit", default=None)
     args = ap.parse_args()

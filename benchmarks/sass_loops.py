@@ -89,8 +89,20 @@ def cuobjdump(*args: str) -> str:
     return subprocess.run([str(tool), *args], capture_output=True, text=True, check=True).stdout
 
 
-def inner_loops(sass: str, products: tuple[str, ...] = TENSOR_CORE) -> list[Loop]:
-    """Innermost backward-branch loops that hold products (opcodes named in products)."""
+def cubin_sass(cubin_bytes: bytes) -> tuple[str, int, int]:
+    """(SASS text, registers, stack bytes) of a compiled cubin (through a
+    private temporary file: runs in parallel must not share one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(cubin_bytes)
+        sass = cuobjdump("-sass", str(cubin))
+        regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
+    return sass, regs, stack
+
+
+def inner_loops(sass: str, products: tuple[str, ...] = TENSOR_CORE, counted: tuple[str, ...] = COUNTED) -> list[Loop]:
+    """Innermost backward-branch loops that hold products (opcodes named in
+    products), each with the counts of the opcodes named in counted."""
     code = [(int(m.group(1), 16), m.group(2).strip()) for m in map(SASS_LINE.match, sass.splitlines()) if m]
     mma = [addr for addr, text in code if any(op in text for op in products)]
     loops = set()
@@ -105,7 +117,7 @@ def inner_loops(sass: str, products: tuple[str, ...] = TENSOR_CORE) -> list[Loop
     for lo, hi in sorted(inner):
         body = [text for addr, text in code if lo <= addr <= hi]
         ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
-        counts = {c: sum(n for op, n in ops.items() if op == c or op.startswith(c + ".")) for c in COUNTED}
+        counts = {c: sum(n for op, n in ops.items() if op == c or op.startswith(c + ".")) for c in counted}
         out.append(Loop(lo, len(body), counts))
     return out
 
@@ -145,12 +157,8 @@ def main() -> None:
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance,
                           DOWN_COSTS=MoeTiles(balance_down=args.balance, down_zigzag=args.zigzag).down_cost_word)
     compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
-    with tempfile.TemporaryDirectory() as tmp:  # runs in parallel must not share a file
-        cubin = Path(tmp) / f"{args.kernel}.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        loops = inner_loops(cuobjdump("-sass", str(cubin)),
-                            ("IDP",) if args.block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE)
-        regs, stack, _ = map(int, RESOURCES.search(cuobjdump("-res-usage", str(cubin))).groups())
+    sass, regs, stack = cubin_sass(compiled.asm["cubin"])
+    loops = inner_loops(sass, ("IDP",) if args.block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE)
     print(f"triton {triton.__version__}, {args.kernel}, {constexprs}")
     for loop in loops:
         print(f"  loop {loop.start:#x}: {loop.instructions} instr, "
