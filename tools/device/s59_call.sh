@@ -5,9 +5,10 @@
 # 2. session 58's unrun skeleton forms at 8 tokens (benchmarks/int8_product_probe.py: fp16 and the
 #    engine's three-field read, each also at 2 programs per multiprocessor looping over the tiles: the
 #    engine's occupancy);
-# 3. the engine A/B of tools/device/patches/opaque_rows.patch (the gate/up row indices made to depend on
+# 3. the engine A/B of tools/device/patches/opaque_rows.patch (the gate/up and down row indices made to depend on
 #    the token tile, so that the page bases are not hoisted out of the token-tile loop: local SASS, 8-token
-#    tile, 255 registers + 48 B stack -> 238 + 0, 4-bit step 261 -> 253 instructions), layer times.
+#    tile, gate/up 255 registers + 48 B stack -> 238 + 0, 4-bit step 261 -> 253 instructions; down 255 ->
+#    209), layer times.
 # Torch and Triton only. Usage: bash tools/device/s59_call.sh <commit>
 set -uo pipefail
 timeout 170 python3 benchmarks/block_matmul_probe.py --forms engine:4,any:4,nf3:4 --rounds 3 --commit "$1" \
