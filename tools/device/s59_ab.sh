@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Engine A/B on one card: the tree as committed (A) against a copy with a patch from
-# tools/device/patches applied (B), Mixtral-8x7B layer times (bench_moe --tune-only, round-robin
+# tools/device/patches run in the copy (B), Mixtral-8x7B layer times (bench_moe --tune-only, round-robin
 # routing) at B:bits cases, rounds A B A B. B's candidates may add tuning (e.g. a register cap).
-# Torch and Triton only. Usage: bash tools/device/s59_ab.sh <commit> <patch> <cases> <seconds> [B candidates]
+# Torch and Triton only. Usage: bash tools/device/s59_ab.sh <commit> <variant.py> <cases> <seconds> [B candidates]
 set -uo pipefail
 C=$1; PATCH=$2; CASES=$3; SECS=$4
 BASE='[{"use_asm":true}]'
 CAND_B=${5:-$BASE}
-rm -rf /tmp/b && mkdir /tmp/b && cp -r benchmarks kernels tools /tmp/b/ && (cd /tmp/b && patch -s -p1 < "tools/device/patches/$PATCH")
+rm -rf /tmp/b && mkdir /tmp/b && cp -r benchmarks kernels tools /tmp/b/ && (cd /tmp/b && python3 "tools/device/patches/$PATCH")
 each=$((SECS / 4))
 ab_round() {  # ab_round DIR TAG CANDIDATES
   (cd "$1" && timeout "$each" python3 benchmarks/bench_moe.py --models mixtral --tune-only --budget $((each - 10)) \

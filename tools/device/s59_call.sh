@@ -5,7 +5,7 @@
 # 2. session 58's unrun skeleton forms at 8 tokens (benchmarks/int8_product_probe.py: fp16 and the
 #    engine's three-field read, each also at 2 programs per multiprocessor looping over the tiles: the
 #    engine's occupancy);
-# 3. the engine A/B of tools/device/patches/opaque_rows.patch (the gate/up and down row indices made to depend on
+# 3. the engine A/B of tools/device/patches/opaque_rows.py (the gate/up and down row indices made to depend on
 #    the token tile, so that the page bases are not hoisted out of the token-tile loop: local SASS, 8-token
 #    tile, gate/up 255 registers + 48 B stack -> 238 + 0, 4-bit step 261 -> 253 instructions; down 255 ->
 #    209), layer times.
@@ -15,5 +15,5 @@ timeout 170 python3 benchmarks/block_matmul_probe.py --forms engine:4,any:4,nf3:
   --out "${OUT:-/tmp}/block_matmul_probe_b16.json" 2>&1 | tail -6
 timeout 120 python3 benchmarks/int8_product_probe.py --configs fp16:8:4,fp16:8:4:2,fields:8:4,fields:8:4:2 \
   --rounds 2 --commit "$1" --out "${OUT:-/tmp}/int8_product_probe_occupancy.json" | tail -6
-bash tools/device/s59_ab.sh "$1" opaque_rows.patch 16:4,64:4,4:4 $((580 - SECONDS))
+bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4,4:4 $((580 - SECONDS))
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
