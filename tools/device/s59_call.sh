@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 59's first call (limit 590 s), Mixtral-8x7B gate/up at 4 bits, B = 16, on one card:
+# Session 59's first call (LIMIT + ~10 s), Mixtral-8x7B gate/up at 4 bits, B = 16, on one card:
 # 1. the engine's product in a bare launch against the engine's launch (benchmarks/block_matmul_probe.py:
 #    engine, any, nf3);
 # 2. session 58's unrun skeleton forms at 8 tokens (benchmarks/int8_product_probe.py: fp16 and the
@@ -9,11 +9,11 @@
 #    the token tile, so that the page bases are not hoisted out of the token-tile loop: local SASS, 8-token
 #    tile, gate/up 255 registers + 48 B stack -> 238 + 0, 4-bit step 261 -> 253 instructions; down 255 ->
 #    209), layer times.
-# Torch and Triton only. Usage: bash tools/device/s59_call.sh <commit>
+# Torch and Triton only. Usage: [LIMIT=seconds (580)] bash tools/device/s59_call.sh <commit>
 set -uo pipefail
-timeout 170 python3 benchmarks/block_matmul_probe.py --forms engine:4,any:4,nf3:4 --rounds 3 --commit "$1" \
+timeout 150 python3 benchmarks/block_matmul_probe.py --forms engine:4,any:4,nf3:4 --rounds 3 --commit "$1" \
   --out "${OUT:-/tmp}/block_matmul_probe_b16.json" 2>&1 | tail -6
-timeout 120 python3 benchmarks/int8_product_probe.py --configs fp16:8:4,fp16:8:4:2,fields:8:4,fields:8:4:2 \
+timeout 100 python3 benchmarks/int8_product_probe.py --configs fp16:8:4,fp16:8:4:2,fields:8:4,fields:8:4:2 \
   --rounds 2 --commit "$1" --out "${OUT:-/tmp}/int8_product_probe_occupancy.json" | tail -6
-bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4,4:4 $((580 - SECONDS))
+bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4,4:4 $((${LIMIT:-580} - SECONDS))
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
