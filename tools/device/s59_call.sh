@@ -15,5 +15,5 @@ timeout 150 python3 benchmarks/block_matmul_probe.py --forms engine:4,any:4,nf3:
   --out "${OUT:-/tmp}/block_matmul_probe_b16.json" 2>&1 | tail -6
 timeout 100 python3 benchmarks/int8_product_probe.py --configs fp16:8:4,fp16:8:4:2,fields:8:4,fields:8:4:2 \
   --rounds 2 --commit "$1" --out "${OUT:-/tmp}/int8_product_probe_occupancy.json" | tail -6
-bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4,4:4 $((${LIMIT:-580} - SECONDS))
+bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4 $((${LIMIT:-580} - SECONDS))
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
