@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Session 59's first call (LIMIT + ~10 s), Mixtral-8x7B gate/up at 4 bits, B = 16, on one card:
 # 1. the engine's product in a bare launch against the engine's launch (benchmarks/block_matmul_probe.py:
-#    engine, any, nf3), and the engine's launch with tools/device/patches/opaque_rows.py (the gate/up and
-#    down row indices made to depend on the token tile, so that the page bases are not hoisted out of
-#    the token-tile loop: local SASS, 8-token tile, gate/up 255 registers + 48 B stack -> 238 + 0, 4-bit
-#    step 261 -> 253 instructions; down 255 -> 209), A B A;
+#    engine, any, nf3);
 # 2. session 58's unrun skeleton forms at 8 tokens (benchmarks/int8_product_probe.py: fp16 and the
 #    engine's three-field read, each also at 2 programs per multiprocessor looping over the tiles: the
 #    engine's occupancy);
-# 3. the opaque-rows A/B on the layer (tools/device/s59_ab.sh) in the time left.
+# 3. the engine's launch with tools/device/patches/opaque_rows.py (the gate/up and down row indices made
+#    to depend on the token tile, so that the page bases are not hoisted out of the token-tile loop:
+#    local SASS, 8-token tile, gate/up 255 registers + 48 B stack -> 238 + 0, 4-bit step 261 -> 253
+#    instructions; down 255 -> 209) in the probe's engine form, B then A again;
+# 4. the opaque-rows A/B on the layer (tools/device/s59_ab.sh).
+# Each step only where LIMIT leaves it time.
 # Torch and Triton only. Usage: [LIMIT=seconds (580)] bash tools/device/s59_call.sh <commit>
 set -uo pipefail
 LIMIT=${LIMIT:-580}
@@ -18,11 +20,11 @@ probe() {  # probe DIR TAG FORMS
     --out "${OUT:-/tmp}/block_matmul_probe_b16_$2.json" 2>&1 | grep "^| [a-z]" | sed "s/^/$2 /")
 }
 C=$1
+left() { echo $((LIMIT - SECONDS)); }
 probe . A engine:4,any:4,nf3:4
-probe /tmp/b B engine:4
-probe . A2 engine:4
-timeout 100 python3 benchmarks/int8_product_probe.py --configs fp16:8:4,fp16:8:4:2,fields:8:4,fields:8:4:2 \
-  --rounds 2 --commit "$1" --out "${OUT:-/tmp}/int8_product_probe_occupancy.json" | tail -5
-LEFT=$((LIMIT - SECONDS))
-[[ $LEFT -gt 150 ]] && bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4 "$LEFT"
+[[ $(left) -gt 90 ]] && timeout $(( $(left) < 100 ? $(left) - 5 : 100 )) python3 benchmarks/int8_product_probe.py \
+  --configs fp16:8:4,fp16:8:4:2,fields:8:4,fields:8:4:2 --rounds 2 --commit "$1" \
+  --out "${OUT:-/tmp}/int8_product_probe_occupancy.json" | tail -5
+[[ $(left) -gt 100 ]] && probe /tmp/b B engine:4 && probe . A2 engine:4
+[[ $(left) -gt 150 ]] && bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4 "$(left)"
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
