@@ -17,7 +17,7 @@ LIMIT=${LIMIT:-580}
 rm -rf /tmp/b && mkdir /tmp/b && cp -r benchmarks kernels tools /tmp/b/ && (cd /tmp/b && python3 tools/device/patches/opaque_rows.py)
 probe() {  # probe DIR TAG FORMS
   (cd "$1" && timeout 120 python3 benchmarks/block_matmul_probe.py --forms "$3" --rounds 3 --commit "$C+$2" \
-    --out "${OUT:-/tmp}/block_matmul_probe_b16_$2.json" 2>&1 | grep "^| [a-z]" | sed "s/^/$2 /")
+    --out "${OUT:-/tmp}/block_matmul_probe_b16_$2.json" 2>&1 | grep -E "^\| [a-z]|Error|error" | sed "s/^/$2 /")
 }
 C=$1
 left() { echo $((LIMIT - SECONDS)); }
