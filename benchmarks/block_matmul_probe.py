@@ -22,6 +22,7 @@ their segments and the gathered tiles cost. Each form is a name and a
 pipeline depth, name:stages (engine takes the shipped tiles' depth).
 
     python3 benchmarks/block_matmul_probe.py --out benchmarks/results/block_matmul_probe.json
+    PYTHONPATH=/tmp/t36:. python benchmarks/block_matmul_probe.py --compile-only   # local sm_90 SASS
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kernels import weight_layout as wl  # noqa: E402
 from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E402
 
 FORMS = ("engine", "any", "nf3")
-FOUR_BIT_FIELDS = tl.constexpr(3)  # the 4-bit view
+FOUR_BIT_FIELDS = tl.constexpr(wl.fields_for_bits(4))
 GRAPH_REPS = 4  # launches a graph replay (bench_moe's stage rows time one layer a launch)
 
 
@@ -94,7 +96,7 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
 
     if form == "engine":
         return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, tiles, log2p)
-    t, hidden = ws.prep.xp.shape
+    hidden = ws.prep.xp.shape[1]
     pt = weights.page_table
     grid = (experts, 2 * (ffn // tiles.block_n_up))
     return lambda: block_probe_kernel[grid](
@@ -150,10 +152,26 @@ def run_forms(forms, shape, ws, weights, tiles, log2p: int) -> tuple[list, list]
     return launches, rows
 
 
+def compile_only(name: str, stages: int, block_m: int = 8) -> str:
+    """A probe form's registers, stack and loop lengths, compiled for sm_90
+    here (the shipped B=16 tile: 128 rows, 4 warps)."""
+    from benchmarks.sass_loops import compile_jit, compile_kernel, cubin_sass, inner_loops
+
+    if name == "engine":  # as sass_loops.py gate_up --block-m 8 --interleave
+        compiled = compile_kernel("gate_up", dict(BN=128, BM=block_m, BM_WIDE=0, USE_ASM=True, PDL=True, STAGES=stages,
+                                                  STAGES_WIDE=stages, SPLIT=1, INTERLEAVE=True), 4, stages)
+    else:
+        compiled = compile_jit(block_probe_kernel, dict(BN=128, BM=block_m, STAGES=stages, USE_ASM=True,
+                                                        ANY=name == "any"), 4, stages)
+    sass, regs, stack = cubin_sass(compiled.asm["cubin"])
+    loops = [lp.instructions for lp in inner_loops(sass)]
+    return f"{name}:{stages}: registers {regs}, stack {stack} bytes, loops {loops} instructions"
+
+
 def main() -> None:
     from benchmarks.bench_moe import PAGE_BYTES
     from benchmarks.graph_timing import bench_graph, copy_bandwidth
-    from benchmarks.moe_setup import MIXTRAL
+    from benchmarks.moe_setup import MIXTRAL, block_bytes
     from benchmarks.provenance import git_commit
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -162,11 +180,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--compile-only", action="store_true", help="sm_90 registers and loop lengths, no GPU")
     args = ap.parse_args()
     try:
         forms = [parse_form(f) for f in args.forms.split(",")]
     except ValueError as exc:
         ap.error(str(exc))
+    if args.compile_only:
+        for name, stages in forms:
+            print(compile_only(name, stages))
+        return
     shape, page_bytes = MIXTRAL, PAGE_BYTES[MIXTRAL.name]
     log2p = page_bytes.bit_length() - 1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -176,8 +199,8 @@ def main() -> None:
     for _ in range(args.rounds):  # interleaved, so that a drift of the clocks spreads over every form
         for launch, row in zip(launches, rows):
             row["ms_rounds"].append(bench_graph(lambda i=0, run=launch: run(), GRAPH_REPS))
-    expert_bytes = 2 * shape.ffn * shape.hidden // 2 + 2 * shape.ffn * (shape.hidden // 128) * 4  # codes + scales
-    hbm_bytes = len(set(ids.reshape(-1).tolist())) * expert_bytes
+    gate_up_bytes = sum(block_bytes(shape, proj, FOUR_BIT_FIELDS.value) for proj in (0, 1))  # codes + scales
+    hbm_bytes = len(set(ids.reshape(-1).tolist())) * gate_up_bytes
     print("| form | stages | rel err vs engine | us | GB/s | % copy |\n|---|---|---|---|---|---|")
     for row in rows:
         ms = sorted(row["ms_rounds"])[len(row["ms_rounds"]) // 2]

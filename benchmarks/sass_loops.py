@@ -63,7 +63,12 @@ class Loop:
 
 
 def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
-    kernel = KERNELS[name]
+    return compile_jit(KERNELS[name], constexprs, num_warps, num_stages, maxnreg)
+
+
+def compile_jit(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
+    """An sm_90 compile of any kernel with the weight launches' argument
+    conventions (pointer types by name, DIVISIBLE_INTS divisible by 16)."""
     constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}  # each kernel's own
     signature, attrs = {}, {}
     # The activation planes: int16 for the CUDA-core tile (MoeTiles.activation_dtype).
