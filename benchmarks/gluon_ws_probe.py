@@ -191,7 +191,7 @@ def compile_only(config: Config, producer_regs: int) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from benchmarks.sass_loops import SASS_LINE, cubin_sass, inner_loops
+    from benchmarks.sass_loops import SASS_LINE, cubin_sass, inner_loops, opcode
 
     def desc(dtype, block, layout):
         return f"tensordesc<{dtype}{list(block)},{layout!r}>"
@@ -210,7 +210,7 @@ def compile_only(config: Config, producer_regs: int) -> dict:
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=config.consumer_warps, maxnreg=config.maxnreg))
     sass, regs, stack = cubin_sass(compiled.asm["cubin"])
-    ops = [m.group(2).lstrip("@!P0123456789T ").split()[0] for m in map(SASS_LINE.match, sass.splitlines()) if m]
+    ops = [opcode(m.group(2)) for m in map(SASS_LINE.match, sass.splitlines()) if m]
     counts = {op: sum(1 for x in ops if x.startswith(op)) for op in COUNTED}
     # The consumer's step: the innermost loop around the products (or, with
     # none, the scale epilogue's FFMA).

@@ -53,6 +53,12 @@ TENSOR_CORE = ("HGMMA", "HMMA")
 SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH_TARGET = re.compile(r"BRA (?:`\()?[^0-9]*?(0x[0-9a-f]+)")
 RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
+PREDICATE = re.compile(r"^@!?U?P\w+\s+")
+
+
+def opcode(text: str) -> str:
+    """The opcode of one SASS instruction's text, its guard predicate (@P0, @!UPT) removed."""
+    return PREDICATE.sub("", text).split()[0]
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ def inner_loops(sass: str, products: tuple[str, ...] = TENSOR_CORE, counted: tup
     out = []
     for lo, hi in sorted(inner):
         body = [text for addr, text in code if lo <= addr <= hi]
-        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
+        ops = collections.Counter(opcode(t) for t in body)
         counts = {c: sum(n for op, n in ops.items() if op == c or op.startswith(c + ".")) for c in counted}
         out.append(Loop(lo, len(body), counts))
     return out

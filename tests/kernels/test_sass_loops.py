@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sass_loops import inner_loops
+from benchmarks.sass_loops import inner_loops, opcode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +30,13 @@ def test_finds_only_loops_around_tensor_core_products():
     loops = inner_loops(SNIPPET)
     assert [(lp.start, lp.instructions) for lp in loops] == [(0x110, 4)]
     assert loops[0].counts["HGMMA"] == 1 and loops[0].counts["LOP3"] == 1 and loops[0].counts["PRMT"] == 1
+
+
+def test_opcode_drops_only_the_guard_predicate():
+    # A character-set strip of "@!P0123456789T" once turned PRMT into RMT.
+    texts = ("PRMT R4, R5, 0x4240, R6", "@P1 PRMT R4, R5", "@!P0 BRA 0x110", "@!UPT UIADD3 UR4, UR5",
+             "@PT LDG.E R1, [R2]")
+    assert [opcode(t) for t in texts] == ["PRMT", "PRMT", "BRA", "UIADD3", "LDG.E"]
 
 
 @pytest.mark.slow
