@@ -9,7 +9,7 @@
 #    to depend on the token tile, so that the page bases are not hoisted out of the token-tile loop:
 #    local SASS, 8-token tile, gate/up 255 registers + 48 B stack -> 238 + 0, 4-bit step 261 -> 253
 #    instructions; down 255 -> 209) in the probe's engine form, B then A again;
-# 4. the opaque-rows A/B on the layer (tools/device/s59_ab.sh).
+# 4. the opaque-rows A/B on the layer (tools/device/s59_ab.sh), B also capped at 168 registers.
 # Each step only where LIMIT leaves it time.
 # Torch and Triton only. Usage: [LIMIT=seconds (580)] bash tools/device/s59_call.sh <commit>
 set -uo pipefail
@@ -26,5 +26,6 @@ probe . A engine:4,any:4,nf3:4
   --configs fp16:8:4,fp16:8:4:2,fields:8:4,fields:8:4:2 --rounds 2 --commit "$1" \
   --out "${OUT:-/tmp}/int8_product_probe_occupancy.json" | tail -5
 [[ $(left) -gt 100 ]] && probe /tmp/b B engine:4 && probe . A2 engine:4
-[[ $(left) -gt 150 ]] && bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4 "$(left)"
+[[ $(left) -gt 150 ]] && bash tools/device/s59_ab.sh "$1" opaque_rows.py 16:4,64:4 "$(left)" \
+  '[{"use_asm":true},{"use_asm":true,"maxnreg":168}]'  # B also at 3 programs (local SASS: 4-bit step 268, no LDL)
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
