@@ -12,6 +12,8 @@ interleaved as the engine's at B = 16, the fp32 sum stored and nothing else
 (no arrival counter, no SiLU combine, no h planes, no PDL). Forms:
 
 * engine: kernels/moe_gate_up.run_gate_up itself (the whole launch);
+* engine168: the same launch capped at 168 registers a thread (3 programs
+  per multiprocessor, as `any` has by itself);
 * any: block_matmul_any, the block's field count read at run time (the
   engine's five specialised loops in one kernel, its registers);
 * nf3: block_matmul at the 4-bit view only (three fields, compile time).
@@ -19,7 +21,7 @@ interleaved as the engine's at B = 16, the fp32 sum stored and nothing else
 engine - any is what the launch does around the product, any - nf3 what
 the run-time view switch costs, nf3 - the skeleton what the paged fields,
 their segments and the gathered tiles cost. Each form is a name and a
-pipeline depth, name:stages (engine takes the shipped tiles' depth).
+pipeline depth, name:stages (the engine forms take the shipped tiles' depth).
 
     python3 benchmarks/block_matmul_probe.py --out benchmarks/results/block_matmul_probe.json
     PYTHONPATH=/tmp/t36:. python benchmarks/block_matmul_probe.py --compile-only   # local sm_90 SASS
@@ -31,6 +33,7 @@ import argparse
 import datetime
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,7 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import weight_layout as wl  # noqa: E402
 from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E402
 
-FORMS = ("engine", "any", "nf3")
+# The engine's own launch, with its register cap (None: the compiler's choice).
+ENGINE_FORMS = {"engine": None, "engine168": 168}
+FORMS = (*ENGINE_FORMS, "any", "nf3")
 FOUR_BIT_FIELDS = tl.constexpr(wl.fields_for_bits(4))
 GRAPH_REPS = 4  # launches a graph replay (bench_moe's stage rows time one layer a launch)
 
@@ -94,8 +99,9 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
     from kernels.moe_mixed import run_gate_up
     from kernels.moe_paged import PROJS_PER_EXPERT
 
-    if form == "engine":
-        return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, tiles, log2p)
+    if form in ENGINE_FORMS:
+        capped = replace(tiles, maxnreg=ENGINE_FORMS[form])
+        return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, capped, log2p)
     hidden = ws.prep.xp.shape[1]
     pt = weights.page_table
     grid = (experts, 2 * (ffn // tiles.block_n_up))
@@ -137,17 +143,21 @@ def prepare(shape, batch: int, page_bytes: int, device: str, sms: int):
 
 def run_forms(forms, shape, ws, weights, tiles, log2p: int) -> tuple[list, list]:
     """(launches, rows): each form run once, its sums checked against the
-    engine's gate/up pre-activations (ws.gu, left by an engine run first)."""
+    engine's gate/up pre-activations (ws.gu, left by an engine run first;
+    the engine forms' own sums are ws.gu after their run)."""
     pairs = ws.prep.sorted_ids.numel()
     outs = [torch.zeros(pairs, 2, shape.ffn, device=ws.gu.device) for _ in forms]
     launches = [launch_probe(name, stages, ws, weights, 0, shape.experts, shape.top_k, shape.ffn, tiles, log2p, out)
                 for (name, stages), out in zip(forms, outs)]
     launch_probe("engine", 0, ws, weights, 0, shape.experts, shape.top_k, shape.ffn, tiles, log2p, outs[0])()
-    gu = ws.gu[:, 0].float()  # [pairs, 2, F]
+    gu = ws.gu[:, 0].float().clone()  # [pairs, 2, F]
     rows = []
     for (name, stages), launch, out in zip(forms, launches, outs):
+        if name in ENGINE_FORMS:
+            ws.gu.zero_()  # so that a form that wrote nothing fails
         launch()
-        err = None if name == "engine" else ((out - gu).norm() / gu.norm()).item()
+        got = ws.gu[:, 0].float() if name in ENGINE_FORMS else out
+        err = None if name == "engine" else ((got - gu).norm() / gu.norm()).item()
         rows.append(dict(form=name, stages=stages, rel_err_vs_engine=err, ms_rounds=[]))
     return launches, rows
 
@@ -157,9 +167,10 @@ def compile_only(name: str, stages: int, block_m: int = 8) -> str:
     here (the shipped B=16 tile: 128 rows, 4 warps)."""
     from benchmarks.sass_loops import compile_jit, compile_kernel, cubin_sass, inner_loops
 
-    if name == "engine":  # as sass_loops.py gate_up --block-m 8 --interleave
+    if name in ENGINE_FORMS:  # as sass_loops.py gate_up --block-m 8 --interleave [--maxnreg 168]
         compiled = compile_kernel("gate_up", dict(BN=128, BM=block_m, BM_WIDE=0, USE_ASM=True, PDL=True, STAGES=stages,
-                                                  STAGES_WIDE=stages, SPLIT=1, INTERLEAVE=True), 4, stages)
+                                                  STAGES_WIDE=stages, SPLIT=1, INTERLEAVE=True), 4, stages,
+                                  ENGINE_FORMS[name])
     else:
         compiled = compile_jit(block_probe_kernel, dict(BN=128, BM=block_m, STAGES=stages, USE_ASM=True,
                                                         ANY=name == "any"), 4, stages)

@@ -1,8 +1,9 @@
 """benchmarks/block_matmul_probe.py computes what the engine's gate/up launch
 computes: its bare launch of the engine's product, with the block's view read
-at run time (any) and fixed at compile time (nf3), gives the engine's gate/up
-pre-activations (ws.gu) at a small irregular shape: 4 experts, 384 rows (three
-128-row tiles), K = 256, 5 or 3 tokens (experts of 2-3 and 1-2 tokens)."""
+at run time (any) and fixed at compile time (nf3), and the engine's own launch
+at a register cap (engine168) give the engine's gate/up pre-activations
+(ws.gu) at a small irregular shape: 4 experts, 384 rows (three 128-row
+tiles), K = 256, 5 or 3 tokens (experts of 2-3 and 1-2 tokens)."""
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ PAGE_BYTES = 8192  # a 64-row tile of the widest field (6 KiB at K = 384) fits o
 def test_probe_sums_are_the_engines(batch, device):
     torch.manual_seed(0)
     ws, weights, tiles, _ = prepare(SHAPE, batch, PAGE_BYTES, device, sms=4)
-    _, rows = run_forms([("any", 3), ("nf3", 2)], SHAPE, ws, weights, tiles, PAGE_BYTES.bit_length() - 1)
+    _, rows = run_forms([("any", 3), ("nf3", 2), ("engine168", 0)], SHAPE, ws, weights, tiles, PAGE_BYTES.bit_length() - 1)
     assert ws.gu.abs().sum() > 0
     for row in rows:
         assert row["rel_err_vs_engine"] < 1e-5, row

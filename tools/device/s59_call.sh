@@ -11,6 +11,8 @@
 #    instructions; down 255 -> 209) in the probe's engine form, B then A again;
 # 4. the opaque-rows A/B on the layer (tools/device/s59_ab.sh), B also capped at 168 registers.
 # Each step only where LIMIT leaves it time.
+# Ran at 2073e5a on an H100 (session 60, benchmarks/results/s60_probe_ab_h100.json); the opaque rows are in
+# kernels/ since e8230f1, where step 3's patch adds a second, idle zero.
 # Torch and Triton only. Usage: [LIMIT=seconds (580)] bash tools/device/s59_call.sh <commit>
 set -uo pipefail
 LIMIT=${LIMIT:-580}
