@@ -18,8 +18,8 @@ rm -rf /tmp/runs /tmp/a && cp -r . /tmp/a && (cd /tmp/a && python3 tools/device/
 timeout 80 python3 benchmarks/block_matmul_probe.py --forms engine:4,engine168:4,any:4 --rounds 3 --commit "$C" \
   --out "${OUT:-/tmp}/block_matmul_probe_cap.json" 2>&1 | grep -E "^\| [a-z]|Error|error"
 ARGS="--bits 4,mixed26 --batches 1,16,64"
-e2e_run 160 opaque_ra $ARGS
-(cd /tmp/a && C="$C+hoisted_rows" e2e_run 140 hoisted_ra $ARGS)
+e2e_run 170 opaque_ra $ARGS
+(cd /tmp/a && C="$C+hoisted_rows" e2e_run 150 hoisted_ra $ARGS)
 [[ $(left) -gt 150 ]] && e2e_run 70 opaque_rb $ARGS && (cd /tmp/a && C="$C+hoisted_rows" e2e_run 70 hoisted_rb $ARGS)
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_opaque_rows_ab.json" | tail -14
 [[ $(left) -gt 40 ]] && timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu \
