@@ -9,19 +9,26 @@
 #    rounds a, then b where LIMIT leaves time;
 # 3. the fused layer's GPU tests at the tree, where time is left.
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
-#   [LIMIT=seconds (540)] bash tools/device/s60_call.sh <commit>
+#   [LIMIT=seconds (540)] [ARGS=e2e_decode.py flags] bash tools/device/s60_call.sh <commit>
+# Under 480 s of LIMIT the probe runs after the first round, and only where time is left.
 source .carry/on_device.sh || exit 1
 C=$1
 LIMIT=${LIMIT:-540}
 left() { echo $((LIMIT - SECONDS)); }
 rm -rf /tmp/runs /tmp/a && cp -r . /tmp/a && (cd /tmp/a && python3 tools/device/patches/hoisted_rows.py) || exit 1
-timeout 80 python3 benchmarks/block_matmul_probe.py --forms engine:4,engine168:4,any:4 --rounds 3 --commit "$C" \
-  --out "${OUT:-/tmp}/block_matmul_probe_cap.json" 2>&1 | grep -E "^\| [a-z]|Error|error"
-ARGS="--bits 4,mixed26 --batches 1,16,64"
-e2e_run 170 opaque_ra $ARGS
-(cd /tmp/a && C="$C+hoisted_rows" e2e_run 150 hoisted_ra $ARGS)
+merge() { python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_opaque_rows_ab.json" > /tmp/table.txt; }
+probe() {
+  timeout "$1" python3 benchmarks/block_matmul_probe.py --forms engine:4,engine168:4,any:4 --rounds 3 --commit "$C" \
+    --out "${OUT:-/tmp}/block_matmul_probe_cap.json" 2>&1 | grep -E "^\| [a-z]|Error|error"
+}
+ARGS=${ARGS:-"--bits 4,mixed26 --batches 1,16,64"}
+[[ $LIMIT -ge 480 ]] && probe 80
+e2e_run 170 opaque_ra $ARGS; merge
+[[ $(left) -gt 40 ]] && (cd /tmp/a && C="$C+hoisted_rows" e2e_run $(( $(left) < 160 ? $(left) - 10 : 150 )) hoisted_ra $ARGS)
+merge
+[[ $LIMIT -lt 480 && $(left) -gt 70 ]] && probe 70
 [[ $(left) -gt 150 ]] && e2e_run 70 opaque_rb $ARGS && (cd /tmp/a && C="$C+hoisted_rows" e2e_run 70 hoisted_rb $ARGS)
-python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_opaque_rows_ab.json" | tail -14
+merge; tail -14 /tmp/table.txt
 [[ $(left) -gt 40 ]] && timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/kernels/test_moe_mixed.py 2>&1 | tail -2
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
