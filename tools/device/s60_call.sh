@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 60's second call (LIMIT + ~10 s), after the opaque rows were adopted (kernels/moe_gate_up.py,
+# Session 60's second call (LIMIT + ~10 s; not run: no machine started for it), after the opaque rows
+# were adopted (kernels/moe_gate_up.py,
 # moe_down.py; session 60's H100 layer A/B, Mixtral 4-bit B = 16 / 64: 310.3 / 361.9 -> 299.0 / 352.8 us):
 # 1. Mixtral 4-bit B=16 gate/up alone (benchmarks/block_matmul_probe.py): the engine's launch as shipped,
 #    capped at 168 registers (3 programs a multiprocessor; the layer A/B capped both launches and lost

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 60's short call (LIMIT + ~10 s), when too little device time is left for s60_call.sh's
+# Session 60's short call (LIMIT + ~10 s; not run), when too little device time is left for s60_call.sh's
 # end-to-end rounds: 1. Mixtral 4-bit B=16 gate/up alone (benchmarks/block_matmul_probe.py): the engine's
 # launch as shipped (opaque rows), capped at 168 registers (3 programs a multiprocessor, gate/up alone:
 # the layer A/B capped both launches), and the bare product `any`; 2. the fused layer's GPU tests.
