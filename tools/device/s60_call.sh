@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 60's second call (LIMIT + ~10 s; not run: no machine started for it), after the opaque rows
-# were adopted (kernels/moe_gate_up.py,
-# moe_down.py; session 60's H100 layer A/B, Mixtral 4-bit B = 16 / 64: 310.3 / 361.9 -> 299.0 / 352.8 us):
+# were adopted (kernels/moe_gate_up.py, moe_down.py; session 60's H100 layer A/B, Mixtral 4-bit B = 16 / 64:
+# 310.3 / 361.9 -> 299.0 / 352.8 us):
 # 1. Mixtral 4-bit B=16 gate/up alone (benchmarks/block_matmul_probe.py): the engine's launch as shipped,
 #    capped at 168 registers (3 programs a multiprocessor; the layer A/B capped both launches and lost
 #    15 %), and the bare product `any` (168 registers by itself);
@@ -25,7 +25,8 @@ probe() {
 ARGS=${ARGS:-"--bits 4,mixed26 --batches 1,16,64"}
 [[ $LIMIT -ge 480 ]] && probe 80
 e2e_run 170 opaque_ra $ARGS; merge
-[[ $(left) -gt 40 ]] && (cd /tmp/a && C="$C+hoisted_rows" e2e_run $(( $(left) < 160 ? $(left) - 10 : 150 )) hoisted_ra $ARGS)
+[[ $(left) -gt 40 ]] && (cd /tmp/a && C="$C+hoisted_rows" \
+  e2e_run $(( $(left) < 160 ? $(left) - 10 : 150 )) hoisted_ra $ARGS)
 merge
 [[ $LIMIT -lt 480 && $(left) -gt 70 ]] && probe 70
 [[ $(left) -gt 150 ]] && e2e_run 70 opaque_rb $ARGS && (cd /tmp/a && C="$C+hoisted_rows" e2e_run 70 hoisted_rb $ARGS)

@@ -10,8 +10,8 @@ C=$1
 LIMIT=${LIMIT:-230}
 left() { echo $((LIMIT - SECONDS)); }
 FORMS=engine:4,engine168:4; [[ $LIMIT -ge 150 ]] && FORMS+=,any:4  # any: 183.7 us in session 60's first call
-timeout $(( LIMIT < 100 ? LIMIT - 5 : 90 )) python3 benchmarks/block_matmul_probe.py --forms $FORMS --rounds 3 --commit "$C" \
-  --out "${OUT:-/tmp}/block_matmul_probe_cap.json" 2>&1 | grep -E "^\| [a-z]|Error|error"
+timeout $(( LIMIT < 100 ? LIMIT - 5 : 90 )) python3 benchmarks/block_matmul_probe.py --forms $FORMS --rounds 3 \
+  --commit "$C" --out "${OUT:-/tmp}/block_matmul_probe_cap.json" 2>&1 | grep -E "^\| [a-z]|Error|error"
 [[ $(left) -gt 40 ]] && timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/kernels/test_moe_mixed.py 2>&1 | tail -3
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
