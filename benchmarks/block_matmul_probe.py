@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import weight_layout as wl  # noqa: E402
 from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E402
 
-# The engine's own launch, with its register cap (None: the compiler's choice).
+# The engine's own launch, with a register cap (None: the shipped tiles as they are).
 ENGINE_FORMS = {"engine": None, "engine168": 168}
 FORMS = (*ENGINE_FORMS, "any", "nf3")
 FOUR_BIT_FIELDS = tl.constexpr(wl.fields_for_bits(4))
@@ -100,8 +100,9 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
     from kernels.moe_paged import PROJS_PER_EXPERT
 
     if form in ENGINE_FORMS:
-        capped = replace(tiles, maxnreg=ENGINE_FORMS[form])
-        return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, capped, log2p)
+        cap = ENGINE_FORMS[form]
+        engine_tiles = tiles if cap is None else replace(tiles, maxnreg=cap)
+        return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, engine_tiles, log2p)
     hidden = ws.prep.xp.shape[1]
     pt = weights.page_table
     grid = (experts, 2 * (ffn // tiles.block_n_up))

@@ -69,6 +69,18 @@ def tile_pages(pt_ptr, r64, first_byte, n_groups, CB: tl.constexpr, log2p):
 
 
 @triton.jit
+def rows_of_tile(rows, m0):
+    """rows ([BN] int32), made to depend on the token tile that starts at m0
+    (>= 0) by an opaque zero. A launch that loops over token tiles passes
+    them so: else the compiler hoists every view's per-row page bases
+    (tile_pages) out of that loop and keeps them live through all K loops
+    (local sm_90 SASS, 8-token tile: gate/up 255 registers + 48 B of stack
+    -> 238 + 0, down 255 -> 209; the H100 layer, Mixtral 4-bit B=16: 310.3
+    -> 299.0 us, benchmarks/NOTES.md session 60)."""
+    return rows | (m0 >> 31)
+
+
+@triton.jit
 def _seg_base(base_a, base_b, brk, gs, ALIGN: tl.constexpr):
     # Row bases valid for the whole segment starting at chunk gs.
     return tl.multiple_of(tl.where(gs < brk, base_a, base_b), ALIGN)

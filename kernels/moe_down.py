@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_block_matmul import block_matmul_any
+from kernels.moe_block_matmul import block_matmul_any, rows_of_tile
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
@@ -49,12 +49,7 @@ def _down_tile(h_ptr, hq_scale_ptr, hsum_ptr, sorted_ptr, tw_ptr, arena_ptr, pt_
         xt_ptrs = h_ptr + pos64[None, :] * F + kv[:, None]
         qs_ptrs = hq_scale_ptr
     xs_ptrs = hsum_ptr + pos64 * (F // 128 * HS_SUB)
-    # An opaque zero that makes the rows depend on the token tile: else the
-    # compiler hoists every view's per-row page bases out of the token-tile
-    # loop and keeps them live through all K loops (sm_90 SASS, 8-token tile:
-    # gate/up 255 registers + 48 B of stack -> 238 + 0, down 255 -> 209; the
-    # H100 layer, Mixtral 4-bit B=16: 310.3 -> 299.0 us, NOTES session 60).
-    rows = rows | (m0 >> 31)
+    rows = rows_of_tile(rows, m0)
     acc = block_matmul_any(nf_d, arena_ptr, pt_down, pt_field_stride, H, F, rows, g0, g1,
                            log2p, xt_ptrs, valid[None, :], xs_ptrs, valid, HS_SUB, q_x, qs_ptrs,
                            HS_SUB, BN, BM, USE_ASM, STAGES, ACT_CG)

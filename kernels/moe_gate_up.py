@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.moe_stage import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
-from kernels.moe_block_matmul import block_matmul_any
+from kernels.moe_block_matmul import block_matmul_any, rows_of_tile
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_decode import tile_k_order, virtual_slot
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
@@ -75,12 +75,7 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
     if SPLIT > 1:
         g0 = part * g1 // SPLIT
         g1 = (part + 1) * g1 // SPLIT
-    # An opaque zero that makes the rows depend on the token tile: else the
-    # compiler hoists every view's per-row page bases out of the token-tile
-    # loop and keeps them live through all K loops (sm_90 SASS, 8-token tile:
-    # gate/up 255 registers + 48 B of stack -> 238 + 0, down 255 -> 209; the
-    # H100 layer, Mixtral 4-bit B=16: 310.3 -> 299.0 us, NOTES session 60).
-    rows = rows | (m0 >> 31)
+    rows = rows_of_tile(rows, m0)
     acc = block_matmul_any(bf_nf, arena_ptr, pt_blk, pt_field_stride, F, H, rows, g0, g1, log2p, xt_ptrs,
                            valid[None, :], xs_ptrs, valid, 1, q_x, qs_ptrs, 1, BN, BM, USE_ASM, STAGES)
     keep = (n < F)[:, None] & valid[None, :]
