@@ -14,6 +14,9 @@ interleaved as the engine's at B = 16, the fp32 sum stored and nothing else
 * engine: kernels/moe_gate_up.run_gate_up itself (the whole launch);
 * engine168: the same launch capped at 168 registers a thread (3 programs
   per multiprocessor, as `any` has by itself);
+* apart: run_gate_up with MoeTiles.gate_up_apart (a program per token
+  tile, partial sums only: 168 registers), its combine launch included;
+* combine: that combine launch alone (kernels/moe_combine.run_combine);
 * any: block_matmul_any, the block's field count read at run time (the
   engine's five specialised loops in one kernel, its registers);
 * nf3: block_matmul at the 4-bit view only (three fields, compile time).
@@ -47,7 +50,9 @@ from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E40
 
 # The engine's own launch, with a register cap (None: the shipped tiles as they are).
 ENGINE_FORMS = {"engine": None, "engine168": 168}
-FORMS = (*ENGINE_FORMS, "any", "nf3")
+# The engine's launches with MoeTiles.gate_up_apart: gate/up and its combine launch, or the combine alone.
+APART_FORMS = ("apart", "combine")
+FORMS = (*ENGINE_FORMS, *APART_FORMS, "any", "nf3")
 FOUR_BIT_FIELDS = tl.constexpr(wl.fields_for_bits(4))
 GRAPH_REPS = 4  # launches a graph replay (bench_moe's stage rows time one layer a launch)
 
@@ -103,6 +108,13 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
         cap = ENGINE_FORMS[form]
         engine_tiles = tiles if cap is None else replace(tiles, maxnreg=cap)
         return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, engine_tiles, log2p)
+    if form in APART_FORMS:
+        from kernels.moe_combine import run_combine
+
+        apart = replace(tiles, gate_up_apart=True)
+        if form == "combine":
+            return lambda: run_combine(ws, weights, layer, experts, top_k, ffn, apart)
+        return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, apart, log2p)
     hidden = ws.prep.xp.shape[1]
     pt = weights.page_table
     grid = (experts, 2 * (ffn // tiles.block_n_up))
@@ -152,13 +164,19 @@ def run_forms(forms, shape, ws, weights, tiles, log2p: int) -> tuple[list, list]
                 for (name, stages), out in zip(forms, outs)]
     launch_probe("engine", 0, ws, weights, 0, shape.experts, shape.top_k, shape.ffn, tiles, log2p, outs[0])()
     gu = ws.gu[:, 0].float().clone()  # [pairs, 2, F]
+    h = ws.h.float().clone()  # [pairs, F]
     rows = []
     for (name, stages), launch, out in zip(forms, launches, outs):
-        if name in ENGINE_FORMS:
+        if name in ENGINE_FORMS or name == "apart":
             ws.gu.zero_()  # so that a form that wrote nothing fails
+        if name == "combine":
+            ws.h.zero_()
         launch()
-        got = ws.gu[:, 0].float() if name in ENGINE_FORMS else out
-        err = None if name == "engine" else ((got - gu).norm() / gu.norm()).item()
+        got = ws.gu[:, 0].float() if name in ENGINE_FORMS or name == "apart" else out
+        want = gu
+        if name == "combine":  # its h against the engine's
+            got, want = ws.h.float(), h
+        err = None if name == "engine" else ((got - want).norm() / want.norm()).item()
         rows.append(dict(form=name, stages=stages, rel_err_vs_engine=err, ms_rounds=[]))
     return launches, rows
 

@@ -22,41 +22,45 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_stage import FP16_MAX, SPAN, actual_to_virtual, pair_position, plane_scale, quantize_spans
 from kernels.moe_block_matmul import block_matmul_any, rows_of_tile
+from kernels.moe_combine import combine_h, h_columns, run_combine, sum_parts
 from kernels.moe_cuda_core import int16_row_pointers
-from kernels.moe_decode import tile_k_order, virtual_slot
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, launch_by_token_class, \
     settle_carveout
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
-_FP16_MAX_C = tl.constexpr(FP16_MAX)
-
-
 @triton.jit
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, ready, part, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                   STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr):
+                   top_k, q_x, q_h, ready, part, m_tile, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+                   STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr, APART: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows over K range `part` of SPLIT; per tile, the last of the
     # 2 * SPLIT programs of the gate/up pair to arrive (counters[tile index])
     # combines SiLU(gate) * up and, with SIGNAL, counts the token tile's h as
-    # stored in *ready.
-    for m0 in range(start, end, BM):
-        _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
-                      counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
-                      which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM, STAGES,
-                      SIGNAL, SPLIT)
+    # stored in *ready. APART: token tile m_tile alone, its partial sums
+    # stored and nothing else (kernels/moe_combine.py combines them).
+    if APART:
+        m0 = start + m_tile * BM
+        if m0 < end:
+            _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters,
+                          h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride,
+                          log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
+    else:
+        for m0 in range(start, end, BM):
+            _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
+                          counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
+                          which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM,
+                          STAGES, SIGNAL, SPLIT, APART)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
                   hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
                   q_x, q_h, ready, part, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                  STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr):
+                  STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr, APART: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)  # the planes hold each group in the decode's column order (slot order)
     pos = m0 + m
@@ -83,84 +87,26 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
     # gu [pairs, SPLIT, 2, F]: this program's partial sum
     mine = gu_ptr + ((pos64[None, :] * SPLIT + part) * 2 + which) * F + n[:, None]
     tl.store(mine, acc, mask=keep)
-    tl.debug_barrier()
-    if tl.atomic_add(counter, 1, sem="acq_rel") == 2 * SPLIT - 1:
-        if SPLIT == 1:
-            other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
-                            mask=keep, other=0.0, cache_modifier=".cg")
-            gate = tl.where(which == 0, acc, other)
-            up = tl.where(which == 0, other, acc)
-        else:
-            gate, up = _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
-        h = gate / (1.0 + tl.exp(-gate)) * up
-        h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
-        _store_h_sums(hsum_ptr, pos64, F, tile, tl.where(keep, h16.to(tl.float32), 0.0), valid, BN, BM)
-        if BM == 1:
-            # BN rows = BN / SPAN whole spans (F and BN are multiples of 64)
-            q, scale = quantize_spans(tl.reshape(h16.to(tl.float32), (1, BN)), 1, BN)
-            row = tl.cast(m0, tl.int64)
-            tl.store(h_ptr + row * F + pair_position(n), tl.reshape(q, (BN,)))
-            spans = tile * (BN // SPAN) + tl.arange(0, BN // SPAN)
-            tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
-        else:
-            tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
-            _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM, USE_ASM)
-        if SIGNAL:
-            # Every thread's h, hq_scale and hsum stores before the release
-            # (kernels/moe_gate_up_down.py waits on this count).
-            tl.debug_barrier()
-            tl.atomic_add(ready, 1, sem="release")
-        # Relaxed: the counter's next use is in a later launch, ordered by
-        # this grid's end; acq_rel put a GPU-wide fence before the exit.
-        tl.atomic_xchg(counter, 0, sem="relaxed")
-
-
-@triton.jit
-def _store_h_sums(hsum_ptr, pos64, F, tile, h, valid, BN: tl.constexpr, BM: tl.constexpr):
-    # The down launch's activation sums: h [BN, BM] (zero outside the rows
-    # and tokens kept) summed per row tile, or per group of 128 rows where a
-    # tile spans several groups (MoeTiles.h_sum_rows; the down launch reads
-    # one sum per group then).
-    if BN > 128:
-        sums = tl.sum(tl.reshape(h, (BN // 128, 128, BM)), axis=1)  # [BN / 128, BM]
-        j = tl.arange(0, BN // 128)
-        at = hsum_ptr + pos64[None, :] * (F // 128) + tile * (BN // 128) + j[:, None]
-        tl.store(at, sums, mask=valid[None, :])
-    else:
-        tl.store(hsum_ptr + pos64 * (F // BN) + tile, tl.sum(h, axis=0), mask=valid)
-
-
-@triton.jit
-def _sum_parts(gu_ptr, pos64, n, F, keep, SPLIT: tl.constexpr):
-    # (gate, up) fp32 [BN, BM]: the SPLIT partial sums of each, added in
-    # K order whichever program arrived last, so that h does not depend on
-    # the arrival order. From the L2 (.cg): other multiprocessors stored them.
-    at = gu_ptr + pos64[None, :] * (SPLIT * 2 * F) + n[:, None]
-    gate = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg")
-    up = tl.load(at + F, mask=keep, other=0.0, cache_modifier=".cg")
-    for p in tl.static_range(1, SPLIT):
-        gate += tl.load(at + p * 2 * F, mask=keep, other=0.0, cache_modifier=".cg")
-        up += tl.load(at + (p * 2 + 1) * F, mask=keep, other=0.0, cache_modifier=".cg")
-    return gate, up
-
-
-@triton.jit
-def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM: tl.constexpr, USE_ASM: tl.constexpr):
-    # Planes 1 and 2 of h (q_h elements apart): h16 times 2^-p by the virtual
-    # position that slot col holds (tile_k_order; powers of two: exact but
-    # for subnormals). The compiler hoisted the per-row factors above the K
-    # loop, where they took registers that every loop of the launch then
-    # lacked (local sm_90 SASS: 4-bit loop 449 -> 466 instructions); a
-    # side-effecting copy of col pins them here.
-    if USE_ASM:
-        col = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [col], dtype=tl.int32,
-                                        is_pure=False, pack=1)
-    at = pos64[None, :] * F + col[:, None]
-    vpos = tile_k_order(col % 128, BM)
-    h1 = (h16.to(tl.float32) * plane_scale(vpos, 1)[:, None]).to(tl.float16)
-    tl.store(h_ptr + q_h + at, h1, mask=keep)
-    h2 = (h16.to(tl.float32) * plane_scale(vpos, 2)[:, None]).to(tl.float16)
-    tl.store(h_ptr + 2 * q_h + at, h2, mask=keep)
+    if not APART:
+        tl.debug_barrier()
+        if tl.atomic_add(counter, 1, sem="acq_rel") == 2 * SPLIT - 1:
+            if SPLIT == 1:
+                other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
+                                mask=keep, other=0.0, cache_modifier=".cg")
+                gate = tl.where(which == 0, acc, other)
+                up = tl.where(which == 0, other, acc)
+            else:
+                gate, up = sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
+            combine_h(gate, up, h_ptr, hq_scale_ptr, hsum_ptr, pos64, m0, n, col, tile, F, q_h, keep, valid, BN, BM,
+                      USE_ASM)
+            if SIGNAL:
+                # Every thread's h, hq_scale and hsum stores before the release
+                # (kernels/moe_gate_up_down.py waits on this count).
+                tl.debug_barrier()
+                tl.atomic_add(ready, 1, sem="release")
+            # Relaxed: the counter's next use is in a later launch, ordered by
+            # this grid's end; acq_rel put a GPU-wide fence before the exit.
+            tl.atomic_xchg(counter, 0, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["block0", "top_k", "log2p", "m_tiles"])
@@ -189,9 +135,11 @@ def _moe_gate_up_kernel(
     INTERLEAVE: tl.constexpr,  # the grid is (slot, row program) (MoeTiles.gate_up_interleave)
     TOKENS_LO: tl.constexpr = 0,  # only experts of over TOKENS_LO tokens (0: no bound; run_gate_up)
     TOKENS_HI: tl.constexpr = 0,  # only experts of at most TOKENS_HI tokens (0: no bound)
+    APART: tl.constexpr = False,  # token tile program_id(2) alone, no combine (MoeTiles.gate_up_apart)
 ):
-    # Program ((tile * SPLIT + part) * 2 + which, slot), or the transpose with
-    # INTERLEAVE (the first grid dimension is dispatched first): gate_up_program.
+    # Program ((tile * SPLIT + part) * 2 + which, slot[, token tile]), or the
+    # transpose of the first two with INTERLEAVE (the first grid dimension is
+    # dispatched first, the last last): gate_up_program.
     wait_for_previous_grid(PDL)
     if INTERLEAVE:
         pid = tl.program_id(1)
@@ -203,7 +151,7 @@ def _moe_gate_up_kernel(
                     sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
                     count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
                     pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
-                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI)
+                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI, APART, tl.program_id(2))
 
 
 @triton.jit
@@ -212,7 +160,8 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
                     ready_ptr, block0, E, H, F, pt_block_stride, pt_field_stride, log2p, top_k, m_tiles, q_x, q_h,
                     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
                     STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr, part=0,
-                    SPLIT: tl.constexpr = 1, TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0):
+                    SPLIT: tl.constexpr = 1, TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0,
+                    APART: tl.constexpr = False, m_tile=0):
     """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
     rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
     the slot's expert, over K range `part` of SPLIT (groups cut evenly) and
@@ -224,7 +173,10 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     for a reader in the same launch (kernels/moe_gate_up_down.py); without,
     ready_ptr is not touched. TOKENS_LO / TOKENS_HI (0: no bound): the
     program works only for an expert of over TOKENS_LO and at most TOKENS_HI
-    tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages)."""
+    tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages).
+    APART: only the expert's token tile m_tile (of BM, or of BM_WIDE), its
+    partial sums stored in gu and nothing else: no arrival count, no h
+    (kernels/moe_combine.py; SIGNAL must be False)."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     lo, hi = token_class_bounds(start, end, TOKENS_LO, TOKENS_HI)
@@ -240,24 +192,21 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
             n = tile * BN + tl.arange(0, BN)
             rows = tl.minimum(n, F - 1)
             pt_blk = pt_ptr + (blk + which).to(tl.int64) * pt_block_stride
-            # Where row n of h goes: the slot of its virtual position inside
-            # its group (the launch's tiles read the slot order of BM;
-            # MoeTiles keeps the narrow tile apart from a wide one).
-            col = (n // 128) * 128 + virtual_slot(actual_to_virtual(n % 128), BM)
+            col = h_columns(n, BM)
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part)
+                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part, m_tile)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL, SPLIT)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL, SPLIT, APART)
             else:
-                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT)
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -266,7 +215,9 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     With tiles.gate_up_split_stages, two launches: the experts of over
     block_m tokens on the wide tile alone, and those of at most block_m on
     the base tile alone (each launch's programs of the other class exit at
-    once), at once on two streams (moe_workspace.launch_by_token_class)."""
+    once), at once on two streams (moe_workspace.launch_by_token_class).
+    With tiles.gate_up_apart, the launches store partial sums and the
+    combine launch (kernels/moe_combine.py) follows them."""
     t, hidden = ws.prep.xp.shape
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
@@ -275,6 +226,8 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         raise ValueError("workspace was allocated for another gate/up split")
     launch_by_token_class(ws, tiles, tiles.gate_up_split_stages, lambda *tile_class: _launch_gate_up(
         ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, *tile_class))
+    if tiles.gate_up_apart:
+        run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, pdl)
 
 
 def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,
@@ -288,6 +241,8 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
     pt = weights.page_table
     row_programs = 2 * tiles.split_up * (ffn // tiles.block_n_up)
     grid = (slots, row_programs) if tiles.gate_up_interleave else (row_programs, slots)
+    if tiles.gate_up_apart:  # a program per token tile: num_tokens pairs per expert at most (distinct ids)
+        grid = (*grid, triton.cdiv(t, block_m))
     kernel = _moe_gate_up_kernel[grid](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
@@ -298,6 +253,6 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
         BN=tiles.block_n_up, BM=block_m, BM_WIDE=block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=stages, STAGES_WIDE=wide_stages,
         SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
-        **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
+        APART=tiles.gate_up_apart, **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
     )
-    settle_carveout(ws, kernel, tiles)
+    settle_carveout(ws, kernel, tiles, by_registers=tiles.gate_up_apart)

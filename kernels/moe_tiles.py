@@ -141,6 +141,10 @@ class MoeTiles:
     left the GPU idle (MoeTuning's WIDE_GATE_UP_SPLIT_STAGES has both).
     down_split_stages: the same split of the down launch (0: one launch;
     not with balance_down, whose plan shares all experts' work).
+    gate_up_apart: each gate/up program takes one token tile and stores its
+    partial sums only; a combine launch (kernels/moe_combine.py) makes h.
+    Needs each token's top-k ids distinct (a router's top-k): the grid holds
+    the token tiles of num_tokens pairs per expert. Not with one_launch.
     """
 
     block_n_up: int = 128
@@ -162,11 +166,15 @@ class MoeTiles:
     gate_up_interleave: bool = False
     gate_up_split_stages: int = 0
     down_split_stages: int = 0
+    gate_up_apart: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
         check_bool("gate_up_interleave", self.gate_up_interleave)
+        check_bool("gate_up_apart", self.gate_up_apart)
+        if self.gate_up_apart and self.one_launch:
+            raise ValueError("gate_up_apart needs gate/up in its own launch (one_launch False)")
         for name in ("block_m", "block_n_up", "block_n_down"):
             value = getattr(self, name)
             if name == "block_m" and value == CUDA_CORE_TOKEN_TILE:
@@ -382,9 +390,10 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      down_zigzag=tuning.down_zigzag,
                      gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
                      gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
-                     down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0)
+                     down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0,
+                     gate_up_apart=tuning.gate_up_apart)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
-        return replace(tiles, one_launch=True)
+        return replace(tiles, one_launch=True, gate_up_apart=False)
     if one_token:
         # Up to tuning.one_token_split_up K ranges, as many as one wave of
         # resident programs holds (rounded down, as the down split), each of

@@ -266,6 +266,9 @@ class MoeTuning:
     (TENSOR_CORE_ROWS_CHOICES; 4 warps per 128 rows) where the shapes divide
     and the gate/up launch fills the GPU, else 128. Off at 128: 256 measured
     slower (TENSOR_CORE_ROWS).
+    gate_up_apart: the gate/up launch without its combine or token-tile loop
+    (MoeTiles.gate_up_apart; fewer registers, a combine launch after it).
+    Only for top-k ids distinct per token. Off: not yet measured.
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -285,10 +288,12 @@ class MoeTuning:
     wide_gate_up_split_stages: int = WIDE_GATE_UP_SPLIT_STAGES
     wide_down_split_stages: int = WIDE_DOWN_SPLIT_STAGES
     tensor_core_rows: int = TENSOR_CORE_ROWS
+    gate_up_apart: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
+        check_bool("gate_up_apart", self.gate_up_apart)
         limit = self.gate_up_interleave_max_tokens
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(f"gate_up_interleave_max_tokens must be an int >= 0, got {limit!r}")

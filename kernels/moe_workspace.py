@@ -14,7 +14,7 @@ import triton
 
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import MoePrep, act_scale_columns, alloc_prep, check_planes, planes_of
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tiles import MoeTiles, choose_tiles, resident_programs
 from kernels.smem_carveout import limit_carveout_once
 from kernels.weight_layout import GROUP
 
@@ -129,10 +129,17 @@ def check_h_planes(ws: MoeWorkspace, tiles: MoeTiles) -> None:
                          f"for these tiles")
 
 
-def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles) -> None:
-    """After a launch: limit the loaded kernel's carveout once (MoeTiles.limit_carveout)."""
+def settle_carveout(ws: MoeWorkspace, kernel, tiles: MoeTiles, by_registers: bool = False) -> None:
+    """After a launch: limit the loaded kernel's carveout once (MoeTiles.limit_carveout)
+    to tiles.resident_programs programs, or with by_registers to as many as
+    its compiled registers allow where that is more (the gate/up launch of
+    MoeTiles.gate_up_apart: 168 registers, 3 programs, against the 2 that
+    resident_programs assumes without a cap)."""
     if tiles.limit_carveout and ws.h.is_cuda:
-        limit_carveout_once(kernel, ws.carveouts_set, tiles.resident_programs, ws.h.device)
+        programs = tiles.resident_programs
+        if by_registers:
+            programs = max(programs, resident_programs(kernel.n_regs, tiles.num_warps))
+        limit_carveout_once(kernel, ws.carveouts_set, programs, ws.h.device)
 
 
 def launch_by_token_class(ws: MoeWorkspace, tiles: MoeTiles, split_stages: int,
