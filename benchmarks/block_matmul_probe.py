@@ -186,10 +186,15 @@ def compile_only(name: str, stages: int, block_m: int = 8) -> str:
     here (the shipped B=16 tile: 128 rows, 4 warps)."""
     from benchmarks.sass_loops import compile_jit, compile_kernel, cubin_sass, inner_loops
 
-    if name in ENGINE_FORMS:  # as sass_loops.py gate_up --block-m 8 --interleave [--maxnreg 168]
+    if name in ENGINE_FORMS or name == "apart":  # as sass_loops.py gate_up --block-m 8 --interleave [...]
         compiled = compile_kernel("gate_up", dict(BN=128, BM=block_m, BM_WIDE=0, USE_ASM=True, PDL=True, STAGES=stages,
-                                                  STAGES_WIDE=stages, SPLIT=1, INTERLEAVE=True), 4, stages,
-                                  ENGINE_FORMS[name])
+                                                  STAGES_WIDE=stages, SPLIT=1, INTERLEAVE=True,
+                                                  APART=name == "apart"), 4, stages, ENGINE_FORMS.get(name))
+    elif name == "combine":
+        from kernels.moe_combine import COMBINE_WARPS, _moe_combine_kernel
+
+        compiled = compile_jit(_moe_combine_kernel, dict(BN=128, BM=block_m, BM_WIDE=0, USE_ASM=True, PDL=True,
+                                                         SPLIT=1), COMBINE_WARPS, 1)
     else:
         compiled = compile_jit(block_probe_kernel, dict(BN=128, BM=block_m, STAGES=stages, USE_ASM=True,
                                                         ANY=name == "any"), 4, stages)

@@ -230,6 +230,17 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, pdl)
 
 
+def apart_token_tiles(num_tokens: int, block_m: int, block_m_wide: int, tokens_hi: int) -> int:
+    """Token tiles per expert that a gate/up launch of MoeTiles.gate_up_apart
+    gives programs to (grid dimension 2): an expert holds at most num_tokens
+    pairs (each token's ids distinct), in one tile of block_m where it has at
+    most block_m (all of them in a launch of tokens_hi <= block_m), else in
+    tiles of block_m_wide where the launch has the wide tile."""
+    if 0 < tokens_hi <= block_m:
+        return 1
+    return max(1, triton.cdiv(num_tokens, block_m_wide if block_m_wide > block_m else block_m))
+
+
 def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,
                     tiles: MoeTiles, log2p: int, pdl: PdlPolicy, block_m: int, block_m_wide: int, stages: int,
                     wide_stages: int, tokens_lo: int, tokens_hi: int) -> None:
@@ -241,8 +252,8 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
     pt = weights.page_table
     row_programs = 2 * tiles.split_up * (ffn // tiles.block_n_up)
     grid = (slots, row_programs) if tiles.gate_up_interleave else (row_programs, slots)
-    if tiles.gate_up_apart:  # a program per token tile: num_tokens pairs per expert at most (distinct ids)
-        grid = (*grid, triton.cdiv(t, block_m))
+    if tiles.gate_up_apart:
+        grid = (*grid, apart_token_tiles(t, block_m, block_m_wide, tokens_hi))
     kernel = _moe_gate_up_kernel[grid](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,

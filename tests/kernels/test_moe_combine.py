@@ -97,3 +97,13 @@ def test_gpu_apart_and_replay(block_m, wide, split):
                      block_m_wide=wide, gate_up_split_stages=split, num_stages=4, gate_up_apart=True,
                      gate_up_interleave=block_m == 8)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=15, demote_first_block=True)
+
+
+def test_apart_token_tiles_cover_an_expert_of_every_token():
+    from kernels.moe_gate_up import apart_token_tiles
+
+    assert apart_token_tiles(16, 8, 0, 0) == 2  # the 8-token tile at B = 16
+    assert apart_token_tiles(64, 16, 0, 16) == 1  # the base-tile launch of a token-class split
+    assert apart_token_tiles(64, 32, 0, 0) == 2  # its wide-tile launch
+    assert apart_token_tiles(48, 16, 32, 0) == 2  # both tiles in one launch: wide tiles past 16 tokens
+    assert apart_token_tiles(3, 16, 0, 0) == 1 and apart_token_tiles(1, 1, 0, 0) == 1
