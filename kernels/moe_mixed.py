@@ -7,7 +7,8 @@ Three launches per layer (four with a split gate/up, below), no host sync
 2. run_gate_up (kernels/moe_gate_up.py): per (expert, rows of F): gate and
    up projections of the expert's tokens, SiLU(gate) * up, stored as fp16 h
    in sorted order (and per-tile sums of h for the next launch's group
-   offsets);
+   offsets); with MoeTiles.gate_up_apart the SiLU product is a launch of its
+   own (kernels/moe_combine.py);
 3. run_down (kernels/moe_down.py): per (expert, rows of H, share of K): down
    projection of h, times the routing weight, atomically added into out
    [T, H] fp32 (the weighted sum over the top-k and the K split in one go).
@@ -59,7 +60,8 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
 
     x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
-    topk_ids: [T, k] int (ids outside [0, E) are ignored); topk_weights: [T, k];
+    topk_ids: [T, k] int (ids outside [0, E) are ignored; distinct within a
+    row where tiles.gate_up_apart, as a router's top-k are); topk_weights: [T, k];
     weights: the arena and device tables; blocks ((layer * E + e) * 3 + proj).
     workspace: buffers from alloc_workspace (reused across calls and CUDA
     graphs); the result is workspace.prep.out. counters: the shared zeroed
