@@ -2,28 +2,33 @@
 # Session 61's call: MoeTiles.gate_up_apart (kernels/moe_combine.py), the gate/up launch without its
 # combine and token-tile loop (local Triton 3.6 sm_90: 168 registers, 3 programs a multiprocessor,
 # against 238 and 2), then a combine launch:
-# 1. its GPU tests (eager and graph replay at B = 16 / 48 / 1), ~100 s;
+# 1. its GPU test at B = 16 (eager and graph replay; B = 48 and 1 last, where LIMIT >= 500 leaves time);
 # 2. Mixtral 4-bit B=16 gate/up alone (benchmarks/block_matmul_probe.py): the engine as shipped,
 #    apart (gate/up + combine), the combine alone, the bare product `any`;
 # 3. the layer A/B (bench_moe --tune-only, round-robin routing), shipped against apart, A B A B in one
-#    process, at B:bits 16:4, 64:4, 1:4, 16:mixed, where LIMIT leaves time.
+#    process, at B:bits $CASES (16:4,64:4,1:4), where LIMIT leaves time.
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
-#   [LIMIT=seconds (540)] bash tools/device/s61_call.sh <commit>
+#   [LIMIT=seconds (540)] [CASES=B:bits,...] bash tools/device/s61_call.sh <commit>
 source .carry/on_device.sh || exit 1
 C=$1
 LIMIT=${LIMIT:-540}
 left() { echo $((LIMIT - SECONDS)); }
 O=${OUT:-/tmp}
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_moe_combine.py 2>&1 | tail -3
+gpu_tests() {  # gpu_tests SECONDS [-k EXPR]
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_moe_combine.py "${@:2}" 2>&1 | tail -2
+}
+gpu_tests 90 -k "8-0-0"
 timeout 100 python3 benchmarks/block_matmul_probe.py --forms engine:4,apart:4,combine:4,any:4 --rounds 3 \
   --commit "$C" --out "$O/probe_apart.json" 2>&1 | grep -E "^\| [a-z]|Error|error" > /tmp/probe.txt
 cat /tmp/probe.txt
 A='{"use_asm":true}'
 B='{"use_asm":true,"tuning":{"gate_up_apart":true}}'
+TAIL=$(( LIMIT >= 500 ? 100 : 0 ))  # the other GPU tests after the A/B where LIMIT allows
 if [[ $(left) -gt 60 ]]; then
-  timeout $(( $(left) - 15 )) python3 benchmarks/bench_moe.py --models mixtral --tune-only \
-    --budget $(( $(left) - 25 )) --commit "$C" --tune-cases 16:4,64:4,1:4,16:mixed \
+  timeout $(( $(left) - 15 - TAIL )) python3 benchmarks/bench_moe.py --models mixtral --tune-only --no-check \
+    --budget $(( $(left) - 25 - TAIL )) --commit "$C" --tune-cases ${CASES:-16:4,64:4,1:4} \
     --candidates "[$A,$B,$A,$B]" --out "$O/layer_apart_ab.json" 2>&1 | grep "^tune" > /tmp/ab.txt
 fi
+[[ $(left) -gt 60 ]] && gpu_tests $(( $(left) - 10 )) -k "not 8-0-0"
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 cat /tmp/probe.txt; cut -c1-200 /tmp/ab.txt
