@@ -16,6 +16,10 @@ interleaved as the engine's at B = 16, the fp32 sum stored and nothing else
   per multiprocessor, as `any` has by itself);
 * apart: run_gate_up with MoeTiles.gate_up_apart (a program per token
   tile, partial sums only: 168 registers), its combine launch included;
+* apart1: the same with one token tile per expert (the launch for experts
+  of at most block_m tokens, as the probe's round-robin routing gives
+  them): no program in grid dimension 2 exits at once (apart's second
+  token tile, 1792 programs at B = 16, does);
 * combine: that combine launch alone (kernels/moe_combine.run_combine);
 * any: block_matmul_any, the block's field count read at run time (the
   engine's five specialised loops in one kernel, its registers);
@@ -51,7 +55,7 @@ from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E40
 # The engine's own launch, with a register cap (None: the shipped tiles as they are).
 ENGINE_FORMS = {"engine": None, "engine168": 168}
 # The engine's launches with MoeTiles.gate_up_apart: gate/up and its combine launch, or the combine alone.
-APART_FORMS = ("apart", "combine")
+APART_FORMS = ("apart", "apart1", "combine")
 FORMS = (*ENGINE_FORMS, *APART_FORMS, "any", "nf3")
 FOUR_BIT_FIELDS = tl.constexpr(wl.fields_for_bits(4))
 GRAPH_REPS = 4  # launches a graph replay (bench_moe's stage rows time one layer a launch)
@@ -114,6 +118,14 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
         apart = replace(tiles, gate_up_apart=True)
         if form == "combine":
             return lambda: run_combine(ws, weights, layer, experts, top_k, ffn, apart)
+        if form == "apart1":
+            from kernels.moe_gate_up import _launch_gate_up
+            from kernels.pdl import DEFAULT_PDL
+
+            pdl, bm, st = DEFAULT_PDL, apart.block_m, apart.num_stages  # as run_gate_up by default
+            return lambda: (_launch_gate_up(ws, weights, layer, experts, top_k, ffn, apart, log2p, pdl, bm, 0, st,
+                                            st, 0, bm),
+                            run_combine(ws, weights, layer, experts, top_k, ffn, apart, pdl))
         return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, apart, log2p)
     hidden = ws.prep.xp.shape[1]
     pt = weights.page_table
@@ -167,12 +179,12 @@ def run_forms(forms, shape, ws, weights, tiles, log2p: int) -> tuple[list, list]
     h = ws.h.float().clone()  # [pairs, F]
     rows = []
     for (name, stages), launch, out in zip(forms, launches, outs):
-        if name in ENGINE_FORMS or name == "apart":
+        if name in ENGINE_FORMS or name.startswith("apart"):
             ws.gu.zero_()  # so that a form that wrote nothing fails
         if name == "combine":
             ws.h.zero_()
         launch()
-        got = ws.gu[:, 0].float() if name in ENGINE_FORMS or name == "apart" else out
+        got = ws.gu[:, 0].float() if name in ENGINE_FORMS or name.startswith("apart") else out
         want = gu
         if name == "combine":  # its h against the engine's
             got, want = ws.h.float(), h

@@ -19,7 +19,7 @@ PAGE_BYTES = 8192  # a 64-row tile of the widest field (6 KiB at K = 384) fits o
 def test_probe_sums_are_the_engines(batch, device):
     torch.manual_seed(0)
     ws, weights, tiles, _ = prepare(SHAPE, batch, PAGE_BYTES, device, sms=4)
-    forms = [("any", 3), ("nf3", 2), ("engine168", 0), ("apart", 0), ("combine", 0)]
+    forms = [("any", 3), ("nf3", 2), ("engine168", 0), ("apart", 0), ("apart1", 0), ("combine", 0)]
     _, rows = run_forms(forms, SHAPE, ws, weights, tiles, PAGE_BYTES.bit_length() - 1)
     assert ws.gu.abs().sum() > 0
     for row in rows:

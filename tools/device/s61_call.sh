@@ -4,7 +4,8 @@
 # against 238 and 2), then a combine launch:
 # 1. its GPU test at B = 16 (eager and graph replay; B = 48 and 1 last, where LIMIT >= 500 leaves time);
 # 2. Mixtral 4-bit B=16 gate/up alone (benchmarks/block_matmul_probe.py): the engine as shipped,
-#    apart (gate/up + combine), the combine alone, the bare product `any`;
+#    apart (gate/up + combine), apart1 (one token tile an expert: no programs that exit at once), the
+#    combine alone, the bare product `any`;
 # 3. the layer A/B (bench_moe --tune-only, round-robin routing), shipped against apart, A B A B in one
 #    process, at B:bits $CASES (16:4,64:4,1:4), where LIMIT leaves time.
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
@@ -18,7 +19,7 @@ gpu_tests() {  # gpu_tests SECONDS [-k EXPR]
   timeout "$1" python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_moe_combine.py "${@:2}" 2>&1 | tail -2
 }
 gpu_tests 90 -k "8-0-0"
-timeout 100 python3 benchmarks/block_matmul_probe.py --forms engine:4,apart:4,combine:4,any:4 --rounds 3 \
+timeout 120 python3 benchmarks/block_matmul_probe.py --forms engine:4,apart:4,apart1:4,combine:4,any:4 --rounds 3 \
   --commit "$C" --out "$O/probe_apart.json" 2>&1 | grep -E "^\| [a-z]|Error|error" > /tmp/probe.txt
 cat /tmp/probe.txt
 A='{"use_asm":true}'
