@@ -11,8 +11,11 @@ launch: one program per (expert slot, 128 rows, gate or up), the grid
 interleaved as the engine's at B = 16, the fp32 sum stored and nothing else
 (no arrival counter, no SiLU combine, no h planes, no PDL). Forms:
 
-* engine: kernels/moe_gate_up.run_gate_up itself (the whole launch);
-* engine168: the same launch capped at 168 registers a thread (3 programs
+* engine: kernels/moe_gate_up.run_gate_up itself with the shipped tiles
+  (since session 61 with MoeTiles.gate_up_apart up to 64 tokens);
+* combined: the launch with its SiLU combine in (gate_up_apart off; the
+  engine before session 61);
+* engine168: that launch capped at 168 registers a thread (3 programs
   per multiprocessor, as `any` has by itself);
 * apart: run_gate_up with MoeTiles.gate_up_apart (a program per token
   tile, partial sums only: 168 registers), its combine launch included;
@@ -52,10 +55,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import weight_layout as wl  # noqa: E402
 from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E402
 
-# The engine's own launch, with a register cap (None: the shipped tiles as they are).
-ENGINE_FORMS = {"engine": None, "engine168": 168}
+# The engine's own gate/up launches (run_gate_up), as MoeTiles changes to the shipped tiles of the batch.
+ENGINE_FORMS = {"engine": {}, "combined": {"gate_up_apart": False},
+                "engine168": {"gate_up_apart": False, "maxnreg": 168}, "apart": {"gate_up_apart": True}}
 # The engine's launches with MoeTiles.gate_up_apart: gate/up and its combine launch, or the combine alone.
-APART_FORMS = ("apart", "apart1", "combine")
+# The launches of MoeTiles.gate_up_apart taken apart.
+APART_FORMS = ("apart1", "combine")
 FORMS = (*ENGINE_FORMS, *APART_FORMS, "any", "nf3")
 FOUR_BIT_FIELDS = tl.constexpr(wl.fields_for_bits(4))
 GRAPH_REPS = 4  # launches a graph replay (bench_moe's stage rows time one layer a launch)
@@ -109,8 +114,7 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
     from kernels.moe_paged import PROJS_PER_EXPERT
 
     if form in ENGINE_FORMS:
-        cap = ENGINE_FORMS[form]
-        engine_tiles = tiles if cap is None else replace(tiles, maxnreg=cap)
+        engine_tiles = replace(tiles, **ENGINE_FORMS[form])
         return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, engine_tiles, log2p)
     if form in APART_FORMS:
         from kernels.moe_combine import run_combine
@@ -126,7 +130,6 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
             return lambda: (_launch_gate_up(ws, weights, layer, experts, top_k, ffn, apart, log2p, pdl, bm, 0, st,
                                             st, 0, bm),
                             run_combine(ws, weights, layer, experts, top_k, ffn, apart, pdl))
-        return lambda: run_gate_up(ws, weights, layer, experts, top_k, ffn, apart, log2p)
     hidden = ws.prep.xp.shape[1]
     pt = weights.page_table
     grid = (experts, 2 * (ffn // tiles.block_n_up))
@@ -179,12 +182,12 @@ def run_forms(forms, shape, ws, weights, tiles, log2p: int) -> tuple[list, list]
     h = ws.h.float().clone()  # [pairs, F]
     rows = []
     for (name, stages), launch, out in zip(forms, launches, outs):
-        if name in ENGINE_FORMS or name.startswith("apart"):
+        if name in ENGINE_FORMS or name == "apart1":
             ws.gu.zero_()  # so that a form that wrote nothing fails
         if name == "combine":
             ws.h.zero_()
         launch()
-        got = ws.gu[:, 0].float() if name in ENGINE_FORMS or name.startswith("apart") else out
+        got = ws.gu[:, 0].float() if name in ENGINE_FORMS or name == "apart1" else out
         want = gu
         if name == "combine":  # its h against the engine's
             got, want = ws.h.float(), h
@@ -197,11 +200,13 @@ def compile_only(name: str, stages: int, block_m: int = 8) -> str:
     """A probe form's registers, stack and loop lengths, compiled for sm_90
     here (the shipped B=16 tile: 128 rows, 4 warps)."""
     from benchmarks.sass_loops import compile_jit, compile_kernel, cubin_sass, inner_loops
+    from kernels.moe_tiles import choose_tiles
 
-    if name in ENGINE_FORMS or name == "apart":  # as sass_loops.py gate_up --block-m 8 --interleave [...]
+    if name in ENGINE_FORMS:  # as sass_loops.py gate_up --block-m 8 --interleave [--apart] [--maxnreg 168]
+        tiles = replace(choose_tiles(16, 2, 8, 4096, 14336, use_asm=True), **ENGINE_FORMS[name])
         compiled = compile_kernel("gate_up", dict(BN=128, BM=block_m, BM_WIDE=0, USE_ASM=True, PDL=True, STAGES=stages,
                                                   STAGES_WIDE=stages, SPLIT=1, INTERLEAVE=True,
-                                                  APART=name == "apart"), 4, stages, ENGINE_FORMS.get(name))
+                                                  APART=tiles.gate_up_apart), 4, stages, tiles.maxnreg)
     elif name == "combine":
         from kernels.moe_combine import COMBINE_WARPS, _moe_combine_kernel
 

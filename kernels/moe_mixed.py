@@ -31,6 +31,8 @@ NUM_FIELDS fields.)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from kernels.arrival_counters import ArrivalCounters
@@ -56,19 +58,21 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
                     weights: PagedWeights, layer: int, num_experts: int, ffn: int,
                     tiles: MoeTiles | None = None, workspace: MoeWorkspace | None = None,
                     counters: ArrivalCounters | None = None, tuning: MoeTuning | None = None,
-                    pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
+                    pdl: PdlPolicy = DEFAULT_PDL, distinct_ids: bool = False) -> torch.Tensor:
     """MoE layer output fp32 [T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
 
     x: [T, H] fp16/bf16/fp32 (cast to fp16 for the tensor cores, clamped);
-    topk_ids: [T, k] int (ids outside [0, E) are ignored; distinct within a
-    row where tiles.gate_up_apart, as a router's top-k are); topk_weights: [T, k];
+    topk_ids: [T, k] int (ids outside [0, E) are ignored); topk_weights: [T, k];
     weights: the arena and device tables; blocks ((layer * E + e) * 3 + proj).
     workspace: buffers from alloc_workspace (reused across calls and CUDA
     graphs); the result is workspace.prep.out. counters: the shared zeroed
     arrival counters of a workspace allocated here (kernels/arrival_counters.py;
     None: zeroed per call). tiles: the launch shape (None: choose_tiles with
     tuning, itself None: MoeTuning()). pdl: which launches take part in PDL
-    (kernels/pdl.py). Three or four launches, no host sync.
+    (kernels/pdl.py). distinct_ids: the caller vouches that each row of
+    topk_ids holds distinct ids (a router's top-k), so that tiles chosen here
+    may take MoeTiles.gate_up_apart, whose grid holds T pairs per expert
+    (given tiles with it need the same). Three launches or more, no host sync.
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
@@ -77,7 +81,7 @@ def fused_moe_mixed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         raise ValueError("topk_ids and topk_weights must both be [T, k]")
     top_k = topk_ids.shape[1]
     workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
-                                                        x.device, tiles, workspace, counters, tuning)
+                                                        x.device, tiles, workspace, counters, tuning, distinct_ids)
     if t == 0:
         return workspace.prep.out
     moe_prepare(x, topk_ids, num_experts, workspace.prep, down_fields, pdl)
@@ -100,7 +104,7 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
         raise ValueError(f"need residual [T, H] and gate_weight [{num_experts}, H]")
     t, hidden = residual.shape
     workspace, tiles, log2p, down_fields = _layer_setup(t, top_k, hidden, weights, layer, num_experts, ffn,
-                                                        residual.device, None, None, counters, tuning)
+                                                        residual.device, None, None, counters, tuning, True)
     res_out, _, topk_weights = moe_entry(delta, residual, norm_weight, eps, gate_weight, top_k, workspace.prep,
                                          counters, targets, down_fields, pdl)
     if t:
@@ -121,11 +125,11 @@ def _run_projections(workspace: MoeWorkspace, topk_weights: torch.Tensor, weight
 
 def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: int, num_experts: int, ffn: int,
                  device: torch.device, tiles: MoeTiles | None, workspace: MoeWorkspace | None,
-                 counters: ArrivalCounters | None,
-                 tuning: MoeTuning | None) -> tuple[MoeWorkspace, MoeTiles, int, torch.Tensor]:
+                 counters: ArrivalCounters | None, tuning: MoeTuning | None,
+                 distinct_ids: bool) -> tuple[MoeWorkspace, MoeTiles, int, torch.Tensor]:
     """Checks one layer's sizes; (workspace, tiles, log2 of the page size, the
     active experts' slot cost: the down blocks' resident field counts, read
-    at run time)."""
+    at run time). Tiles chosen here take gate_up_apart only with distinct_ids."""
     if hidden % GROUP or ffn % GROUP:
         raise ValueError(f"hidden and ffn must be multiples of {GROUP}")
     if layer < 0 or num_experts <= 0:
@@ -137,6 +141,8 @@ def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: 
         sms = (torch.cuda.get_device_properties(device).multi_processor_count
                if device.type == "cuda" else DEFAULT_SMS)
         tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda", tuning=tuning)
+        if not distinct_ids:
+            tiles = replace(tiles, gate_up_apart=False)
     if ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide ffn {ffn}")
     if workspace is None:

@@ -144,7 +144,9 @@ class MoeTiles:
     gate_up_apart: each gate/up program takes one token tile and stores its
     partial sums only; a combine launch (kernels/moe_combine.py) makes h.
     Needs each token's top-k ids distinct (a router's top-k): the grid holds
-    the token tiles of num_tokens pairs per expert. Not with one_launch.
+    the token tiles of num_tokens pairs per expert. Not with one_launch;
+    choose_tiles takes it for the tensor-core tiles up to
+    MoeTuning.gate_up_apart_max_tokens tokens.
     """
 
     block_n_up: int = 128
@@ -391,7 +393,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
                      gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
                      down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0,
-                     gate_up_apart=tuning.gate_up_apart)
+                     gate_up_apart=block_m != CUDA_CORE_TOKEN_TILE and num_tokens <= tuning.gate_up_apart_max_tokens)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True, gate_up_apart=False)
     if one_token:

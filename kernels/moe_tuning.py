@@ -176,6 +176,20 @@ GATE_UP_INTERLEAVE_MAX_TOKENS = 32
 # after the other instead: B=64 4-bit layer 418.6 -> 433.1 us, end to end
 # 4165.5 -> 4089.5 (each launch's tail idles the GPU); B=48 378.9 -> 354.3.
 WIDE_GATE_UP_SPLIT_STAGES = 4
+# The gate/up launch apart from its combine (MoeTiles.gate_up_apart): a
+# program per token tile storing partial sums (168 registers at the 8-token
+# tile, 3 programs a multiprocessor, against 238 and 2), then a combine
+# launch. H100, Mixtral, round-robin routing, 4-bit, shipped -> apart: gate/up
+# alone at B=16 199.5 -> 191.2 us (the combine launch alone 8.0 us); the
+# layer, two rounds, B=16 299.0 / 299.5 -> 292.0 / 292.1 us, B=64 352.5 /
+# 354.1 -> 341.6 / 342.1, but B=1 (the one-token tile, never apart) 86.1 ->
+# 96.5 / 96.7; end to end, two rounds, tok/s: 4-bit B=4 479.1 -> 498.1,
+# B=16 1435.1 -> 1462.5, B=32 2572.8 -> 2705.6, B=64 4427.8 -> 4657.7; mixed
+# 2/6 B=16 1427.1 -> 1456.3, B=64 4433.8 -> 4640.5
+# (benchmarks/results/s61_*_h100.json). Not measured past 64 tokens, where
+# the grid's programs past an expert's tiles (exiting at once) grow with the
+# token count.
+GATE_UP_APART_MAX_TOKENS = 64
 # The same split of the down launch (MoeTiles.down_split_stages) does not pay.
 # H100, random routing, the layer, us at 4-bit B = 48 / 56 / 64, 2-bit and
 # 8-bit B=64, one launch -> split with the base tile at 4 stages -> at 3:
@@ -266,9 +280,11 @@ class MoeTuning:
     (TENSOR_CORE_ROWS_CHOICES; 4 warps per 128 rows) where the shapes divide
     and the gate/up launch fills the GPU, else 128. Off at 128: 256 measured
     slower (TENSOR_CORE_ROWS).
-    gate_up_apart: the gate/up launch without its combine or token-tile loop
-    (MoeTiles.gate_up_apart; fewer registers, a combine launch after it).
-    Only for top-k ids distinct per token. Off: not yet measured.
+    gate_up_apart_max_tokens: launches of at most this many tokens on a
+    tensor-core tile run the gate/up launch without its combine or
+    token-tile loop, a combine launch after it (MoeTiles.gate_up_apart;
+    needs each token's top-k ids distinct); 0: never
+    (GATE_UP_APART_MAX_TOKENS has the measurements).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -288,15 +304,15 @@ class MoeTuning:
     wide_gate_up_split_stages: int = WIDE_GATE_UP_SPLIT_STAGES
     wide_down_split_stages: int = WIDE_DOWN_SPLIT_STAGES
     tensor_core_rows: int = TENSOR_CORE_ROWS
-    gate_up_apart: bool = False
+    gate_up_apart_max_tokens: int = GATE_UP_APART_MAX_TOKENS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
-        check_bool("gate_up_apart", self.gate_up_apart)
-        limit = self.gate_up_interleave_max_tokens
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise ValueError(f"gate_up_interleave_max_tokens must be an int >= 0, got {limit!r}")
+        for name in ("gate_up_interleave_max_tokens", "gate_up_apart_max_tokens"):
+            limit = getattr(self, name)
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {limit!r}")
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")

@@ -102,8 +102,10 @@ class PagedExperts(nn.Module):
         return w
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """x [T, H], topk_ids [T, k] int64, topk_weights [T, k] -> [T, H] in x's
-        dtype (float32 from the fused path with accumulator_out).
+        """x [T, H], topk_ids [T, k] int64 (a router's top-k: distinct in a
+        row, which the fused path's gate/up launch relies on), topk_weights
+        [T, k] -> [T, H] in x's dtype (float32 from the fused path with
+        accumulator_out).
 
         out[t] = sum_j topk_weights[t, j] * W2_e @ (silu(W1_e x_t) * (W3_e x_t)), e = topk_ids[t, j],
         each W at its block's committed bits.
@@ -174,5 +176,5 @@ class PagedExperts(nn.Module):
         """The fused kernel over the arena and, for host-only blocks, their host masters."""
         out = fused_moe_mixed(x, topk_ids, topk_weights, self._paged_weights(), self.layer, self.num_experts,
                               self.ffn_size, counters=self.counters, tuning=self.moe_tuning,
-                              pdl=self.pdl)  # [T, H] float32
+                              pdl=self.pdl, distinct_ids=True)  # [T, H] float32 (a router's top-k)
         return out if self.accumulator_out else out.to(x.dtype)

@@ -7,6 +7,7 @@ one-token K split."""
 import pytest
 import torch
 
+from kernels import moe_gate_up
 from kernels.moe_align import moe_prepare
 from kernels.moe_combine import run_combine
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference, run_gate_up
@@ -54,6 +55,25 @@ def test_apart_one_token_tile_mixed_bits(device, bn_up, split_up):
     assert rel_err(out, ref) < 3e-3
 
 
+@pytest.mark.parametrize("distinct", [False, True])
+def test_chosen_tiles_take_apart_only_for_distinct_ids(device, monkeypatch, distinct):
+    # Tiles chosen by fused_moe_mixed: apart only where the caller vouches for
+    # distinct ids; without, ids that repeat in a row (expert 1 twice: 2 * t
+    # pairs, more than the apart grid's t) still give the reference's sum.
+    seen = []
+    real = moe_gate_up.apart_token_tiles
+    monkeypatch.setattr(moe_gate_up, "apart_token_tiles", lambda *a: seen.append(a) or real(*a))
+    weights = random_moe(1, E, H, F, mixed_fields, PAGE, device, seed=9)
+    torch.manual_seed(10)
+    t = 12
+    x, tw = torch.randn(t, H), torch.rand(t, 2)
+    ids = torch.stack([torch.randperm(4)[:2] for _ in range(t)]) if distinct else torch.tensor([[1, 1]] * t)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, distinct_ids=distinct)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
+    assert rel_err(out, ref) < 3e-3
+    assert bool(seen) == distinct
+
+
 def test_combine_writes_what_the_in_launch_combine_writes(device):
     # The same gate/up sums combined in the launch and by the combine launch:
     # every h plane, scale and sum equal (the combine is the same function).
@@ -73,15 +93,20 @@ def test_combine_writes_what_the_in_launch_combine_writes(device):
     assert torch.equal(ws.h_planes, want[0]) and torch.equal(ws.hsum, want[1])
 
 
-def test_apart_is_tuning_and_refused_with_one_launch():
-    tiles = choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_apart=True))
-    assert tiles.gate_up_apart and not choose_tiles(16, 2, 8, 4096, 14336).gate_up_apart
-    one = choose_tiles(1, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_apart=True, one_token_one_launch=True))
-    assert one.one_launch and not one.gate_up_apart
+def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
+    # choose_tiles: apart from 2 up to gate_up_apart_max_tokens tokens, never
+    # for the one-token tile (measured slower) nor with the bound at 0.
+    for t in (2, 16, 64):
+        assert choose_tiles(t, 2, 8, 4096, 14336).gate_up_apart
+    assert not choose_tiles(1, 2, 8, 4096, 14336).gate_up_apart
+    assert not choose_tiles(65, 2, 8, 4096, 14336).gate_up_apart
+    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_apart_max_tokens=0)).gate_up_apart
+    assert choose_tiles(128, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_apart_max_tokens=128)).gate_up_apart
     with pytest.raises(ValueError, match="one_launch"):
         MoeTiles(block_m=1, block_n_up=128, block_n_down=128, one_launch=True, gate_up_apart=True)
-    with pytest.raises(ValueError, match="bool"):
-        MoeTuning(gate_up_apart=1)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="gate_up_apart_max_tokens"):
+            MoeTuning(gate_up_apart_max_tokens=bad)
 
 
 @pytest.mark.gpu
