@@ -5,7 +5,10 @@ of each row tile's 2 x split_up programs to finish stores SiLU(gate) * up,
 rounded to fp16, as h in sorted order, in the three
 activation planes the down launch's views read (weight_layout.plane_scales),
 or for the CUDA-core tile quantized to int16 per span of 64 rows
-(weight_layout.quantize_activations), with per-tile sums of h.
+(weight_layout.quantize_activations), with per-tile sums of h
+(kernels/moe_combine.combine_h). With MoeTiles.gate_up_apart a program
+takes one token tile and stores its partial sums only; the combine launch
+of kernels/moe_combine.py makes h after it.
 
 At B=1 (Mixtral) the grid is 448 programs on 264 resident slots: under ncu
 the multiprocessors' busy cycles were min / mean / max 49 k / 77 k / 88 k of
