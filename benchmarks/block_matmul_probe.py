@@ -58,8 +58,7 @@ from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E40
 # The engine's own gate/up launches (run_gate_up), as MoeTiles changes to the shipped tiles of the batch.
 ENGINE_FORMS = {"engine": {}, "combined": {"gate_up_apart": False},
                 "engine168": {"gate_up_apart": False, "maxnreg": 168}, "apart": {"gate_up_apart": True}}
-# The engine's launches with MoeTiles.gate_up_apart: gate/up and its combine launch, or the combine alone.
-# The launches of MoeTiles.gate_up_apart taken apart.
+# The launches of MoeTiles.gate_up_apart taken apart: one token tile an expert, or the combine launch alone.
 APART_FORMS = ("apart1", "combine")
 FORMS = (*ENGINE_FORMS, *APART_FORMS, "any", "nf3")
 FOUR_BIT_FIELDS = tl.constexpr(wl.fields_for_bits(4))

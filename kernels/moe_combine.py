@@ -11,10 +11,10 @@ or for the CUDA-core tile int16 per span of 64 rows with its scales
   programs to arrive (the default);
 * the combine launch here, after a gate/up launch that only stores its
   partial sums (MoeTiles.gate_up_apart): the weight launch then has neither
-  the combine nor the token-tile loop, which took it from 168 registers to
-  238 at the 8-token tile (local Triton 3.6 sm_90, benchmarks/sass_loops.py:
-  202 without the combine, 204 without the loop), so 3 of its programs fit
-  on a multiprocessor instead of 2.
+  the combine nor the token-tile loop, which takes it from 238 registers to
+  168 at the 8-token tile (local Triton 3.6 sm_90, benchmarks/sass_loops.py;
+  without only one of them: 202 or 204), so 3 of its programs fit on a
+  multiprocessor instead of 2.
 """
 
 from __future__ import annotations
