@@ -24,8 +24,6 @@ interleaved as the engine's at B = 16, the fp32 sum stored and nothing else
   them): no program in grid dimension 2 exits at once (apart's second
   token tile, 1792 programs at B = 16, does);
 * combine: that combine launch alone (kernels/moe_combine.run_combine);
-* appended: apart with its combine as programs appended to the gate/up
-  grid instead of a launch (MoeTiles.gate_up_combine_appended);
 * any: block_matmul_any, the block's field count read at run time (the
   engine's five specialised loops in one kernel, its registers);
 * nf3: block_matmul at the 4-bit view only (three fields, compile time).
@@ -58,10 +56,8 @@ from kernels import weight_layout as wl  # noqa: E402
 from kernels.moe_block_matmul import block_matmul, block_matmul_any  # noqa: E402
 
 # The engine's own gate/up launches (run_gate_up), as MoeTiles changes to the shipped tiles of the batch.
-ENGINE_FORMS = {"engine": {}, "combined": {"gate_up_apart": False, "gate_up_combine_appended": False},
-                "engine168": {"gate_up_apart": False, "gate_up_combine_appended": False, "maxnreg": 168},
-                "apart": {"gate_up_apart": True, "gate_up_combine_appended": False},
-                "appended": {"gate_up_apart": True, "gate_up_combine_appended": True}}
+ENGINE_FORMS = {"engine": {}, "combined": {"gate_up_apart": False},
+                "engine168": {"gate_up_apart": False, "maxnreg": 168}, "apart": {"gate_up_apart": True}}
 # The launches of MoeTiles.gate_up_apart taken apart: one token tile an expert, or the combine launch alone.
 APART_FORMS = ("apart1", "combine")
 FORMS = (*ENGINE_FORMS, *APART_FORMS, "any", "nf3")
@@ -122,7 +118,7 @@ def launch_probe(form: str, stages: int, ws, weights, layer: int, experts: int, 
     if form in APART_FORMS:
         from kernels.moe_combine import run_combine
 
-        apart = replace(tiles, gate_up_apart=True, gate_up_combine_appended=False)
+        apart = replace(tiles, gate_up_apart=True)
         if form == "combine":
             return lambda: run_combine(ws, weights, layer, experts, top_k, ffn, apart)
         if form == "apart1":
@@ -209,8 +205,7 @@ def compile_only(name: str, stages: int, block_m: int = 8) -> str:
         tiles = replace(choose_tiles(16, 2, 8, 4096, 14336, use_asm=True), **ENGINE_FORMS[name])
         compiled = compile_kernel("gate_up", dict(BN=128, BM=block_m, BM_WIDE=0, USE_ASM=True, PDL=True, STAGES=stages,
                                                   STAGES_WIDE=stages, SPLIT=1, INTERLEAVE=True,
-                                                  APART=tiles.gate_up_apart,
-                                                  APPENDED=tiles.gate_up_combine_appended), 4, stages, tiles.maxnreg)
+                                                  APART=tiles.gate_up_apart), 4, stages, tiles.maxnreg)
     elif name == "combine":
         from kernels.moe_combine import COMBINE_WARPS, _moe_combine_kernel
 

@@ -114,10 +114,9 @@ def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM: tl.constexpr,
 
 
 @triton.jit
-def combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN: tl.constexpr,
-                       BM: tl.constexpr, USE_ASM: tl.constexpr, SPLIT: tl.constexpr):
-    """h of sorted positions [m0, m0 + BM) of an expert's range ending at
-    `end`, rows n of row tile `tile`, from the SPLIT partial sums in gu."""
+def _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN: tl.constexpr,
+                        BM: tl.constexpr, USE_ASM: tl.constexpr, SPLIT: tl.constexpr):
+    # Sorted positions [m0, m0 + BM) of an expert's range ending at `end`.
     pos = m0 + tl.arange(0, BM)
     valid = pos < end
     keep = (n < F)[:, None] & valid[None, :]
@@ -156,14 +155,14 @@ def _moe_combine_kernel(
             if BM_WIDE > BM:  # compile time
                 if end - start > BM:
                     for m0 in range(start, end, BM_WIDE):
-                        combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN,
+                        _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN,
                                             BM_WIDE, USE_ASM, SPLIT)
                 else:
-                    combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, start, end, n, tile, F, q_h, BN,
+                    _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, start, end, n, tile, F, q_h, BN,
                                         BM, USE_ASM, SPLIT)
             else:
                 for m0 in range(start, end, BM):
-                    combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN, BM,
+                    _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN, BM,
                                         USE_ASM, SPLIT)
 
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any, rows_of_tile
-from kernels.moe_combine import combine_token_tile, combine_h, h_columns, run_combine, sum_parts
+from kernels.moe_combine import combine_h, h_columns, run_combine, sum_parts
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
@@ -37,59 +37,33 @@ from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_g
 @triton.jit
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, ready, part, m_tile, combining, BN: tl.constexpr, BM: tl.constexpr,
-                   USE_ASM: tl.constexpr, STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr,
-                   APART: tl.constexpr, APPENDED: tl.constexpr):
+                   top_k, q_x, q_h, ready, part, m_tile, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+                   STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr, APART: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows over K range `part` of SPLIT; per tile, the last of the
     # 2 * SPLIT programs of the gate/up pair to arrive (counters[tile index])
     # combines SiLU(gate) * up and, with SIGNAL, counts the token tile's h as
     # stored in *ready. APART: token tile m_tile alone, its partial sums
-    # stored and nothing else (kernels/moe_combine.py combines them); with
-    # APPENDED the product counts its arrival in counters[m_tile] and, where
-    # `combining`, the program is the tile's combine instead.
+    # stored and nothing else (kernels/moe_combine.py combines them).
     if APART:
         m0 = start + m_tile * BM
         if m0 < end:
-            if APPENDED and combining:
-                _combine_when_stored(gu_ptr, counters + m_tile, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F,
-                                     q_h, BN, BM, USE_ASM, SPLIT)
-            else:
-                _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
-                              counters + m_tile, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which,
-                              H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM, STAGES,
-                              SIGNAL, SPLIT, APART, APPENDED)
+            _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters,
+                          h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride,
+                          log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
     else:
         for m0 in range(start, end, BM):
             _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr,
                           counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
                           which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM,
-                          STAGES, SIGNAL, SPLIT, APART, APPENDED)
-
-
-@triton.jit
-def _combine_when_stored(gu_ptr, counter, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h,
-                         BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, SPLIT: tl.constexpr):
-    # The combine of token tile [m0, +BM) of row tile `tile` once its 2 x
-    # SPLIT product programs have counted their partial sums stored: polled
-    # by volatile loads (from the L2, no atomic traffic while they add),
-    # then taken with an acquire atomic, whose ordering the barrier extends
-    # to every thread's reads of gu. Then the count goes back to zero
-    # (relaxed: its next use is in a later launch, ordered by this grid's end).
-    while tl.load(counter, volatile=True) < 2 * SPLIT:
-        pass
-    tl.atomic_add(counter, 0, sem="acquire")
-    tl.debug_barrier()
-    combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN, BM, USE_ASM, SPLIT)
-    tl.atomic_xchg(counter, 0, sem="relaxed")
+                          STAGES, SIGNAL, SPLIT, APART)
 
 
 @triton.jit
 def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counter, h_ptr,
                   hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p, top_k,
                   q_x, q_h, ready, part, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
-                  STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr, APART: tl.constexpr,
-                  APPENDED: tl.constexpr):
+                  STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr, APART: tl.constexpr):
     m = tl.arange(0, BM)
     kv = tl.arange(0, 128)  # the planes hold each group in the decode's column order (slot order)
     pos = m0 + m
@@ -116,10 +90,6 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
     # gu [pairs, SPLIT, 2, F]: this program's partial sum
     mine = gu_ptr + ((pos64[None, :] * SPLIT + part) * 2 + which) * F + n[:, None]
     tl.store(mine, acc, mask=keep)
-    if APPENDED:
-        # Every thread's partial sums before the release (_combine_when_stored).
-        tl.debug_barrier()
-        tl.atomic_add(counter, 1, sem="release")
     if not APART:
         tl.debug_barrier()
         if tl.atomic_add(counter, 1, sem="acq_rel") == 2 * SPLIT - 1:
@@ -169,52 +139,22 @@ def _moe_gate_up_kernel(
     TOKENS_LO: tl.constexpr = 0,  # only experts of over TOKENS_LO tokens (0: no bound; run_gate_up)
     TOKENS_HI: tl.constexpr = 0,  # only experts of at most TOKENS_HI tokens (0: no bound)
     APART: tl.constexpr = False,  # token tile program_id(2) alone, no combine (MoeTiles.gate_up_apart)
-    APPENDED: tl.constexpr = False,  # with APART, the combine programs after the products (gate_up_combine_appended)
-    REVERSED: tl.constexpr = False,  # the grid's dimensions given last first (the interpreter's order; _launch_gate_up)
 ):
     # Program ((tile * SPLIT + part) * 2 + which, slot[, token tile]), or the
     # transpose of the first two with INTERLEAVE (the first grid dimension is
-    # dispatched first, the last last): gate_up_program. APPENDED: grid
-    # dimension 2 holds the token tiles twice, the products', then their
-    # combines' (one program of each row tile's 2 x SPLIT works).
+    # dispatched first, the last last): gate_up_program.
     wait_for_previous_grid(PDL)
     if INTERLEAVE:
-        pid = _program_id(1, REVERSED)
-        slot = _program_id(0, REVERSED)
+        pid = tl.program_id(1)
+        slot = tl.program_id(0)
     else:
-        pid = _program_id(0, REVERSED)
-        slot = _program_id(1, REVERSED)
-    m_tile = _program_id(2, REVERSED)
-    combining = False
-    works = True
-    if APPENDED:
-        token_tiles = _num_programs(2, REVERSED) // 2
-        works = (m_tile < token_tiles) | (pid % (2 * SPLIT) == 0)
-        combining = m_tile >= token_tiles
-        m_tile = m_tile % token_tiles
-    if works:
-        gate_up_program(pid // (2 * SPLIT), pid % 2, slot, xp_ptr, xq_scale_ptr, xsum_ptr,
-                        sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
-                        count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
-                        pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES,
-                        STAGES_WIDE, False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI, APART, m_tile, combining,
-                        APPENDED)
-
-
-@triton.jit
-def _program_id(axis: tl.constexpr, REVERSED: tl.constexpr):
-    # Program id along `axis` of a grid given in this order or, with
-    # REVERSED, last dimension first.
-    if REVERSED:
-        return tl.program_id(2 - axis)
-    return tl.program_id(axis)
-
-
-@triton.jit
-def _num_programs(axis: tl.constexpr, REVERSED: tl.constexpr):
-    if REVERSED:
-        return tl.num_programs(2 - axis)
-    return tl.num_programs(axis)
+        pid = tl.program_id(0)
+        slot = tl.program_id(1)
+    gate_up_program(pid // (2 * SPLIT), pid % 2, slot, xp_ptr, xq_scale_ptr, xsum_ptr,
+                    sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
+                    count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
+                    pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
+                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI, APART, tl.program_id(2))
 
 
 @triton.jit
@@ -224,7 +164,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
                     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
                     STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr, part=0,
                     SPLIT: tl.constexpr = 1, TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0,
-                    APART: tl.constexpr = False, m_tile=0, combining=False, APPENDED: tl.constexpr = False):
+                    APART: tl.constexpr = False, m_tile=0):
     """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
     rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
     the slot's expert, over K range `part` of SPLIT (groups cut evenly) and
@@ -239,9 +179,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages).
     APART: only the expert's token tile m_tile (of BM, or of BM_WIDE), its
     partial sums stored in gu and nothing else: no arrival count, no h
-    (kernels/moe_combine.py; SIGNAL must be False); with APPENDED it also
-    counts its arrival, and where `combining` the program instead waits for
-    the tile's 2 x SPLIT arrivals and combines them (which and part unused)."""
+    (kernels/moe_combine.py; SIGNAL must be False)."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     lo, hi = token_class_bounds(start, end, TOKENS_LO, TOKENS_HI)
@@ -261,17 +199,17 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part, m_tile, combining)
+                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part, m_tile)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART, APPENDED)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL, SPLIT, APART, APPENDED)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL, SPLIT, APART)
             else:
-                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART, APPENDED)
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -291,7 +229,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         raise ValueError("workspace was allocated for another gate/up split")
     launch_by_token_class(ws, tiles, tiles.gate_up_split_stages, lambda *tile_class: _launch_gate_up(
         ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, *tile_class))
-    if tiles.gate_up_apart and not tiles.gate_up_combine_appended:
+    if tiles.gate_up_apart:
         run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, pdl)
 
 
@@ -318,13 +256,8 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
     row_programs = 2 * tiles.split_up * (ffn // tiles.block_n_up)
     grid = (slots, row_programs) if tiles.gate_up_interleave else (row_programs, slots)
     if tiles.gate_up_apart:
-        token_tiles = apart_token_tiles(t, block_m, block_m_wide, tokens_hi)
-        grid = (*grid, 2 * token_tiles if tiles.gate_up_combine_appended else token_tiles)
-    # The appended combines wait on products numbered before them, which a GPU
-    # dispatches first (x fastest, z slowest); the interpreter runs x
-    # slowest, so it gets the grid last dimension first.
-    reversed_grid = tiles.gate_up_combine_appended and ws.h.device.type != "cuda"
-    kernel = _moe_gate_up_kernel[grid[::-1] if reversed_grid else grid](
+        grid = (*grid, apart_token_tiles(t, block_m, block_m_wide, tokens_hi))
+    kernel = _moe_gate_up_kernel[grid](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
         ws.gu, ws.counts, ws.h, ws.hq_scale, ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts,
@@ -334,7 +267,6 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
         BN=tiles.block_n_up, BM=block_m, BM_WIDE=block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=stages, STAGES_WIDE=wide_stages,
         SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
-        APART=tiles.gate_up_apart, APPENDED=tiles.gate_up_combine_appended, REVERSED=reversed_grid,
-        **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
+        APART=tiles.gate_up_apart, **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles, by_registers=tiles.gate_up_apart)

@@ -146,9 +146,7 @@ class MoeTiles:
     Needs each token's top-k ids distinct (a router's top-k): the grid holds
     the token tiles of num_tokens pairs per expert. Not with one_launch;
     choose_tiles takes it for the tensor-core tiles up to
-    MoeTuning.gate_up_apart_max_tokens tokens. gate_up_combine_appended:
-    with gate_up_apart, the combine as programs numbered after the products
-    in their launch, each waiting on its tile's arrivals, not a launch.
+    MoeTuning.gate_up_apart_max_tokens tokens.
     """
 
     block_n_up: int = 128
@@ -171,15 +169,12 @@ class MoeTiles:
     gate_up_split_stages: int = 0
     down_split_stages: int = 0
     gate_up_apart: bool = False
-    gate_up_combine_appended: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
         check_bool("gate_up_interleave", self.gate_up_interleave)
         check_bool("gate_up_apart", self.gate_up_apart)
-        if check_bool("gate_up_combine_appended", self.gate_up_combine_appended) and not self.gate_up_apart:
-            raise ValueError("gate_up_combine_appended needs gate_up_apart")
         if self.gate_up_apart and self.one_launch:
             raise ValueError("gate_up_apart needs gate/up in its own launch (one_launch False)")
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -389,7 +384,6 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
-    apart = block_m != CUDA_CORE_TOKEN_TILE and num_tokens <= tuning.gate_up_apart_max_tokens
     tiles = MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                      num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
                      maxnreg=maxnreg,
@@ -399,9 +393,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
                      gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
                      down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0,
-                     gate_up_apart=apart, gate_up_combine_appended=apart and tuning.gate_up_combine_appended)
+                     gate_up_apart=block_m != CUDA_CORE_TOKEN_TILE and num_tokens <= tuning.gate_up_apart_max_tokens)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
-        return replace(tiles, one_launch=True, gate_up_apart=False, gate_up_combine_appended=False)
+        return replace(tiles, one_launch=True, gate_up_apart=False)
     if one_token:
         # Up to tuning.one_token_split_up K ranges, as many as one wave of
         # resident programs holds (rounded down, as the down split), each of

@@ -190,10 +190,6 @@ WIDE_GATE_UP_SPLIT_STAGES = 4
 # the grid's programs past an expert's tiles (exiting at once) grow with the
 # token count.
 GATE_UP_APART_MAX_TOKENS = 64
-# The combine of an apart gate/up launch as programs appended to its grid,
-# each waiting on its tile's arrival count (MoeTiles.gate_up_combine_appended),
-# instead of a launch after it: no launch, and the products' tail hides it.
-GATE_UP_COMBINE_APPENDED = False
 # The same split of the down launch (MoeTiles.down_split_stages) does not pay.
 # H100, random routing, the layer, us at 4-bit B = 48 / 56 / 64, 2-bit and
 # 8-bit B=64, one launch -> split with the base tile at 4 stages -> at 3:
@@ -289,8 +285,6 @@ class MoeTuning:
     token-tile loop, a combine launch after it (MoeTiles.gate_up_apart;
     needs each token's top-k ids distinct); 0: never
     (GATE_UP_APART_MAX_TOKENS has the measurements).
-    gate_up_combine_appended: such a launch's combine as programs appended
-    to its grid instead of a launch (MoeTiles.gate_up_combine_appended).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -311,12 +305,10 @@ class MoeTuning:
     wide_down_split_stages: int = WIDE_DOWN_SPLIT_STAGES
     tensor_core_rows: int = TENSOR_CORE_ROWS
     gate_up_apart_max_tokens: int = GATE_UP_APART_MAX_TOKENS
-    gate_up_combine_appended: bool = GATE_UP_COMBINE_APPENDED
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
-        check_bool("gate_up_combine_appended", self.gate_up_combine_appended)
         for name in ("gate_up_interleave_max_tokens", "gate_up_apart_max_tokens"):
             limit = getattr(self, name)
             if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:

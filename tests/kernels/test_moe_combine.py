@@ -1,11 +1,8 @@
 """The gate/up launch apart from its combine (MoeTiles.gate_up_apart,
 kernels/moe_combine.py): a program per token tile storing partial sums, then
-the combine launch making h, or the combine programs appended to the gate/up
-grid (MoeTiles.gate_up_combine_appended), against the plain-torch reference,
-on every token tile kind, with experts over several tiles, both token classes
-and the one-token K split."""
-
-from dataclasses import replace
+the combine launch making h, against the plain-torch reference, on every
+token tile kind, with experts over several tiles, both token classes and the
+one-token K split."""
 
 import pytest
 import torch
@@ -20,13 +17,12 @@ from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, mix
 from tests.kernels.paged_store import random_moe
 
 
-@pytest.mark.parametrize("appended", [False, True])
 @pytest.mark.parametrize("t,block_m,wide,split", [(20, 16, 0, 0), (40, 16, 32, 0), (40, 16, 32, 2), (20, 8, 0, 0)])
-def test_apart_over_several_token_tiles(device, t, block_m, wide, split, appended):
+def test_apart_over_several_token_tiles(device, t, block_m, wide, split):
     # Expert 1 holds every token (two or three tiles; t = 40: two wide ones),
     # expert 0 t - 10 of them where t > 32 (both token classes), expert 2 is
     # host-only, one slot ignored (-1). split: gate/up as two launches, one
-    # per token class, the combine after both (appended: in each).
+    # per token class, the combine after both.
     weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
     torch.manual_seed(6)
     x = torch.randn(t, H).to(torch.float16)
@@ -37,14 +33,14 @@ def test_apart_over_several_token_tiles(device, t, block_m, wide, split, appende
     ids[1, 0] = -1
     tw = torch.rand(t, 2)
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1, block_m_wide=wide,
-                     gate_up_split_stages=split, gate_up_apart=True, gate_up_combine_appended=appended)
+                     gate_up_split_stages=split, gate_up_apart=True)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("bn_up,split_up,appended", [(128, 1, False), (64, 2, False), (64, 2, True)])
-def test_apart_one_token_tile_mixed_bits(device, bn_up, split_up, appended):
+@pytest.mark.parametrize("bn_up,split_up", [(128, 1), (64, 2)])
+def test_apart_one_token_tile_mixed_bits(device, bn_up, split_up):
     # The CUDA-core tile (int16 h and its scales from the combine), every
     # view in one launch, with and without the one-token K split (its parts
     # added by the combine).
@@ -53,7 +49,7 @@ def test_apart_one_token_tile_mixed_bits(device, bn_up, split_up, appended):
     x, tw = torch.randn(6, H), torch.rand(6, 2)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(6)])
     tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=1, split_k=2, split_up=split_up,
-                     gate_up_apart=True, gate_up_combine_appended=appended)
+                     gate_up_apart=True)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert rel_err(out, ref) < 3e-3
@@ -79,9 +75,8 @@ def test_chosen_tiles_take_apart_only_for_distinct_ids(device, monkeypatch, dist
 
 
 def test_combine_writes_what_the_in_launch_combine_writes(device):
-    # The same gate/up sums combined in the launch, by the combine launch and
-    # by the appended combine programs: every h plane, scale and sum equal
-    # (the combine is the same function), and the arrival counts left zero.
+    # The same gate/up sums combined in the launch and by the combine launch:
+    # every h plane, scale and sum equal (the combine is the same function).
     weights = random_moe(1, E, H, F, mixed_fields, PAGE, device, seed=7)
     torch.manual_seed(8)
     t = 11
@@ -96,12 +91,6 @@ def test_combine_writes_what_the_in_launch_combine_writes(device):
     ws.hsum.zero_()
     run_combine(ws, weights, 0, E, 2, F, tiles)
     assert torch.equal(ws.h_planes, want[0]) and torch.equal(ws.hsum, want[1])
-    ws.h_planes.zero_()
-    ws.hsum.zero_()
-    appended = replace(tiles, gate_up_apart=True, gate_up_combine_appended=True)
-    run_gate_up(ws, weights, 0, E, 2, F, appended, PAGE.bit_length() - 1)
-    assert torch.equal(ws.h_planes, want[0]) and torch.equal(ws.hsum, want[1])
-    assert int(ws.counts.count_nonzero()) == 0
 
 
 def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
@@ -115,25 +104,14 @@ def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
     assert choose_tiles(128, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_apart_max_tokens=128)).gate_up_apart
     with pytest.raises(ValueError, match="one_launch"):
         MoeTiles(block_m=1, block_n_up=128, block_n_down=128, one_launch=True, gate_up_apart=True)
-    # The appended combine: only with apart, where the tuning asks for it.
-    appended = MoeTuning(gate_up_combine_appended=True)
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=appended).gate_up_combine_appended
-    assert not choose_tiles(1, 2, 8, 4096, 14336, tuning=appended).gate_up_combine_appended
-    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_combine_appended=False)
-                            ).gate_up_combine_appended
-    with pytest.raises(ValueError, match="needs gate_up_apart"):
-        MoeTiles(gate_up_combine_appended=True)
-    with pytest.raises(ValueError, match="gate_up_combine_appended"):
-        MoeTuning(gate_up_combine_appended=1)
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="gate_up_apart_max_tokens"):
             MoeTuning(gate_up_apart_max_tokens=bad)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("appended", [False, True])
 @pytest.mark.parametrize("block_m,wide,split", [(8, 0, 0), (16, 32, 4), (1, 0, 0)])
-def test_gpu_apart_and_replay(block_m, wide, split, appended):
+def test_gpu_apart_and_replay(block_m, wide, split):
     # As choose_tiles builds the tiles at B = 16 (8-token tile), 48 (wide
     # tile, two gate/up launches) and 1, eagerly and replayed from a graph
     # after the routing changes (experts over one tile) and block 0 demotes.
@@ -142,7 +120,7 @@ def test_gpu_apart_and_replay(block_m, wide, split, appended):
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(t)]) for n in (8, 3))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=2, use_asm=True,
                      block_m_wide=wide, gate_up_split_stages=split, num_stages=4, gate_up_apart=True,
-                     gate_up_interleave=block_m == 8, gate_up_combine_appended=appended)
+                     gate_up_interleave=block_m == 8)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=15, demote_first_block=True)
 
 
