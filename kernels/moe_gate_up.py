@@ -257,6 +257,10 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
     grid = (slots, row_programs) if tiles.gate_up_interleave else (row_programs, slots)
     if tiles.gate_up_apart:
         grid = (*grid, apart_token_tiles(t, block_m, block_m_wide, tokens_hi))
+    options = tiles.launch_options(stages)
+    capped = tiles.gate_up_maxnreg is not None and block_m == tiles.block_m and not block_m_wide
+    if capped:
+        options["maxnreg"] = tiles.gate_up_maxnreg
     kernel = _moe_gate_up_kernel[grid](
         ws.prep.xp, ws.prep.xq_scale, ws.prep.xsum, ws.prep.sorted_ids, ws.prep.offsets, ws.prep.active,
         ws.prep.num_active, weights.storage.view(torch.int32), pt, weights.block_fields,
@@ -267,6 +271,6 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
         BN=tiles.block_n_up, BM=block_m, BM_WIDE=block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=stages, STAGES_WIDE=wide_stages,
         SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
-        APART=tiles.gate_up_apart, **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
+        APART=tiles.gate_up_apart, **options, **pdl_options(ws.h.device, t, pdl),
     )
-    settle_carveout(ws, kernel, tiles, by_registers=tiles.gate_up_apart)
+    settle_carveout(ws, kernel, tiles, by_registers=tiles.gate_up_apart or capped)

@@ -146,7 +146,9 @@ class MoeTiles:
     Needs each token's top-k ids distinct (a router's top-k): the grid holds
     the token tiles of num_tokens pairs per expert. Not with one_launch;
     choose_tiles takes it for the tensor-core tiles up to
-    MoeTuning.gate_up_apart_max_tokens tokens.
+    MoeTuning.gate_up_apart_max_tokens tokens. gate_up_maxnreg: register
+    cap of the gate/up launches compiled for block_m alone (no wide tile in
+    them; None: maxnreg); their carveout follows their compiled registers.
     """
 
     block_n_up: int = 128
@@ -169,12 +171,17 @@ class MoeTiles:
     gate_up_split_stages: int = 0
     down_split_stages: int = 0
     gate_up_apart: bool = False
+    gate_up_maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
         check_bool("gate_up_interleave", self.gate_up_interleave)
         check_bool("gate_up_apart", self.gate_up_apart)
+        cap = self.gate_up_maxnreg
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
+                                or not 0 < cap <= MAX_REGISTERS_PER_THREAD):
+            raise ValueError(f"gate_up_maxnreg must be None or in 1..{MAX_REGISTERS_PER_THREAD}, got {cap!r}")
         if self.gate_up_apart and self.one_launch:
             raise ValueError("gate_up_apart needs gate/up in its own launch (one_launch False)")
         for name in ("block_m", "block_n_up", "block_n_down"):
@@ -384,6 +391,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
     split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
+    apart = block_m != CUDA_CORE_TOKEN_TILE and num_tokens <= tuning.gate_up_apart_max_tokens
     tiles = MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                      num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
                      maxnreg=maxnreg,
@@ -393,7 +401,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      gate_up_interleave=num_tokens <= tuning.gate_up_interleave_max_tokens,
                      gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
                      down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0,
-                     gate_up_apart=block_m != CUDA_CORE_TOKEN_TILE and num_tokens <= tuning.gate_up_apart_max_tokens)
+                     gate_up_apart=apart,
+                     gate_up_maxnreg=tuning.base_tile_gate_up_maxnreg if apart and block_m == BASE_TOKEN_TILE else None)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True, gate_up_apart=False)
     if one_token:

@@ -190,6 +190,15 @@ WIDE_GATE_UP_SPLIT_STAGES = 4
 # the grid's programs past an expert's tiles (exiting at once) grow with the
 # token count.
 GATE_UP_APART_MAX_TOKENS = 64
+# base_tile_gate_up_maxnreg: register cap of the apart gate/up launch
+# compiled for the 16-token tile alone (B = 32, and the base-tile launch of
+# B = 48-64's token-class split). Uncapped it takes 214 registers (2 programs
+# of 4 warps a multiprocessor); at 168 (3 programs, 3 x 67 KB of shared
+# memory) local sm_90 SASS (Triton 3.6) puts 96 B of stack outside the loops
+# and none in them, the loops as long (4-bit step 370 against 373). The
+# 32-token tile spills inside its loops under 168 (LDL 1-10), so it keeps
+# its registers.
+BASE_TILE_GATE_UP_MAXNREG = None
 # The same split of the down launch (MoeTiles.down_split_stages) does not pay.
 # H100, random routing, the layer, us at 4-bit B = 48 / 56 / 64, 2-bit and
 # 8-bit B=64, one launch -> split with the base tile at 4 stages -> at 3:
@@ -249,6 +258,9 @@ class MoeTuning:
     narrow_tile_stages: pipeline depth of the 8-token tile.
     narrow_tile_maxnreg: register cap of the 8-token tile's launches (None:
     the compiler's choice); MoeTiles.resident_programs follows it.
+    base_tile_gate_up_maxnreg: register cap of the apart gate/up launches
+    compiled for the 16-token tile alone (MoeTiles.gate_up_maxnreg; None:
+    the compiler's choice).
     one_token_split_up: the most K ranges of each one-token gate/up row
     tile (MoeTiles.split_up; fewer where one wave of resident programs
     holds fewer; 1: never split).
@@ -297,6 +309,7 @@ class MoeTuning:
     narrow_tile_max_mean: float = NARROW_TILE_MAX_MEAN
     narrow_tile_stages: int = NARROW_TILE_STAGES
     narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
+    base_tile_gate_up_maxnreg: int | None = BASE_TILE_GATE_UP_MAXNREG
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
@@ -330,7 +343,7 @@ class MoeTuning:
             raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:
             raise ValueError(f"narrow_tile_max_mean must be >= 0, got {self.narrow_tile_max_mean}")
-        for name in ("one_token_maxnreg", "narrow_tile_maxnreg"):
+        for name in ("one_token_maxnreg", "narrow_tile_maxnreg", "base_tile_gate_up_maxnreg"):
             cap = getattr(self, name)
             if cap is not None and not 0 < cap <= MAX_REGISTERS_PER_THREAD:
                 raise ValueError(f"{name} must be None or in 1..{MAX_REGISTERS_PER_THREAD}, got {cap}")

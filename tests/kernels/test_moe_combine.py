@@ -109,18 +109,37 @@ def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
             MoeTuning(gate_up_apart_max_tokens=bad)
 
 
+def test_gate_up_cap_reaches_the_base_tile_alone():
+    # MoeTuning.base_tile_gate_up_maxnreg: the apart 16-token tile's gate/up
+    # launches only (B = 32; B = 64, whose wide-tile launch stays uncapped in
+    # _launch_gate_up), not the 8-token tile, nor tiles without apart.
+    capped = MoeTuning(base_tile_gate_up_maxnreg=168)
+    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=capped).gate_up_maxnreg == 168
+    assert choose_tiles(64, 2, 8, 4096, 14336, tuning=capped).gate_up_maxnreg == 168
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=capped).gate_up_maxnreg is None
+    assert choose_tiles(128, 2, 8, 4096, 14336, tuning=capped).gate_up_maxnreg is None
+    assert choose_tiles(32, 2, 8, 4096, 14336).gate_up_maxnreg is None
+    for bad in (0, 256, True):
+        with pytest.raises(ValueError, match="gate_up_maxnreg"):
+            MoeTiles(gate_up_maxnreg=bad)
+        with pytest.raises(ValueError, match="base_tile_gate_up_maxnreg"):
+            MoeTuning(base_tile_gate_up_maxnreg=bad)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_m,wide,split", [(8, 0, 0), (16, 32, 4), (1, 0, 0)])
-def test_gpu_apart_and_replay(block_m, wide, split):
+@pytest.mark.parametrize("block_m,wide,split,cap", [(8, 0, 0, None), (16, 32, 4, None), (1, 0, 0, None),
+                                                   (16, 32, 4, 168)])
+def test_gpu_apart_and_replay(block_m, wide, split, cap):
     # As choose_tiles builds the tiles at B = 16 (8-token tile), 48 (wide
-    # tile, two gate/up launches) and 1, eagerly and replayed from a graph
-    # after the routing changes (experts over one tile) and block 0 demotes.
+    # tile, two gate/up launches; cap: the base tile's launch at 168
+    # registers) and 1, eagerly and replayed from a graph after the routing
+    # changes (experts over one tile) and block 0 demotes.
     gen = torch.Generator().manual_seed(15)
     t = {8: 16, 16: 48, 1: 1}[block_m]
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(t)]) for n in (8, 3))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=2, use_asm=True,
                      block_m_wide=wide, gate_up_split_stages=split, num_stages=4, gate_up_apart=True,
-                     gate_up_interleave=block_m == 8)
+                     gate_up_interleave=block_m == 8, gate_up_maxnreg=cap)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=15, demote_first_block=True)
 
 
