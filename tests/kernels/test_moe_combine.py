@@ -122,6 +122,7 @@ def test_gate_up_cap_reaches_the_base_tile_alone():
     for bad in (0, 256, True):
         with pytest.raises(ValueError, match="gate_up_maxnreg"):
             MoeTiles(gate_up_maxnreg=bad)
+    for bad in (0, 256):
         with pytest.raises(ValueError, match="base_tile_gate_up_maxnreg"):
             MoeTuning(base_tile_gate_up_maxnreg=bad)
 
