@@ -16,9 +16,9 @@ O=${OUT:-/tmp}
 timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_moe_combine.py -k "168" 2>&1 | tail -1
 A='{"use_asm":true}'
 B='{"use_asm":true,"tuning":{"base_tile_gate_up_maxnreg":168}}'
-CC='{"use_asm":true,"maxnreg":168}'
+BOTH='{"use_asm":true,"maxnreg":168}'
 timeout 240 python3 benchmarks/bench_moe.py --models mixtral --tune-only --no-check --budget 225 --commit "$C" \
-  --tune-cases ${CASES:-32:4,64:4,64:2,64:8,32:2} --candidates "[$A,$B,$CC,$A,$B,$CC]" \
+  --tune-cases ${CASES:-32:4,64:4,64:2,64:8,32:2} --candidates "[$A,$B,$BOTH,$A,$B,$BOTH]" \
   --out "$O/layer_cap_ab.json" 2>&1 | grep "^tune" > /tmp/ab.txt
 cat /tmp/ab.txt
 rm -rf /tmp/runs
