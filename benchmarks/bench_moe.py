@@ -58,7 +58,7 @@ from kernels.moe_mixed import (  # noqa: E402
     run_down,
     run_gate_up,
 )
-from kernels.moe_tiles import choose_tiles  # noqa: E402
+from kernels.moe_tile_choice import choose_tiles  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 
 # Page sizes: the Mixtral KV block of 16 tokens is 2 MiB; Qwen's fields are

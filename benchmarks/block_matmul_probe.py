@@ -153,7 +153,7 @@ def prepare(shape, batch: int, page_bytes: int, device: str, sms: int):
     from benchmarks.moe_setup import build_store, fields_config, routing
     from kernels.moe_align import moe_prepare
     from kernels.moe_mixed import alloc_workspace
-    from kernels.moe_tiles import choose_tiles
+    from kernels.moe_tile_choice import choose_tiles
 
     weights = build_store(shape, 1, page_bytes, device)
     weights.block_fields.copy_(fields_config(shape, 1, "4"))
@@ -199,7 +199,7 @@ def compile_only(name: str, stages: int, block_m: int = 8) -> str:
     """A probe form's registers, stack and loop lengths, compiled for sm_90
     here (the shipped B=16 tile: 128 rows, 4 warps)."""
     from benchmarks.sass_loops import compile_jit, compile_kernel, cubin_sass, inner_loops
-    from kernels.moe_tiles import choose_tiles
+    from kernels.moe_tile_choice import choose_tiles
 
     if name in ENGINE_FORMS:  # as sass_loops.py gate_up --block-m 8 --interleave [--apart] [--maxnreg 168]
         tiles = replace(choose_tiles(16, 2, 8, 4096, 14336, use_asm=True), **ENGINE_FORMS[name])

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.moe_setup import MIXTRAL, ROUTINGS, build_store, fields_config, routing  # noqa: E402
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed  # noqa: E402
-from kernels.moe_tiles import choose_tiles  # noqa: E402
+from kernels.moe_tile_choice import choose_tiles  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 
 PAGE_BYTES = 2 * 2**20

@@ -64,7 +64,7 @@ def main() -> None:
     from dataplane.kernel_manifest import VariantRecorder
     from dataplane.kernel_precompile import resolve_kernel
     from kernels.moe_mixed import fused_moe_mixed
-    from kernels.moe_tiles import choose_tiles
+    from kernels.moe_tile_choice import choose_tiles
     from kernels.rmsnorm import rmsnorm
     from tests.kernels.paged_store import random_moe
 

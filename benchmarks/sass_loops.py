@@ -36,7 +36,8 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import moe_down, moe_gate_up, moe_gate_up_down  # noqa: E402
-from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, MoeTiles, default_stages  # noqa: E402
+from kernels.moe_tile_choice import default_stages  # noqa: E402
+from kernels.moe_tiles import CUDA_CORE_TOKEN_TILE, MoeTiles  # noqa: E402
 from kernels.moe_tuning import MoeTuning  # noqa: E402
 from kernels.moe_workspace import down_plan_width  # noqa: E402
 
@@ -144,7 +145,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=8, help="down: sets the plan width")
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=None,
-                    help="pipeline depth (default: choose_tiles' for the tile, moe_tiles.default_stages)")
+                    help="pipeline depth (default: choose_tiles' for the tile, moe_tile_choice.default_stages)")
     ap.add_argument("--wide-stages", type=int, default=None,
                     help="pipeline depth of the wide tile's loops (default: choose_tiles', "
                          "MoeTuning.wide_tile_stages)")

@@ -1,7 +1,7 @@
 """Start-up warm-up: the first traffic's one-time costs, paid before serving.
 
 A fresh dataplane compiles a Triton kernel variant the first time a step
-reaches a new token-tile class (kernels/moe_tiles.py ``choose_tiles`` picks
+reaches a new token-tile class (kernels/moe_tile_choice.py ``choose_tiles`` picks
 tiles from the tokens per expert; other constexprs follow powers of two of
 the token count) and captures a decode CUDA graph the first time a batch
 bucket is used (dataplane/cuda_graphs.py). On an empty Triton cache the

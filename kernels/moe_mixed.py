@@ -42,7 +42,8 @@ from kernels.moe_entry import moe_entry
 from kernels.moe_gate_up import run_gate_up
 from kernels.moe_gate_up_down import run_gate_up_down
 from kernels.moe_paged import PROJ_DOWN, PROJ_GATE, PROJ_UP, PROJS_PER_EXPERT, PagedWeights, check_weights
-from kernels.moe_tiles import DEFAULT_SMS, MoeTiles, choose_tiles
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import DEFAULT_SMS, MoeTiles
 from kernels.moe_tuning import MoeTuning
 from kernels.moe_workspace import MoeWorkspace, alloc_workspace
 from kernels.pdl import DEFAULT_PDL, PdlPolicy

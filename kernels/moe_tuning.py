@@ -1,6 +1,6 @@
 """MoeTuning: the compiler choices of the fused MoE launches that are set by
 measurement rather than derived from the shapes (pipeline depths, register
-cap). kernels/moe_tiles.choose_tiles reads one; DataplaneConfig.moe_tuning
+cap). kernels/moe_tile_choice.choose_tiles reads one; DataplaneConfig.moe_tuning
 holds the serving process's, and A/B benchmarks build their own.
 
 Imports no Triton, so that configs can hold one.
@@ -197,7 +197,14 @@ GATE_UP_APART_MAX_TOKENS = 64
 # memory) local sm_90 SASS (Triton 3.6) puts 96 B of stack outside the loops
 # and none in them, the loops as long (4-bit step 370 against 373). The
 # 32-token tile spills inside its loops under 168 (LDL 1-10), so it keeps
-# its registers.
+# its registers. H100, Mixtral, round-robin routing, the layer, two rounds,
+# us, uncapped -> 168: 2-bit B=32 229.4 / 229.7 -> 217.1 / 218.2, B=64
+# 252.5 / 252.5 -> 241.9 / 242.5, but 4-bit B=32 308.8 / 311.0 -> 313.6 /
+# 314.4, B=64 333.2 / 334.8 -> 339.2 / 339.8, 8-bit B=64 538.5 / 538.6 ->
+# 553.4 / 553.6; end to end, one round, tok/s: 4-bit B=32 2765.4 -> 2732.2,
+# B=64 4752.8 -> 4708.5, mixed 2/6 2725.4 -> 2704.3, 4707.0 -> 4699.8
+# (benchmarks/results/s62_cap_h100.json). A third program pays only where
+# the steps are short (2 bits); one launch serves every view, so off.
 BASE_TILE_GATE_UP_MAXNREG = None
 # The same split of the down launch (MoeTiles.down_split_stages) does not pay.
 # H100, random routing, the layer, us at 4-bit B = 48 / 56 / 64, 2-bit and

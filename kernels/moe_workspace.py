@@ -14,7 +14,8 @@ import triton
 
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_align import MoePrep, act_scale_columns, alloc_prep, check_planes, planes_of
-from kernels.moe_tiles import MoeTiles, choose_tiles, resident_programs
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import MoeTiles, resident_programs
 from kernels.smem_carveout import limit_carveout_once
 from kernels.weight_layout import GROUP
 

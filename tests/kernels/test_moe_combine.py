@@ -11,7 +11,8 @@ from kernels import moe_gate_up
 from kernels.moe_align import moe_prepare
 from kernels.moe_combine import run_combine
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference, run_gate_up
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
 from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, mixed_fields, rel_err
 from tests.kernels.paged_store import random_moe

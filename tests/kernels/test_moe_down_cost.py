@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import DOWN_GROUP_COST, MoeTuning
 from kernels.moe_workspace import down_plan_width
 from tests.kernels.mixed_layer import E, F, H, PAGE, mixed_fields, rel_err

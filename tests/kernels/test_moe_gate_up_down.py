@@ -13,7 +13,8 @@ import torch
 from kernels.arrival_counters import ArrivalCounters
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference
 from kernels.moe_gate_up_down import run_gate_up_down
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
 from kernels.moe_workspace import ready_size
 from tests.kernels.paged_store import random_moe

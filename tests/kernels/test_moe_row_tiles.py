@@ -7,7 +7,8 @@ import torch
 
 from kernels import moe_gate_up
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
 from tests.kernels.mixed_layer import E, H, PAGE, check_eager_and_replay, mixed_fields, rel_err
 from tests.kernels.paged_store import random_moe

@@ -4,7 +4,8 @@ choices per token count, model and tuning (no kernel runs)."""
 import pytest
 import torch
 
-from kernels.moe_tiles import MoeTiles, choose_tiles
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import GATE_UP_INTERLEAVE_MAX_TOKENS, WIDE_GATE_UP_SPLIT_STAGES, MoeTuning
 
 

@@ -5,7 +5,7 @@ import torch
 from dataplane.config import DataplaneConfig
 from dataplane.engine_builder import estimate_workspace_bytes
 from dataplane.models.mixtral import MixtralSpec
-from kernels.moe_tiles import choose_tiles
+from kernels.moe_tile_choice import choose_tiles
 from kernels.moe_workspace import alloc_workspace, workspace_bytes
 
 

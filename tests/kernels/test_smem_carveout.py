@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from kernels import smem_carveout
-from kernels.moe_tiles import PROGRAMS_PER_SM, choose_tiles
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tiles import PROGRAMS_PER_SM
 from kernels.smem_carveout import (
     RESERVED_SHARED_PER_BLOCK,
     TRITON_SHARED_THRESHOLD,
