@@ -144,11 +144,13 @@ def _moe_combine_kernel(
     # Program (slot, row tile): the expert's token tiles, of BM, or of
     # BM_WIDE where it holds more than BM tokens (as the gate/up launch took
     # them); experts the gate/up launch skipped (a block without fields) too.
-    wait_for_previous_grid(PDL)
+    # The routing and the field counts before the PDL wait: the gate/up
+    # launch before does not write them (kernels/pdl.py).
     slot = tl.program_id(0)
     tile = tl.program_id(1)
-    n_act = tl.load(num_active_ptr)
+    n_act = tl.load(num_active_ptr, cache_modifier=".cg")
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
+    wait_for_previous_grid(PDL)
     if slot < n_act:
         if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
             n = tile * BN + tl.arange(0, BN)
@@ -170,7 +172,9 @@ def run_combine(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
                 tiles: MoeTiles, pdl: PdlPolicy = DEFAULT_PDL) -> None:
     """The combine launch: ws.h (its planes), ws.hq_scale, ws.hsum from the
     partial sums ws.gu that a gate/up launch of tiles.gate_up_apart left
-    (kernels/moe_gate_up.run_gate_up queues it)."""
+    (kernels/moe_gate_up.run_gate_up queues it). pdl: the policy of the
+    decode step's small launches, not the weight launches' (PdlPolicy.
+    moe_weights): its waiting programs are small."""
     t = ws.prep.xp.shape[0]
     slots = min(num_experts, t * top_k)
     grid = (slots, ffn // tiles.block_n_up)

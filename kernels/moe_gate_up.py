@@ -213,14 +213,16 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
-                top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy = DEFAULT_PDL) -> None:
+                top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy = DEFAULT_PDL,
+                combine_pdl: PdlPolicy | None = None) -> None:
     """Launch 2: ws.h, ws.hsum from ws.prep (after moe_prepare); pdl: kernels/pdl.py.
     With tiles.gate_up_split_stages, two launches: the experts of over
     block_m tokens on the wide tile alone, and those of at most block_m on
     the base tile alone (each launch's programs of the other class exit at
     once), at once on two streams (moe_workspace.launch_by_token_class).
     With tiles.gate_up_apart, the launches store partial sums and the
-    combine launch (kernels/moe_combine.py) follows them."""
+    combine launch (kernels/moe_combine.py) follows them, under combine_pdl
+    (None: pdl)."""
     t, hidden = ws.prep.xp.shape
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
@@ -230,7 +232,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     launch_by_token_class(ws, tiles, tiles.gate_up_split_stages, lambda *tile_class: _launch_gate_up(
         ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, *tile_class))
     if tiles.gate_up_apart:
-        run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, pdl)
+        run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, pdl if combine_pdl is None else combine_pdl)
 
 
 def apart_token_tiles(num_tokens: int, block_m: int, block_m_wide: int, tokens_hi: int) -> int:

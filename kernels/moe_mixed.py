@@ -115,13 +115,15 @@ def fused_moe_from_residual(delta: torch.Tensor, residual: torch.Tensor, norm_we
 
 def _run_projections(workspace: MoeWorkspace, topk_weights: torch.Tensor, weights: PagedWeights, layer: int,
                      num_experts: int, top_k: int, ffn: int, tiles: MoeTiles, log2p: int, pdl: PdlPolicy) -> None:
-    # Launches 2 and 3, or both in one (MoeTiles.one_launch), under the weight launches' policy.
-    pdl = pdl.moe_weights()
+    # Launches 2 and 3, or both in one (MoeTiles.one_launch), under the weight
+    # launches' policy; the combine launch of MoeTiles.gate_up_apart under the
+    # small launches' (kernels/moe_combine.run_combine).
+    weights_pdl = pdl.moe_weights()
     if tiles.one_launch:
-        run_gate_up_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
+        run_gate_up_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, weights_pdl)
     else:
-        run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
-        run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl)
+        run_gate_up(workspace, weights, layer, num_experts, top_k, ffn, tiles, log2p, weights_pdl, combine_pdl=pdl)
+        run_down(workspace, topk_weights, weights, layer, num_experts, top_k, ffn, tiles, log2p, weights_pdl)
 
 
 def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: int, num_experts: int, ffn: int,
