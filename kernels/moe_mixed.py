@@ -145,7 +145,7 @@ def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: 
                if device.type == "cuda" else DEFAULT_SMS)
         tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda", tuning=tuning)
         if not distinct_ids:
-            tiles = replace(tiles, gate_up_apart=False)
+            tiles = replace(tiles, gate_up_apart=False, gate_up_paired=False)
     if ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide ffn {ffn}")
     if workspace is None:
