@@ -42,15 +42,19 @@ def test_moe_weight_launches_have_their_own_limit():
 @pytest.mark.parametrize("one_launch", [False, True])
 def test_the_layer_gives_the_weight_launches_their_policy(monkeypatch, one_launch):
     # kernels/moe_mixed.py's launches 2 and 3 take the weight policy; the
-    # caller's (prep or entry) keeps the whole one.
+    # caller's (prep or entry) keeps the whole one, and so does the combine
+    # launch after an apart gate/up launch (combine_pdl).
     seen = []
     for name in ("run_gate_up", "run_down", "run_gate_up_down"):
-        monkeypatch.setattr(moe_mixed, name, lambda *args, name=name: seen.append((name, args[-1])))
+        monkeypatch.setattr(moe_mixed, name, lambda *args, name=name, **kw: seen.append(
+            (name, args[-1], kw.get("combine_pdl"))))
     policy = PdlPolicy(max_rows=64, moe_weight_max_rows=16)
     moe_mixed._run_projections(None, None, None, 0, 8, 2, 128, types.SimpleNamespace(one_launch=one_launch), 16,
                                policy)
-    launches = ["run_gate_up_down"] if one_launch else ["run_gate_up", "run_down"]
-    assert seen == [(name, PdlPolicy(max_rows=16)) for name in launches]
+    weights = PdlPolicy(max_rows=16)
+    want = ([("run_gate_up_down", weights, None)] if one_launch
+            else [("run_gate_up", weights, policy), ("run_down", weights, None)])
+    assert seen == want
 
 
 @pytest.mark.gpu
