@@ -5,16 +5,19 @@ partial sums in gu [pairs, SPLIT, 2, F]. h = SiLU(gate) * up, rounded to
 fp16, is then stored in sorted order as the down launch reads it: the three
 fp16 activation planes in the tile's slot order (weight_layout.plane_scales),
 or for the CUDA-core tile int16 per span of 64 rows with its scales
-(weight_layout.quantize_activations), with per-tile sums of h. Two callers:
+(weight_layout.quantize_activations), with per-tile sums of h. Three callers:
 
 * combine_h, inside the gate/up launch, by the last of a tile's 2 x SPLIT
-  programs to arrive (the default);
+  programs to arrive (the one-token tile);
+* combine_h, by a paired gate/up program from its own two sums, which it
+  never stores (MoeTiles.gate_up_paired);
 * the combine launch here, after a gate/up launch that only stores its
   partial sums (MoeTiles.gate_up_apart): the weight launch then has neither
   the combine nor the token-tile loop, which takes it from 238 registers to
   168 at the 8-token tile (local Triton 3.6 sm_90, benchmarks/sass_loops.py;
   without only one of them: 202 or 204), so 3 of its programs fit on a
-  multiprocessor instead of 2.
+  multiprocessor instead of 2 (the default for the tensor-core tiles up to
+  MoeTuning.gate_up_apart_max_tokens tokens).
 """
 
 from __future__ import annotations
