@@ -8,7 +8,8 @@ Three launches per layer (four with a split gate/up, below), no host sync
    up projections of the expert's tokens, SiLU(gate) * up, stored as fp16 h
    in sorted order (and per-tile sums of h for the next launch's group
    offsets); with MoeTiles.gate_up_apart the SiLU product is a launch of its
-   own (kernels/moe_combine.py);
+   own (kernels/moe_combine.py), but for the experts of a paired launch
+   (MoeTiles.gate_up_paired);
 3. run_down (kernels/moe_down.py): per (expert, rows of H, share of K): down
    projection of h, times the routing weight, atomically added into out
    [T, H] fp32 (the weighted sum over the top-k and the K split in one go).

@@ -1,7 +1,7 @@
 """The small mixed-bits MoE layer several kernel tests share: its shapes, the
 resident field count of each block (every view, expert 4 host-only), the
-relative error they compare with, and the eager-then-graph-replay check of a
-larger layer."""
+relative error they compare with, the two-expert layer over several token
+tiles, and the eager-then-graph-replay check of a larger layer."""
 
 from __future__ import annotations
 
@@ -24,6 +24,25 @@ def mixed_fields(layer: int, e: int, proj: int) -> int:
     if e == 4:
         return 0  # host-only expert
     return FIELDS[(e * 3 + proj + layer) % len(FIELDS)]
+
+
+def check_two_expert_layer(device, t: int, tiles) -> None:
+    """t tokens on two experts (expert 1 holds every token; where t > 32,
+    expert 0 holds t - 10 of them and expert 3 the other 10: both token
+    classes), one slot routed to a host-only expert (2), one ignored (-1):
+    the fused layer with these tiles against the plain-torch reference."""
+    weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
+    torch.manual_seed(6)
+    x = torch.randn(t, H).to(torch.float16)
+    ids = torch.tensor([[1, 3]] * t)
+    if t > 32:
+        ids[: t - 10, 1] = 0
+    ids[0, 1] = 2
+    ids[1, 0] = -1
+    tw = torch.rand(t, 2)
+    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
+    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
+    assert rel_err(out, ref) < 3e-3
 
 
 def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False, workspace=None,

@@ -16,7 +16,8 @@ from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_refere
 from kernels.moe_tile_choice import choose_tiles
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
-from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, mixed_fields, rel_err
+from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, check_two_expert_layer, mixed_fields, \
+    rel_err
 from tests.kernels.paged_store import random_moe
 
 
@@ -29,20 +30,9 @@ def test_apart_over_several_token_tiles(device, t, block_m, wide, split, paired)
     # per token class, the combine after both. paired: the base tile's
     # launches store h themselves (MoeTiles.gate_up_paired; not where the
     # wide tile shares the launch), the combine takes the rest.
-    weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
-    torch.manual_seed(6)
-    x = torch.randn(t, H).to(torch.float16)
-    ids = torch.tensor([[1, 3]] * t)
-    if t > 32:
-        ids[: t - 10, 1] = 0
-    ids[0, 1] = 2
-    ids[1, 0] = -1
-    tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1, block_m_wide=wide,
-                     gate_up_split_stages=split, gate_up_apart=True, gate_up_paired=paired)
-    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
-    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
-    assert rel_err(out, ref) < 3e-3
+    check_two_expert_layer(device, t, MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1,
+                                               block_m_wide=wide, gate_up_split_stages=split, gate_up_apart=True,
+                                               gate_up_paired=paired))
 
 
 @pytest.mark.parametrize("bn_up,split_up", [(128, 1), (64, 2)])

@@ -16,7 +16,8 @@ from kernels.moe_mixed import (
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_tuning import MoeTuning
 from kernels.smem_carveout import carveout_of
-from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, mixed_fields, rel_err
+from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, check_two_expert_layer, mixed_fields, \
+    rel_err
 from tests.kernels.paged_store import random_moe
 
 
@@ -109,20 +110,9 @@ def test_few_experts_host_only_and_token_loop(device, t, block_m, wide, balance,
     # split / down_split: gate/up / down in two launches, one per token class
     # (t = 40: experts of 39 and 30 tokens on the wide tile, of 10 and 1 on
     # the base tile).
-    weights = random_moe(1, E, H, F, lambda l, e, p: 0 if e == 2 else [2, 5, 3][p], PAGE, device, seed=5)
-    torch.manual_seed(6)
-    x = torch.randn(t, H).to(torch.float16)
-    ids = torch.tensor([[1, 3]] * t)
-    if t > 32:  # then expert 0 gets t - 10 tokens and expert 3 keeps 10: both token classes
-        ids[: t - 10, 1] = 0
-    ids[0, 1] = 2
-    ids[1, 0] = -1
-    tw = torch.rand(t, 2)
-    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1, block_m_wide=wide,
-                     balance_down=balance, gate_up_split_stages=split, down_split_stages=down_split)
-    out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F, tiles)
-    ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 0, E, F)
-    assert rel_err(out, ref) < 3e-3
+    check_two_expert_layer(device, t, MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1,
+                                               block_m_wide=wide, balance_down=balance, gate_up_split_stages=split,
+                                               down_split_stages=down_split))
 
 
 @pytest.mark.parametrize("block_m,balance", [(16, True), (16, False), (1, True), (1, False)])
