@@ -29,7 +29,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_gemv import SHAPES, graph_us, projection  # noqa: E402
-from kernels.dense_mma import MMA_MAX_TOKENS, MmaTiles, dense_mma, pipeline_stages  # noqa: E402
+from kernels.dense_mma import MMA_MAX_TOKENS, MmaTiles, default_tiles, dense_mma, pipeline_stages  # noqa: E402
 from kernels.pdl import PdlPolicy  # noqa: E402
 
 BLOCK_N = (32, 64, 128)
@@ -63,7 +63,8 @@ def measure(n: int, k: int, tokens: int, candidates: list[MmaTiles]) -> dict:
         alone[tile_key(t)] = graph_us(lambda i, t=t: dense_mma(x, ws[i], t, out=out, pdl=NO_PDL), copies)
         chained[tile_key(t)] = graph_us(lambda i, t=t: dense_mma(x, ws[i], t, out=out, pdl=ALL_PDL), copies)
     best = min(chained, key=chained.get) if chained else None
-    default = tile_key(replace(MmaTiles(), num_stages=pipeline_stages(MmaTiles(), tokens, x.element_size())))
+    shipped = default_tiles(tokens)
+    default = tile_key(replace(shipped, num_stages=pipeline_stages(shipped, tokens, x.element_size())))
     return {"n": n, "k": k, "tokens": tokens, "w_bytes": w_bytes, "copies": copies, "cublas_us": cublas_us,
             "alone_us": alone, "pdl_us": chained, "skipped": skipped,
             "default": default, "default_alone_us": alone.get(default), "default_pdl_us": chained.get(default),
@@ -89,7 +90,7 @@ def main() -> int:
 
     sweep = [MmaTiles(block_n=bn, block_k=bk, num_stages=s)
              for bn, bk, s in itertools.product(ints(args.block_n), ints(args.block_k), ints(args.stages))]
-    cases = [(t, sweep) for t in ints(args.tokens)] + [(t, [MmaTiles()]) for t in ints(args.default_tokens)]
+    cases = [(t, sweep) for t in ints(args.tokens)] + [(t, [default_tiles(t)]) for t in ints(args.default_tokens)]
     rows = [dict(measure(n, k, t, cands), shape=name) for name, (n, k) in SHAPES.items()
             for t, cands in sorted(cases)]
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "commit": args.commit,

@@ -154,7 +154,6 @@ def main() -> None:
     ap.add_argument("--interleave", action="store_true", help="gate_up: MoeTiles.gate_up_interleave")
     ap.add_argument("--split-up", type=int, default=1, help="gate_up: K ranges per row tile (MoeTiles.split_up)")
     ap.add_argument("--apart", action="store_true", help="gate_up: MoeTiles.gate_up_apart")
-    ap.add_argument("--paired", action="store_true", help="gate_up: MoeTiles.gate_up_paired (with --apart)")
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
     tuning = MoeTuning()
@@ -166,7 +165,7 @@ def main() -> None:
     constexprs = {"BN": args.block_n, "BM": args.block_m, "BM_WIDE": args.block_m_wide, "USE_ASM": not args.no_asm,
                   "PDL": True, "STAGES": args.num_stages, "STAGES_WIDE": args.wide_stages}
     if args.kernel == "gate_up":
-        constexprs.update(SPLIT=args.split_up, INTERLEAVE=args.interleave, APART=args.apart, PAIRED=args.paired)
+        constexprs.update(SPLIT=args.split_up, INTERLEAVE=args.interleave, APART=args.apart)
     if args.kernel in ("down", "gate_up_down"):
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance,
                           DOWN_COSTS=MoeTiles(balance_down=args.balance, down_zigzag=args.zigzag).down_cost_word)

@@ -54,6 +54,13 @@ MMA_MAX_TOKENS = 64
 # q/k/v and o (benchmarks/results/dense_tc_sweep_h200.json: 64 rows, K in
 # chunks of 256, 5 stages; the most bytes in flight per multiprocessor).
 BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 64, 256, 4, 5
+# Past a 16-token tile, K in chunks of 128 (5 stages fit up to 64 tokens):
+# finer stages keep as many bytes in flight as the 256 chunks' 3-4 stages
+# with less of the pipeline idle at its ends. H100, PDL on, q/k/v and o
+# (benchmarks/results/dense_mma_t64_h100_s63.json): 32 tokens 19.3 / 13.5 us
+# against 20.0 / 13.7, 64 tokens 20.0 / 14.1 against 20.7 / 15.9; 32-row tiles
+# were no faster at either.
+WIDE_BLOCK_K, WIDE_STAGES = 128, 5
 # Shared memory a launch's pipeline stages may take: the H100 and H200 allow
 # 227 KiB a program, and the default tile's 5 stages of W and x at 16 tokens
 # take 200 KiB; a wider token tile gets fewer stages (pipeline_stages) instead
@@ -84,6 +91,14 @@ class MmaTiles:
 def token_tile(tokens: int) -> int:
     """The kernel's token tile for a batch of `tokens` rows."""
     return max(MIN_TOKEN_TILE, triton.next_power_of_2(tokens))
+
+
+def default_tiles(tokens: int) -> MmaTiles:
+    """The launch shape for a batch of `tokens` rows when none is asked:
+    MmaTiles() up to a 16-token tile, K chunks of WIDE_BLOCK_K past it."""
+    if token_tile(tokens) <= MIN_TOKEN_TILE:
+        return MmaTiles()
+    return MmaTiles(block_k=WIDE_BLOCK_K, num_stages=WIDE_STAGES)
 
 
 def pipeline_stages(tiles: MmaTiles, tokens: int, element_bytes: int) -> int:
@@ -131,12 +146,13 @@ def _mma_kernel(
 def dense_mma(x: torch.Tensor, weight: torch.Tensor, tiles: MmaTiles | None = None,
               out: torch.Tensor | None = None, pdl: PdlPolicy = DEFAULT_PDL) -> torch.Tensor:
     """[T, N] = x [T, K] @ weight [N, K]^T for 1 <= T <= MMA_MAX_TOKENS, in
-    one launch (the module docstring); out: an optional [T, N] result buffer
-    with a unit last stride; pdl: which launches take part in PDL."""
+    one launch (the module docstring); tiles: its launch shape (None:
+    default_tiles(T)); out: an optional [T, N] result buffer with a unit last
+    stride; pdl: which launches take part in PDL."""
     out = checked_operands(x, weight, out, MMA_MAX_TOKENS, "dense_mma")
     tokens, k = x.shape
     n = weight.shape[0]
-    tiles = tiles or MmaTiles()
+    tiles = tiles or default_tiles(tokens)
     grid = (triton.cdiv(n, tiles.block_n),)
     _mma_kernel[grid](
         x, weight, out, tokens, n, k, x.stride(0), weight.stride(0), out.stride(0),

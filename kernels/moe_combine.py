@@ -5,12 +5,10 @@ partial sums in gu [pairs, SPLIT, 2, F]. h = SiLU(gate) * up, rounded to
 fp16, is then stored in sorted order as the down launch reads it: the three
 fp16 activation planes in the tile's slot order (weight_layout.plane_scales),
 or for the CUDA-core tile int16 per span of 64 rows with its scales
-(weight_layout.quantize_activations), with per-tile sums of h. Three callers:
+(weight_layout.quantize_activations), with per-tile sums of h. Two callers:
 
 * combine_h, inside the gate/up launch, by the last of a tile's 2 x SPLIT
   programs to arrive (the one-token tile);
-* combine_h, by a paired gate/up program from its own two sums, which it
-  never stores (MoeTiles.gate_up_paired);
 * the combine launch here, after a gate/up launch that only stores its
   partial sums (MoeTiles.gate_up_apart): the weight launch then has neither
   the combine nor the token-tile loop, which takes it from 238 registers to
@@ -143,7 +141,6 @@ def _moe_combine_kernel(
     q_h,  # elements from one plane of h to the next
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
     SPLIT: tl.constexpr,
-    TOKENS_LO: tl.constexpr = 0,  # only experts of over TOKENS_LO tokens (0: every one; MoeTiles.gate_up_paired)
 ):
     # Program (slot, row tile): the expert's token tiles, of BM, or of
     # BM_WIDE where it holds more than BM tokens (as the gate/up launch took
@@ -156,7 +153,7 @@ def _moe_combine_kernel(
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     wait_for_previous_grid(PDL)
     if slot < n_act:
-        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0) & (end - start > TOKENS_LO):
+        if (nf_g > 0) & (nf_u > 0) & (nf_d > 0):
             n = tile * BN + tl.arange(0, BN)
             if BM_WIDE > BM:  # compile time
                 if end - start > BM:
@@ -173,14 +170,12 @@ def _moe_combine_kernel(
 
 
 def run_combine(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,
-                tiles: MoeTiles, pdl: PdlPolicy = DEFAULT_PDL, tokens_lo: int = 0) -> None:
+                tiles: MoeTiles, pdl: PdlPolicy = DEFAULT_PDL) -> None:
     """The combine launch: ws.h (its planes), ws.hq_scale, ws.hsum from the
     partial sums ws.gu that a gate/up launch of tiles.gate_up_apart left
     (kernels/moe_gate_up.run_gate_up queues it). pdl: the policy of the
     decode step's small launches, not the weight launches' (PdlPolicy.
-    moe_weights): its waiting programs are small. tokens_lo: only the
-    experts of over tokens_lo tokens (0: every one), where paired gate/up
-    launches stored the others' h (MoeTiles.gate_up_paired)."""
+    moe_weights): its waiting programs are small."""
     t = ws.prep.xp.shape[0]
     slots = min(num_experts, t * top_k)
     grid = (slots, ffn // tiles.block_n_up)
@@ -188,5 +183,5 @@ def run_combine(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.offsets, ws.prep.active, ws.prep.num_active, weights.block_fields, ws.gu, ws.h, ws.hq_scale,
         ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts, ffn, ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide, USE_ASM=tiles.use_asm,
-        SPLIT=tiles.split_up, TOKENS_LO=tokens_lo, num_warps=COMBINE_WARPS, **pdl_options(ws.h.device, t, pdl))
+        SPLIT=tiles.split_up, num_warps=COMBINE_WARPS, **pdl_options(ws.h.device, t, pdl))
 

@@ -8,9 +8,7 @@ or for the CUDA-core tile quantized to int16 per span of 64 rows
 (weight_layout.quantize_activations), with per-tile sums of h
 (kernels/moe_combine.combine_h). With MoeTiles.gate_up_apart a program
 takes one token tile and stores its partial sums only; the combine launch
-of kernels/moe_combine.py makes h after it. With MoeTiles.gate_up_paired
-too, a launch of the base tile alone gives each program a row tile of both
-blocks, and the program stores h itself.
+of kernels/moe_combine.py makes h after it.
 
 At B=1 (Mixtral) the grid is 448 programs on 264 resident slots: under ncu
 the multiprocessors' busy cycles were min / mean / max 49 k / 77 k / 88 k of
@@ -39,25 +37,17 @@ from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_g
 @triton.jit
 def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters, h_ptr,
                    hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                   top_k, q_x, q_h, ready, part, m_tile, nf_up, pt_up, BN: tl.constexpr, BM: tl.constexpr,
-                   USE_ASM: tl.constexpr, STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr,
-                   APART: tl.constexpr, PAIRED: tl.constexpr):
+                   top_k, q_x, q_h, ready, part, m_tile, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr,
+                   STAGES: tl.constexpr, SIGNAL: tl.constexpr, SPLIT: tl.constexpr, APART: tl.constexpr):
     # Tokens [start, end) of the sorted list, BM at a time, through one
     # block's BN rows over K range `part` of SPLIT; per tile, the last of the
     # 2 * SPLIT programs of the gate/up pair to arrive (counters[tile index])
     # combines SiLU(gate) * up and, with SIGNAL, counts the token tile's h as
     # stored in *ready. APART: token tile m_tile alone, its partial sums
     # stored and nothing else (kernels/moe_combine.py combines them).
-    # PAIRED (with APART): both projections of the tile's rows (the up
-    # block's field count nf_up, its page table pt_up), combined at once.
     if APART:
         m0 = start + m_tile * BM
-        if PAIRED:
-            if m0 < end:
-                _gate_up_pair_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, pt_up,
-                                   nf_up, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, H, F,
-                                   pt_field_stride, log2p, top_k, q_x, q_h, BN, BM, USE_ASM, STAGES)
-        elif m0 < end:
+        if m0 < end:
             _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, bf_nf, gu_ptr, counters,
                           h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, which, H, F, pt_field_stride,
                           log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
@@ -67,30 +57,6 @@ def _gate_up_tiles(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk
                           counters + (m0 - start) // BM, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile,
                           which, H, F, pt_field_stride, log2p, top_k, q_x, q_h, ready, part, BN, BM, USE_ASM,
                           STAGES, SIGNAL, SPLIT, APART)
-
-
-@triton.jit
-def _gate_up_pair_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_gate, nf_gate, pt_up, nf_up, h_ptr,
-                       hq_scale_ptr, hsum_ptr, m0, end, n, rows, col, tile, H, F, pt_field_stride, log2p, top_k,
-                       q_x, q_h, BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, STAGES: tl.constexpr):
-    # Token tile [m0, +BM) through BN rows of the gate block, then of the up
-    # block (a tensor-core tile: BM > 1), and h = SiLU(gate) * up stored.
-    m = tl.arange(0, BM)
-    kv = tl.arange(0, 128)
-    pos = m0 + m
-    valid = pos < end
-    flat = tl.load(sorted_ptr + pos, mask=valid, other=0)
-    tok = (flat // top_k).to(tl.int64)
-    xs_ptrs = xsum_ptr + tok * (H // 128)
-    xt_ptrs = xp_ptr + tok[None, :] * H + kv[:, None]
-    rows = rows_of_tile(rows, m0)
-    gate = block_matmul_any(nf_gate, arena_ptr, pt_gate, pt_field_stride, F, H, rows, 0, H // 128, log2p, xt_ptrs,
-                            valid[None, :], xs_ptrs, valid, 1, q_x, xq_scale_ptr, 1, BN, BM, USE_ASM, STAGES)
-    up = block_matmul_any(nf_up, arena_ptr, pt_up, pt_field_stride, F, H, rows, 0, H // 128, log2p, xt_ptrs,
-                          valid[None, :], xs_ptrs, valid, 1, q_x, xq_scale_ptr, 1, BN, BM, USE_ASM, STAGES)
-    keep = (n < F)[:, None] & valid[None, :]
-    combine_h(gate, up, h_ptr, hq_scale_ptr, hsum_ptr, pos.to(tl.int64), m0, n, col, tile, F, q_h, keep, valid, BN,
-              BM, USE_ASM)
 
 
 @triton.jit
@@ -173,7 +139,6 @@ def _moe_gate_up_kernel(
     TOKENS_LO: tl.constexpr = 0,  # only experts of over TOKENS_LO tokens (0: no bound; run_gate_up)
     TOKENS_HI: tl.constexpr = 0,  # only experts of at most TOKENS_HI tokens (0: no bound)
     APART: tl.constexpr = False,  # token tile program_id(2) alone, no combine (MoeTiles.gate_up_apart)
-    PAIRED: tl.constexpr = False,  # with APART, gate and up in one program (MoeTiles.gate_up_paired)
 ):
     # Program ((tile * SPLIT + part) * 2 + which, slot[, token tile]), or the
     # transpose of the first two with INTERLEAVE (the first grid dimension is
@@ -185,13 +150,11 @@ def _moe_gate_up_kernel(
     else:
         pid = tl.program_id(0)
         slot = tl.program_id(1)
-    # PAIRED: one program a row tile (SPLIT 1), the gate block's page table first.
-    per_tile: tl.constexpr = 1 if PAIRED else 2 * SPLIT
-    gate_up_program(pid // per_tile, pid % per_tile % 2, slot, xp_ptr, xq_scale_ptr, xsum_ptr,
+    gate_up_program(pid // (2 * SPLIT), pid % 2, slot, xp_ptr, xq_scale_ptr, xsum_ptr,
                     sorted_ptr, offsets_ptr, active_ptr, num_active_ptr, arena_ptr, pt_ptr, bf_ptr, gu_ptr,
                     count_ptr, h_ptr, hq_scale_ptr, hsum_ptr, count_ptr, block0, E, H, F, pt_block_stride,
                     pt_field_stride, log2p, top_k, m_tiles, q_x, q_h, BN, BM, BM_WIDE, USE_ASM, STAGES, STAGES_WIDE,
-                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI, APART, tl.program_id(2), PAIRED)
+                    False, (pid // 2) % SPLIT, SPLIT, TOKENS_LO, TOKENS_HI, APART, tl.program_id(2))
 
 
 @triton.jit
@@ -201,7 +164,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
                     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr,
                     STAGES: tl.constexpr, STAGES_WIDE: tl.constexpr, SIGNAL: tl.constexpr, part=0,
                     SPLIT: tl.constexpr = 1, TOKENS_LO: tl.constexpr = 0, TOKENS_HI: tl.constexpr = 0,
-                    APART: tl.constexpr = False, m_tile=0, PAIRED: tl.constexpr = False):
+                    APART: tl.constexpr = False, m_tile=0):
     """One program of the gate/up launch (arguments as _moe_gate_up_kernel's):
     rows [tile * BN, +BN) of the gate (which = 0) or up (which = 1) block of
     the slot's expert, over K range `part` of SPLIT (groups cut evenly) and
@@ -216,9 +179,7 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
     tokens, so that a launch takes one token class (MoeTiles.gate_up_split_stages).
     APART: only the expert's token tile m_tile (of BM, or of BM_WIDE), its
     partial sums stored in gu and nothing else: no arrival count, no h
-    (kernels/moe_combine.py; SIGNAL must be False). PAIRED (with APART,
-    SPLIT 1, which 0): the tile's rows of both the gate and the up block,
-    and h stored by the program itself: no partial sums, no combine."""
+    (kernels/moe_combine.py; SIGNAL must be False)."""
     n_act = tl.load(num_active_ptr)
     expert, blk, nf_g, nf_u, nf_d, start, end = slot_expert(active_ptr, bf_ptr, offsets_ptr, slot, block0, E)
     lo, hi = token_class_bounds(start, end, TOKENS_LO, TOKENS_HI)
@@ -238,18 +199,17 @@ def gate_up_program(tile, which, slot, xp_ptr, xq_scale_ptr, xsum_ptr, sorted_pt
             counters = count_ptr + (expert * (F // BN) + tile) * m_tiles
             args = (xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk, nf, gu_ptr, counters, h_ptr,
                     hq_scale_ptr, hsum_ptr, start, end, n, rows, col, tile, which, H, F, pt_field_stride, log2p,
-                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part, m_tile, nf_u,
-                    pt_blk + pt_block_stride)
+                    top_k, q_x, q_h, ready_ptr + expert * (F // BN) + tile, part, m_tile)
             if BM_WIDE > BM:  # compile time: this launch has a wide tile
                 # The 16-token branch first: the compiler lays it out first, and
                 # placed after the wide loops it ran 5-7 % slower with equal
                 # loads (more no-instruction stalls; moe_narrow_first_*_h200.json).
                 if end - start <= BM:
-                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART, PAIRED)
+                    _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
                 else:
-                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL, SPLIT, APART, PAIRED)
+                    _gate_up_tiles(*args, BN, BM_WIDE, USE_ASM, STAGES_WIDE, SIGNAL, SPLIT, APART)
             else:
-                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART, PAIRED)
+                _gate_up_tiles(*args, BN, BM, USE_ASM, STAGES, SIGNAL, SPLIT, APART)
 
 
 def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int,
@@ -262,8 +222,7 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     once), at once on two streams (moe_workspace.launch_by_token_class).
     With tiles.gate_up_apart, the launches store partial sums and the
     combine launch (kernels/moe_combine.py) follows them, under combine_pdl
-    (None: pdl), for the experts that no paired launch took
-    (tiles.gate_up_paired)."""
+    (None: pdl)."""
     t, hidden = ws.prep.xp.shape
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
@@ -272,23 +231,8 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         raise ValueError("workspace was allocated for another gate/up split")
     launch_by_token_class(ws, tiles, tiles.gate_up_split_stages, lambda *tile_class: _launch_gate_up(
         ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, *tile_class))
-    combine_pdl = pdl if combine_pdl is None else combine_pdl
-    if tiles.gate_up_apart and not tiles.gate_up_paired:
-        run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, combine_pdl)
-    elif tiles.gate_up_paired and tiles.block_m_wide:
-        # Paired launches stored h for the experts of at most block_m tokens
-        # (the base tile's launch of a token-class split); the others, on the
-        # wide tile (in its own launch, or with the base one, which then is
-        # not paired: _paired_launch), left partial sums.
-        tokens_lo = tiles.block_m if tiles.gate_up_split_stages else 0
-        run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, combine_pdl, tokens_lo)
-
-
-def _paired_launch(tiles: MoeTiles, block_m: int, block_m_wide: int) -> bool:
-    """Whether a gate/up launch of token tile block_m (with block_m_wide
-    compiled in, 0: none) runs paired: tiles.gate_up_paired, the base tile
-    alone in the launch."""
-    return tiles.gate_up_paired and block_m == tiles.block_m and not block_m_wide
+    if tiles.gate_up_apart:
+        run_combine(ws, weights, layer, num_experts, top_k, ffn, tiles, pdl if combine_pdl is None else combine_pdl)
 
 
 def apart_token_tiles(num_tokens: int, block_m: int, block_m_wide: int, tokens_hi: int) -> int:
@@ -311,8 +255,7 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
     t, hidden = ws.prep.xp.shape
     slots = min(num_experts, t * top_k)
     pt = weights.page_table
-    paired = _paired_launch(tiles, block_m, block_m_wide)
-    row_programs = (1 if paired else 2 * tiles.split_up) * (ffn // tiles.block_n_up)
+    row_programs = 2 * tiles.split_up * (ffn // tiles.block_n_up)
     grid = (slots, row_programs) if tiles.gate_up_interleave else (row_programs, slots)
     if tiles.gate_up_apart:
         grid = (*grid, apart_token_tiles(t, block_m, block_m_wide, tokens_hi))
@@ -330,6 +273,6 @@ def _launch_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_exp
         BN=tiles.block_n_up, BM=block_m, BM_WIDE=block_m_wide,
         USE_ASM=tiles.use_asm, STAGES=stages, STAGES_WIDE=wide_stages,
         SPLIT=tiles.split_up, INTERLEAVE=tiles.gate_up_interleave, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
-        APART=tiles.gate_up_apart, PAIRED=paired, **options, **pdl_options(ws.h.device, t, pdl),
+        APART=tiles.gate_up_apart, **options, **pdl_options(ws.h.device, t, pdl),
     )
     settle_carveout(ws, kernel, tiles, by_registers=tiles.gate_up_apart or capped)

@@ -8,8 +8,7 @@ Three launches per layer (four with a split gate/up, below), no host sync
    up projections of the expert's tokens, SiLU(gate) * up, stored as fp16 h
    in sorted order (and per-tile sums of h for the next launch's group
    offsets); with MoeTiles.gate_up_apart the SiLU product is a launch of its
-   own (kernels/moe_combine.py), but for the experts of a paired launch
-   (MoeTiles.gate_up_paired);
+   own (kernels/moe_combine.py);
 3. run_down (kernels/moe_down.py): per (expert, rows of H, share of K): down
    projection of h, times the routing weight, atomically added into out
    [T, H] fp32 (the weighted sum over the top-k and the K split in one go).
@@ -146,7 +145,7 @@ def _layer_setup(t: int, top_k: int, hidden: int, weights: PagedWeights, layer: 
                if device.type == "cuda" else DEFAULT_SMS)
         tiles = choose_tiles(t, top_k, num_experts, hidden, ffn, sms, use_asm=device.type == "cuda", tuning=tuning)
         if not distinct_ids:
-            tiles = replace(tiles, gate_up_apart=False, gate_up_paired=False)
+            tiles = replace(tiles, gate_up_apart=False)
     if ffn % tiles.block_n_up:
         raise ValueError(f"block_n_up {tiles.block_n_up} must divide ffn {ffn}")
     if workspace is None:

@@ -150,11 +150,6 @@ class MoeTiles:
     MoeTuning.gate_up_apart_max_tokens tokens. gate_up_maxnreg: register
     cap of the gate/up launches compiled for block_m alone (no wide tile in
     them; None: maxnreg); their carveout follows their compiled registers.
-    gate_up_paired: with gate_up_apart, the gate/up launches compiled for
-    block_m alone (a tensor-core tile) give each program a row tile of both
-    blocks and store h themselves: no partial sums, no combine for their
-    experts (the combine launch then takes only those of over block_m
-    tokens, where a wide-tile launch left partial sums).
     """
 
     block_n_up: int = 128
@@ -178,7 +173,6 @@ class MoeTiles:
     down_split_stages: int = 0
     gate_up_apart: bool = False
     gate_up_maxnreg: int | None = None
-    gate_up_paired: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -189,9 +183,6 @@ class MoeTiles:
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
                                 or not 0 < cap <= MAX_REGISTERS_PER_THREAD):
             raise ValueError(f"gate_up_maxnreg must be None or in 1..{MAX_REGISTERS_PER_THREAD}, got {cap!r}")
-        if check_bool("gate_up_paired", self.gate_up_paired) and (
-                not self.gate_up_apart or self.block_m == CUDA_CORE_TOKEN_TILE):
-            raise ValueError("gate_up_paired needs gate_up_apart and a tensor-core tile (block_m > 1)")
         if self.gate_up_apart and self.one_launch:
             raise ValueError("gate_up_apart needs gate/up in its own launch (one_launch False)")
         for name in ("block_m", "block_n_up", "block_n_down"):

@@ -206,16 +206,6 @@ GATE_UP_APART_MAX_TOKENS = 64
 # (benchmarks/results/s62_cap_h100.json). A third program pays only where
 # the steps are short (2 bits); one launch serves every view, so off.
 BASE_TILE_GATE_UP_MAXNREG = None
-# base_tile_gate_up_paired: the apart gate/up launch compiled for the 16-token
-# tile alone gives each program a row tile of both the gate and the up block
-# and stores h itself (MoeTiles.gate_up_paired): no fp32 partial sums (14.7 MB
-# written and read back a layer at B = 64) and no combine launch for its
-# experts (0.574 ms of a 13.75 ms 4-bit step at B = 64 on the H100,
-# benchmarks/results/s62_profile_h100.json). Local sm_90 SASS (Triton 3.6): 254
-# registers, no stack, the loops as long (2 programs a multiprocessor, as the
-# 214-register apart launch); half the programs, each twice as long, so the
-# last wave is coarser. Not yet timed on a GPU: off.
-BASE_TILE_GATE_UP_PAIRED = False
 # The same split of the down launch (MoeTiles.down_split_stages) does not pay.
 # H100, random routing, the layer, us at 4-bit B = 48 / 56 / 64, 2-bit and
 # 8-bit B=64, one launch -> split with the base tile at 4 stages -> at 3:
@@ -278,8 +268,6 @@ class MoeTuning:
     base_tile_gate_up_maxnreg: register cap of the apart gate/up launches
     compiled for the 16-token tile alone (MoeTiles.gate_up_maxnreg; None:
     the compiler's choice).
-    base_tile_gate_up_paired: those launches with both projections of a row
-    tile in one program, storing h (MoeTiles.gate_up_paired).
     one_token_split_up: the most K ranges of each one-token gate/up row
     tile (MoeTiles.split_up; fewer where one wave of resident programs
     holds fewer; 1: never split).
@@ -329,7 +317,6 @@ class MoeTuning:
     narrow_tile_stages: int = NARROW_TILE_STAGES
     narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
     base_tile_gate_up_maxnreg: int | None = BASE_TILE_GATE_UP_MAXNREG
-    base_tile_gate_up_paired: bool = BASE_TILE_GATE_UP_PAIRED
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
@@ -342,7 +329,6 @@ class MoeTuning:
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
-        check_bool("base_tile_gate_up_paired", self.base_tile_gate_up_paired)
         for name in ("gate_up_interleave_max_tokens", "gate_up_apart_max_tokens"):
             limit = getattr(self, name)
             if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dense_mma import (MMA_MAX_TOKENS, STAGE_SHARED_BUDGET, MmaTiles, dense_mma, dense_mma_reference,
-                               pipeline_stages, token_tile)
+from kernels.dense_mma import (MIN_TOKEN_TILE, MMA_MAX_TOKENS, STAGE_SHARED_BUDGET, WIDE_BLOCK_K, MmaTiles,
+                               default_tiles, dense_mma, dense_mma_reference, pipeline_stages, token_tile)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -33,6 +33,23 @@ def test_matches_reference(device, tokens, n, k):
             got = dense_mma(x, w, tiles)
             assert got.shape == (tokens, n) and got.dtype == dtype
             assert rel_err(got, want) < (4e-3 if dtype == torch.float16 else 2e-2), (dtype, tiles)
+
+
+@pytest.mark.parametrize("tokens", [3, 33])
+def test_default_tiles_match_reference(device, tokens):
+    # No tiles asked: default_tiles(T), both of its shapes (K of 300 is not a
+    # multiple of either K chunk).
+    x = torch.randn(tokens, 300, device=device, dtype=torch.float16)
+    w = torch.randn(72, 300, device=device, dtype=torch.float16) * 0.05
+    assert rel_err(dense_mma(x, w), dense_mma_reference(x, w)) < 4e-3
+
+
+def test_default_tiles_take_shorter_k_chunks_past_the_16_token_tile():
+    assert all(default_tiles(t) == MmaTiles() for t in (1, 9, MIN_TOKEN_TILE))
+    for t in (MIN_TOKEN_TILE + 1, 40, MMA_MAX_TOKENS):
+        tiles = default_tiles(t)
+        assert tiles.block_k == WIDE_BLOCK_K and tiles.block_n == MmaTiles().block_n
+        assert pipeline_stages(tiles, t, 2) == tiles.num_stages  # every asked stage fits
 
 
 def test_writes_every_element_and_nothing_else(device):

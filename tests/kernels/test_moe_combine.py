@@ -4,8 +4,6 @@ the combine launch making h, against the plain-torch reference, on every
 token tile kind, with experts over several tiles, both token classes and the
 one-token K split."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -21,18 +19,14 @@ from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, che
 from tests.kernels.paged_store import random_moe
 
 
-@pytest.mark.parametrize("paired", [False, True])
 @pytest.mark.parametrize("t,block_m,wide,split", [(20, 16, 0, 0), (40, 16, 32, 0), (40, 16, 32, 2), (20, 8, 0, 0)])
-def test_apart_over_several_token_tiles(device, t, block_m, wide, split, paired):
+def test_apart_over_several_token_tiles(device, t, block_m, wide, split):
     # Expert 1 holds every token (two or three tiles; t = 40: two wide ones),
     # expert 0 t - 10 of them where t > 32 (both token classes), expert 2 is
     # host-only, one slot ignored (-1). split: gate/up as two launches, one
-    # per token class, the combine after both. paired: the base tile's
-    # launches store h themselves (MoeTiles.gate_up_paired; not where the
-    # wide tile shares the launch), the combine takes the rest.
+    # per token class, the combine after both.
     check_two_expert_layer(device, t, MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1,
-                                               block_m_wide=wide, gate_up_split_stages=split, gate_up_apart=True,
-                                               gate_up_paired=paired))
+                                               block_m_wide=wide, gate_up_split_stages=split, gate_up_apart=True))
 
 
 @pytest.mark.parametrize("bn_up,split_up", [(128, 1), (64, 2)])
@@ -71,9 +65,8 @@ def test_chosen_tiles_take_apart_only_for_distinct_ids(device, monkeypatch, dist
 
 
 def test_combine_writes_what_the_in_launch_combine_writes(device):
-    # The same gate/up sums combined in the launch, by the combine launch and
-    # in paired programs: every h plane, scale and sum equal (the combine is
-    # the same function).
+    # The same gate/up sums combined in the launch and by the combine launch:
+    # every h plane, scale and sum equal (the combine is the same function).
     weights = random_moe(1, E, H, F, mixed_fields, PAGE, device, seed=7)
     torch.manual_seed(8)
     t = 11
@@ -88,14 +81,6 @@ def test_combine_writes_what_the_in_launch_combine_writes(device):
     ws.hsum.zero_()
     run_combine(ws, weights, 0, E, 2, F, tiles)
     assert torch.equal(ws.h_planes, want[0]) and torch.equal(ws.hsum, want[1])
-    # Paired programs store the same h from their own sums, and leave gu alone.
-    ws.h_planes.zero_()
-    ws.hsum.zero_()
-    ws.gu.fill_(float("nan"))
-    run_gate_up(ws, weights, 0, E, 2, F, replace(tiles, gate_up_apart=True, gate_up_paired=True),
-                PAGE.bit_length() - 1)
-    assert torch.equal(ws.h_planes, want[0]) and torch.equal(ws.hsum, want[1])
-    assert bool(ws.gu.isnan().all())
 
 
 def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
@@ -132,40 +117,20 @@ def test_gate_up_cap_reaches_the_base_tile_alone():
             MoeTuning(base_tile_gate_up_maxnreg=bad)
 
 
-def test_paired_is_for_the_apart_base_tile():
-    # MoeTuning.base_tile_gate_up_paired reaches the apart 16-token tile only;
-    # MoeTiles refuses it without apart or on the one-token tile.
-    paired = MoeTuning(base_tile_gate_up_paired=True)
-    assert choose_tiles(32, 2, 8, 4096, 14336, tuning=paired).gate_up_paired
-    assert choose_tiles(64, 2, 8, 4096, 14336, tuning=paired).gate_up_paired
-    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=paired).gate_up_paired
-    assert not choose_tiles(1, 2, 8, 4096, 14336, tuning=paired).gate_up_paired
-    assert not choose_tiles(128, 2, 8, 4096, 14336, tuning=paired).gate_up_paired
-    assert not choose_tiles(32, 2, 8, 4096, 14336).gate_up_paired
-    with pytest.raises(ValueError, match="gate_up_paired"):
-        MoeTiles(gate_up_paired=True)
-    with pytest.raises(ValueError, match="gate_up_paired"):
-        MoeTiles(block_m=1, gate_up_apart=True, gate_up_paired=True)
-    with pytest.raises(ValueError, match="base_tile_gate_up_paired"):
-        MoeTuning(base_tile_gate_up_paired=1)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_m,wide,split,cap,paired", [(8, 0, 0, None, False), (16, 32, 4, None, False),
-                                                          (1, 0, 0, None, False), (16, 32, 4, 168, False),
-                                                          (16, 32, 4, None, True), (16, 0, 0, None, True)])
-def test_gpu_apart_and_replay(block_m, wide, split, cap, paired):
+@pytest.mark.parametrize("block_m,wide,split,cap", [(8, 0, 0, None), (16, 32, 4, None), (1, 0, 0, None),
+                                                   (16, 32, 4, 168)])
+def test_gpu_apart_and_replay(block_m, wide, split, cap):
     # As choose_tiles builds the tiles at B = 16 (8-token tile), 48 (wide
     # tile, two gate/up launches; cap: the base tile's launch at 168
-    # registers; paired: its launch stores h, and with no wide tile, at
-    # B = 48 too, no combine) and 1, eagerly and replayed from a graph after
-    # the routing changes (experts over one tile) and block 0 demotes.
+    # registers) and 1, eagerly and replayed from a graph after the routing
+    # changes (experts over one tile) and block 0 demotes.
     gen = torch.Generator().manual_seed(15)
     t = {8: 16, 16: 48, 1: 1}[block_m]
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(t)]) for n in (8, 3))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=2, use_asm=True,
                      block_m_wide=wide, gate_up_split_stages=split, num_stages=4, gate_up_apart=True,
-                     gate_up_interleave=block_m == 8, gate_up_maxnreg=cap, gate_up_paired=paired)
+                     gate_up_interleave=block_m == 8, gate_up_maxnreg=cap)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=15, demote_first_block=True)
 
 

@@ -5,7 +5,7 @@
 # 3. end to end, synthetic Mixtral-8x7B, $E2E_ARGS, with the change's e2e_decode.py flags and without,
 #    where LIMIT leaves time.
 # Session 62 ran the register cap this way (then tools/device/s62_cap.sh, at e6ebd62, with a third
-# candidate). Next, the paired gate/up launch (MoeTuning.base_tile_gate_up_paired, not yet timed):
+# candidate); session 63 the paired gate/up launch (removed after it), as:
 #   TESTS=True bash tools/device/tuning_ab.sh <commit> '{"base_tile_gate_up_paired":true}' --base-tile-gate-up-paired
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
 #   [LIMIT=seconds (560)] [CASES=B:bits,...] [E2E_ARGS=...] [TESTS=expr] bash tools/device/tuning_ab.sh \
