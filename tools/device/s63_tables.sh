@@ -17,5 +17,5 @@ for r in a b c; do
 done
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_mixed_cost_b1.json" > /tmp/cost.txt
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-grep -i "mixtral\|qwen\|bits\|B=" /tmp/layer.txt | cut -c1-160 | tail -40
+cut -c1-160 /tmp/layer.txt | tail -48
 tail -3 /tmp/cost.txt
