@@ -54,9 +54,10 @@ MMA_MAX_TOKENS = 64
 # q/k/v and o (benchmarks/results/dense_tc_sweep_h200.json: 64 rows, K in
 # chunks of 256, 5 stages; the most bytes in flight per multiprocessor).
 BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 64, 256, 4, 5
-# Past a 16-token tile, K in chunks of 128 (5 stages fit up to 64 tokens):
-# finer stages keep as many bytes in flight as the 256 chunks' 3-4 stages
-# with less of the pipeline idle at its ends. H100, PDL on, q/k/v and o
+# Past a 16-token tile, K in chunks of 128 at 5 stages (they fit the shared
+# memory up to 64 tokens, where chunks of 256 fit 3-4). Measured, not
+# explained (a guess: the same bytes in flight in finer steps leave less of
+# the pipeline idle at its ends). H100, PDL on, q/k/v and o
 # (benchmarks/results/dense_mma_t64_h100_s63.json): 32 tokens 19.3 / 13.5 us
 # against 20.0 / 13.7, 64 tokens 20.0 / 14.1 against 20.7 / 15.9; 32-row tiles
 # were no faster at either.
