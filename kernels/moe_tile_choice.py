@@ -35,8 +35,9 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                  block_m: int | None = None, block_m_wide: int | None = None,
                  limit_carveout: bool = True, balance_down: bool | None = None) -> MoeTiles:
     """A launch shape for decode sizes: 8-64 tokens per tile, enough programs;
-    one token: the CUDA-core tile, one row per thread (num_warps follows the
-    rows, 64 where 128 would leave multiprocessors idle in gate/up).
+    one token (up to tuning.cuda_core_max_tokens): the CUDA-core tile, one row
+    per thread (num_warps follows the rows, 64 where 128 would leave
+    multiprocessors idle in gate/up).
 
     block_n: rows per program (64, 128 or 256; more amortizes more
     per-iteration work, fewer gives more programs; None: 128, or for the
@@ -59,7 +60,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     pairs = num_tokens * top_k
     active = min(num_experts, pairs)
     per_expert = pairs / active
-    one_token = block_m is None and num_tokens == 1
+    one_token = block_m is None and num_tokens <= tuning.cuda_core_max_tokens
     if one_token:
         block_m, block_m_wide = CUDA_CORE_TOKEN_TILE, 0
         if maxnreg is None:

@@ -94,6 +94,15 @@ ROWS_PER_THREAD_CHOICES = (1, 2)  # the values compiled and tested
 # path was 64.3 us a layer, against 41.8 + 20.7 for the two launches in
 # session 27's profile.
 ONE_TOKEN_ONE_LAUNCH = False
+# cuda_core_max_tokens: batches of at most this many tokens take the one-token
+# CUDA-core tile (an expert's tokens one pass over its rows each), larger ones
+# the tensor-core tiles. At B=1 those were 2-35 % slower (H100, Mixtral and
+# Qwen1.5-MoE layers, benchmarks/results/s63_b1_tiles_h100.json). At B=4
+# (s63_small_h100.json) the CUDA-core tile took Qwen1.5-MoE's 4-bit layer from
+# 43.5 to 40.6 us where every expert held one token (round robin) and to 49.5
+# (from 40.5) under random routing, where some hold two; Mixtral level to 2.8 %
+# slower. B = 2-3: not measured (tools/device/b2_tiles_probe.sh).
+CUDA_CORE_MAX_TOKENS = 1
 # one_token_split_up: the most K ranges of each one-token gate/up row tile
 # (MoeTiles.split_up); choose_tiles takes fewer where one wave of resident
 # programs holds fewer, or a range would hold fewer than
@@ -260,6 +269,8 @@ class MoeTuning:
     each activation word read from shared memory serves two rows.
     one_token_one_launch: the one-token tile's gate/up and down projections
     in one launch (MoeTiles.one_launch).
+    cuda_core_max_tokens: batches of at most this many tokens take the
+    one-token tile (CUDA cores; >= 1).
     narrow_tile_max_mean: largest mean tokens per active expert for which
     choose_tiles takes the 8-token tensor-core tile (0: never).
     narrow_tile_stages: pipeline depth of the 8-token tile.
@@ -313,6 +324,7 @@ class MoeTuning:
     one_token_maxnreg: int | None = None
     one_token_rows_per_thread: int = ONE_TOKEN_ROWS_PER_THREAD
     one_token_one_launch: bool = ONE_TOKEN_ONE_LAUNCH
+    cuda_core_max_tokens: int = CUDA_CORE_MAX_TOKENS
     narrow_tile_max_mean: float = NARROW_TILE_MAX_MEAN
     narrow_tile_stages: int = NARROW_TILE_STAGES
     narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
@@ -346,6 +358,9 @@ class MoeTuning:
         if self.tensor_core_rows not in TENSOR_CORE_ROWS_CHOICES:
             raise ValueError(f"tensor_core_rows must be one of {TENSOR_CORE_ROWS_CHOICES}, "
                              f"got {self.tensor_core_rows}")
+        limit = self.cuda_core_max_tokens
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"cuda_core_max_tokens must be an int >= 1, got {self.cuda_core_max_tokens!r}")
         if self.one_token_split_up < 1:
             raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:

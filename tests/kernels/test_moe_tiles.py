@@ -146,3 +146,24 @@ def test_gate_up_interleave_follows_the_token_limit():
                                 tuning=MoeTuning(gate_up_interleave_max_tokens=0)).gate_up_interleave
         assert choose_tiles(tokens, 2, 8, 4096, 14336,
                             tuning=MoeTuning(gate_up_interleave_max_tokens=64)).gate_up_interleave
+
+def test_cuda_core_tile_follows_the_token_limit():
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises(ValueError, match="cuda_core_max_tokens"):
+            MoeTuning(cuda_core_max_tokens=bad)
+    assert MoeTuning().cuda_core_max_tokens == 1
+    up_to_3 = MoeTuning(cuda_core_max_tokens=3)
+    for tokens in (1, 2, 3, 4):
+        shipped = choose_tiles(tokens, 2, 8, 4096, 14336, use_asm=True)
+        widened = choose_tiles(tokens, 2, 8, 4096, 14336, use_asm=True, tuning=up_to_3)
+        assert (shipped.block_m == 1) == (tokens == 1)
+        assert (widened.block_m == 1) == (tokens <= 3)
+        if tokens <= 3:
+            # the one-token tile as B=1 takes it: no wide tile, no apart launch, a row per thread
+            assert widened.block_m_wide == 0 and not widened.gate_up_apart
+            assert widened.num_warps * 32 == widened.block_n_up
+    # Qwen1.5-MoE's small experts: 64 rows where 128 would leave multiprocessors
+    # idle (B=1: 4 experts x 11 row tiles x 2 blocks < 132), 128 at B=4 (16 experts)
+    widest = MoeTuning(cuda_core_max_tokens=4)
+    rows = [choose_tiles(t, 4, 60, 2048, 1408, use_asm=True, tuning=widest).block_n_up for t in (1, 4)]
+    assert rows == [64, 128]

@@ -14,6 +14,8 @@ from dataplane.weights.codec import encode
 from dataplane.weights.layout import NUM_PROJ, block_index
 from dataplane.weights.paged_experts import PagedExperts
 from dataplane.weights.store import WeightStore
+from kernels.moe_tile_choice import choose_tiles
+from kernels.moe_tuning import MoeTuning
 
 HIDDEN, FFN, EXPERTS, TOP_K, TOKENS = 128, 256, 4, 2, 7
 PAGE_BYTES = 4096
@@ -135,3 +137,25 @@ def test_fused_reads_host_only_blocks_in_place_at_the_master_view():
         assert torch.equal(on_host, resident)
     else:  # the down launch's atomic adds land in a different order per call
         torch.testing.assert_close(on_host, resident, rtol=1e-3, atol=1e-5)
+
+
+def test_one_token_tile_over_several_tokens_matches_the_plain_path():
+    # MoeTuning.cuda_core_max_tokens: a 7-token batch on the one-token
+    # (CUDA-core) tile, experts of several tokens taking one pass each.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)]
+    blocks = [encode(torch.randn(*shapes[p], generator=gen) * 0.05) for _ in range(EXPERTS) for p in range(NUM_PROJ)]
+    store = WeightStore(Arena(256, PAGE_BYTES, device=device), blocks,
+                        initial_bits=[BITS_BY_EXPERT[e] for e in range(EXPERTS) for _ in range(NUM_PROJ)])
+    tuning = MoeTuning(cuda_core_max_tokens=TOKENS)
+    fused = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False, moe_tuning=tuning)
+    plain = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=False, cache_decoded=False)
+    x = torch.randn(TOKENS, HIDDEN, generator=gen).to(device)
+    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(TOKENS)]).to(device)
+    weights = torch.softmax(torch.randn(TOKENS, TOP_K, generator=gen), -1).to(device)
+    assert choose_tiles(TOKENS, TOP_K, EXPERTS, HIDDEN, FFN, tuning=tuning).block_m == 1
+    want = plain(x, ids, weights)
+    got = fused(x, ids, weights)
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err < REL_TOL, f"relative error {err:.3g}"
