@@ -341,10 +341,11 @@ class MoeTuning:
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
-        for name in ("gate_up_interleave_max_tokens", "gate_up_apart_max_tokens"):
+        for name, least in (("gate_up_interleave_max_tokens", 0), ("gate_up_apart_max_tokens", 0),
+                            ("cuda_core_max_tokens", 1)):
             limit = getattr(self, name)
-            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {limit!r}")
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {limit!r}")
         if self.one_token_rows_per_thread not in ROWS_PER_THREAD_CHOICES:
             raise ValueError(f"one_token_rows_per_thread must be one of {ROWS_PER_THREAD_CHOICES}, "
                              f"got {self.one_token_rows_per_thread}")
@@ -358,9 +359,6 @@ class MoeTuning:
         if self.tensor_core_rows not in TENSOR_CORE_ROWS_CHOICES:
             raise ValueError(f"tensor_core_rows must be one of {TENSOR_CORE_ROWS_CHOICES}, "
                              f"got {self.tensor_core_rows}")
-        limit = self.cuda_core_max_tokens
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"cuda_core_max_tokens must be an int >= 1, got {self.cuda_core_max_tokens!r}")
         if self.one_token_split_up < 1:
             raise ValueError(f"one_token_split_up must be >= 1, got {self.one_token_split_up}")
         if self.narrow_tile_max_mean < 0:

@@ -4,6 +4,7 @@ Triton's interpreter without a GPU, natively on one)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dataplane.layers.moe import SparseMoeBlock
@@ -23,7 +24,11 @@ BITS_BY_EXPERT = (8, 2, 4, 3)
 REL_TOL = 2e-2  # fp16 operands in the kernel, fp32 in the reference
 
 
-def test_fused_matches_plain_path_with_mixed_bits():
+@pytest.mark.parametrize("tuning", [None, MoeTuning(cuda_core_max_tokens=TOKENS)])
+def test_fused_matches_plain_path_with_mixed_bits(tuning):
+    # tuning None: the shipped tiles; cuda_core_max_tokens: the one-token
+    # (CUDA-core) tile over all 7 tokens, experts of several tokens taking one
+    # pass each.
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(5)
     shapes = [(FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)]
@@ -33,8 +38,10 @@ def test_fused_matches_plain_path_with_mixed_bits():
     arena.storage.fill_(0xFF)  # unwritten bytes read as NaN
     store = WeightStore(arena, blocks, initial_bits=bits)
     assert store.bits(block_index(0, 1, 0, EXPERTS)) == 2
-    fused = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False)
+    fused = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False, moe_tuning=tuning)
     plain = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=False, cache_decoded=False)
+    if tuning is not None:
+        assert choose_tiles(TOKENS, TOP_K, EXPERTS, HIDDEN, FFN, tuning=tuning).block_m == 1
     x = torch.randn(TOKENS, HIDDEN, generator=gen).to(device)
     ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(TOKENS)]).to(device)
     weights = torch.softmax(torch.randn(TOKENS, TOP_K, generator=gen), -1).to(device)
@@ -137,25 +144,3 @@ def test_fused_reads_host_only_blocks_in_place_at_the_master_view():
         assert torch.equal(on_host, resident)
     else:  # the down launch's atomic adds land in a different order per call
         torch.testing.assert_close(on_host, resident, rtol=1e-3, atol=1e-5)
-
-
-def test_one_token_tile_over_several_tokens_matches_the_plain_path():
-    # MoeTuning.cuda_core_max_tokens: a 7-token batch on the one-token
-    # (CUDA-core) tile, experts of several tokens taking one pass each.
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator().manual_seed(11)
-    shapes = [(FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)]
-    blocks = [encode(torch.randn(*shapes[p], generator=gen) * 0.05) for _ in range(EXPERTS) for p in range(NUM_PROJ)]
-    store = WeightStore(Arena(256, PAGE_BYTES, device=device), blocks,
-                        initial_bits=[BITS_BY_EXPERT[e] for e in range(EXPERTS) for _ in range(NUM_PROJ)])
-    tuning = MoeTuning(cuda_core_max_tokens=TOKENS)
-    fused = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=True, cache_decoded=False, moe_tuning=tuning)
-    plain = PagedExperts(store, 0, EXPERTS, HIDDEN, FFN, fused_kernel=False, cache_decoded=False)
-    x = torch.randn(TOKENS, HIDDEN, generator=gen).to(device)
-    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(TOKENS)]).to(device)
-    weights = torch.softmax(torch.randn(TOKENS, TOP_K, generator=gen), -1).to(device)
-    assert choose_tiles(TOKENS, TOP_K, EXPERTS, HIDDEN, FFN, tuning=tuning).block_m == 1
-    want = plain(x, ids, weights)
-    got = fused(x, ids, weights)
-    err = (got.float() - want.float()).norm() / want.float().norm()
-    assert err < REL_TOL, f"relative error {err:.3g}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 63, not run: B = 2-3, where choose_tiles takes the 8-token tensor-core tile (mean
 # 1-1.5 tokens per expert) and the one-token CUDA-core tile ran 15-22 % faster at B=1 (s63_b1_tiles_h100.
-# json). Under random routing an expert often holds two tokens (at B=2 on Mixtral, 46 % of steps), which
+# json). Under random routing an expert often holds two tokens (at B=2 on Mixtral, 46 % of steps by count), which
 # the CUDA-core tile reads in two passes (Qwen B=4: +22 %, s63_small_h100.json). The layer, Mixtral then
 # Qwen1.5-MoE, round robin then random: shipped / CUDA-core tile (block_m 1, no wide tile; Qwen on 64
 # rows and 2 warps) / shipped, at B = 2 / 3, 4 and 2 bits. If the CUDA-core tile wins under random
