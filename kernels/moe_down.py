@@ -326,4 +326,4 @@ def _launch_down(ws: MoeWorkspace, tw: torch.Tensor, weights: PagedWeights, laye
         STAGES_WIDE=wide_stages, DOWN_COSTS=tiles.down_cost_word, TOKENS_LO=tokens_lo, TOKENS_HI=tokens_hi,
         **tiles.launch_options(stages), **pdl_options(ws.h.device, t, pdl),
     )
-    settle_carveout(ws, kernel, tiles)
+    settle_carveout(ws, kernel, tiles, by_registers=tiles.down_by_registers)

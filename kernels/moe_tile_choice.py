@@ -112,7 +112,11 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # One wave: a split that overfills the multiprocessors by a few programs
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
-    split = max(1, min(ffn // GROUP, resident_programs(maxnreg, num_warps) * num_sms // tiles_down))
+    programs = resident_programs(maxnreg, num_warps)
+    down_by_registers = one_token and tuning.one_token_down_programs > 0
+    if down_by_registers:
+        programs = tuning.one_token_down_programs
+    split = max(1, min(ffn // GROUP, programs * num_sms // tiles_down))
     apart = block_m != CUDA_CORE_TOKEN_TILE and num_tokens <= tuning.gate_up_apart_max_tokens
     tiles = MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,
                      num_stages=num_stages, wide_stages=wide_stages, num_warps=num_warps, use_asm=use_asm,
@@ -124,7 +128,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      gate_up_split_stages=tuning.wide_gate_up_split_stages if block_m_wide else 0,
                      down_split_stages=tuning.wide_down_split_stages if block_m_wide and not balance_down else 0,
                      gate_up_apart=apart,
-                     gate_up_maxnreg=tuning.base_tile_gate_up_maxnreg if apart and block_m == BASE_TOKEN_TILE else None)
+                     gate_up_maxnreg=tuning.base_tile_gate_up_maxnreg if apart and block_m == BASE_TOKEN_TILE else None,
+                     down_by_registers=down_by_registers)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True, gate_up_apart=False)
     if one_token:

@@ -150,6 +150,9 @@ class MoeTiles:
     MoeTuning.gate_up_apart_max_tokens tokens. gate_up_maxnreg: register
     cap of the gate/up launches compiled for block_m alone (no wide tile in
     them; None: maxnreg); their carveout follows their compiled registers.
+    down_by_registers: the down launch's carveout allows as many programs as
+    its compiled registers do, where that is more than resident_programs
+    (choose_tiles' one-token split with MoeTuning.one_token_down_programs).
     """
 
     block_n_up: int = 128
@@ -173,12 +176,14 @@ class MoeTiles:
     down_split_stages: int = 0
     gate_up_apart: bool = False
     gate_up_maxnreg: int | None = None
+    down_by_registers: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
         check_bool("gate_up_interleave", self.gate_up_interleave)
         check_bool("gate_up_apart", self.gate_up_apart)
+        check_bool("down_by_registers", self.down_by_registers)
         cap = self.gate_up_maxnreg
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
                                 or not 0 < cap <= MAX_REGISTERS_PER_THREAD):

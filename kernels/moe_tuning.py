@@ -116,6 +116,13 @@ CUDA_CORE_MAX_TOKENS = 1
 # 22.6. Mixtral-8x7B (448 programs over 264 slots: never split by the fill
 # rule) is slower split: 4-bit 82.8 -> 88.2 / 90.3 us at 2 / 3 ranges.
 ONE_TOKEN_SPLIT_UP = 2
+# one_token_down_programs: programs per multiprocessor that the one-token down
+# launch's K split and shared-memory carveout count (0: resident_programs, 2
+# for 4 warps uncapped). Since session 59 that launch compiles to 158
+# registers uncapped (local Triton 3.6 sm_90 SASS), room for 3 programs of 4
+# warps: Mixtral B=1 at 3 takes split 6 (384 programs for 396 places) instead
+# of 4 (256 for 264). Not yet measured on a GPU: 0 until one pays.
+ONE_TOKEN_DOWN_PROGRAMS = 0
 # down_group_cost: relative time per weight group of each view (1..5 resident
 # fields: 2 / 3 / 4 / 6 / 8 bits) in the down launch, by which its programs
 # share a row tile's work when balance_down is on (kernels/moe_down.py). From
@@ -282,6 +289,9 @@ class MoeTuning:
     one_token_split_up: the most K ranges of each one-token gate/up row
     tile (MoeTiles.split_up; fewer where one wave of resident programs
     holds fewer; 1: never split).
+    one_token_down_programs: programs per multiprocessor that the one-token
+    down launch's K split and carveout count (MoeTiles.down_by_registers;
+    0: resident_programs).
     down_group_cost: relative cost of a weight group at each view (1..5
     fields) by which the balanced down launch shares its work
     (MoeTiles.down_group_cost); a list is taken as a tuple.
@@ -330,6 +340,7 @@ class MoeTuning:
     narrow_tile_maxnreg: int | None = NARROW_TILE_MAXNREG
     base_tile_gate_up_maxnreg: int | None = BASE_TILE_GATE_UP_MAXNREG
     one_token_split_up: int = ONE_TOKEN_SPLIT_UP
+    one_token_down_programs: int = ONE_TOKEN_DOWN_PROGRAMS
     down_group_cost: tuple[int, ...] = DOWN_GROUP_COST
     down_zigzag: bool = False
     gate_up_interleave_max_tokens: int = GATE_UP_INTERLEAVE_MAX_TOKENS
@@ -342,7 +353,7 @@ class MoeTuning:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
         for name, least in (("gate_up_interleave_max_tokens", 0), ("gate_up_apart_max_tokens", 0),
-                            ("cuda_core_max_tokens", 1)):
+                            ("cuda_core_max_tokens", 1), ("one_token_down_programs", 0)):
             limit = getattr(self, name)
             if not isinstance(limit, int) or isinstance(limit, bool) or limit < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {limit!r}")

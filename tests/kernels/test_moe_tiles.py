@@ -167,3 +167,24 @@ def test_cuda_core_tile_follows_the_token_limit():
     widest = MoeTuning(cuda_core_max_tokens=4)
     rows = [choose_tiles(t, 4, 60, 2048, 1408, use_asm=True, tuning=widest).block_n_up for t in (1, 4)]
     assert rows == [64, 128]
+
+
+def test_one_token_down_split_counts_the_programs_asked_for():
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="one_token_down_programs"):
+            MoeTuning(one_token_down_programs=bad)
+    with pytest.raises(ValueError, match="down_by_registers"):
+        MoeTiles(down_by_registers=1)
+    three = MoeTuning(one_token_down_programs=3)
+    # Mixtral B=1 on 132 multiprocessors: 2 x 32 row tiles of H; 2 programs
+    # each -> 264 places, split 4; 3 each -> 396 places, split 6
+    shipped = choose_tiles(1, 2, 8, 4096, 14336, num_sms=132, use_asm=True)
+    asked = choose_tiles(1, 2, 8, 4096, 14336, num_sms=132, use_asm=True, tuning=three)
+    assert (shipped.split_k, shipped.down_by_registers) == (4, False)
+    assert (asked.split_k, asked.down_by_registers) == (6, True)
+    assert asked.split_up == shipped.split_up and asked.resident_programs == shipped.resident_programs
+    # tensor-core tiles keep their split
+    for tokens in (4, 16, 64):
+        plain = choose_tiles(tokens, 2, 8, 4096, 14336, num_sms=132)
+        tuned = choose_tiles(tokens, 2, 8, 4096, 14336, num_sms=132, tuning=three)
+        assert tuned == plain and not tuned.down_by_registers
