@@ -361,16 +361,19 @@ def test_gpu_narrow_tile_and_replay(stages, balance, maxnreg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,stages,rows_per_thread", [(128, 3, 1), (64, 3, 1), (128, 7, 1), (128, 4, 2)])
-def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, rows_per_thread):
+@pytest.mark.parametrize("rows,stages,rows_per_thread,split", [(128, 3, 1, 4), (64, 3, 1, 4), (128, 7, 1, 4),
+                                                               (128, 4, 2, 4), (128, 4, 1, 6)])
+def test_gpu_cuda_core_tile_one_token_and_replay(rows, stages, rows_per_thread, split):
     # The one-token launches as choose_tiles builds them (one or two rows per
     # thread); the captured step replays with other experts and a demoted
-    # block. 7 stages: over 100 KiB of shared memory per program.
+    # block. 7 stages: over 100 KiB of shared memory per program. Split 6:
+    # the down launch's 11 groups in ranges of 1-2, its carveout by its
+    # registers (MoeTuning.one_token_down_programs).
     gen = torch.Generator().manual_seed(13)
     ids, new_ids = (torch.randperm(8, generator=gen)[:2][None] for _ in range(2))
-    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=4, use_asm=True,
+    tiles = MoeTiles(block_n_up=rows, block_n_down=rows, block_m=1, split_k=split, use_asm=True,
                      num_warps=rows // (32 * rows_per_thread), num_stages=stages,
-                     maxnreg=255 if rows_per_thread > 1 else None)
+                     maxnreg=255 if rows_per_thread > 1 else None, down_by_registers=split > 4)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=13, demote_first_block=True)
 
 
