@@ -101,7 +101,10 @@ ONE_TOKEN_ONE_LAUNCH = False
 # (s63_small_h100.json) the CUDA-core tile took Qwen1.5-MoE's 4-bit layer from
 # 43.5 to 40.6 us where every expert held one token (round robin) and to 49.5
 # (from 40.5) under random routing, where some hold two; Mixtral level to 2.8 %
-# slower. B = 2-3: not measured (tools/device/b2_tiles_probe.sh).
+# slower. B = 2-3 (s64_call_h100.json, s64_followups_h100.json): Mixtral
+# -3.6 % at 2 tokens, 4 bits, round robin, but +47-109 % where the tokens share
+# experts (random); Qwen on 64 rows -8 to -9 % where no expert holds two tokens
+# and +23 % where two do (B=4), which at B=3 is 60 % of uniform draws.
 CUDA_CORE_MAX_TOKENS = 1
 # one_token_split_up: the most K ranges of each one-token gate/up row tile
 # (MoeTiles.split_up); choose_tiles takes fewer where one wave of resident
@@ -117,11 +120,12 @@ CUDA_CORE_MAX_TOKENS = 1
 # rule) is slower split: 4-bit 82.8 -> 88.2 / 90.3 us at 2 / 3 ranges.
 ONE_TOKEN_SPLIT_UP = 2
 # one_token_down_programs: programs per multiprocessor that the one-token down
-# launch's K split and shared-memory carveout count (0: resident_programs, 2
-# for 4 warps uncapped). Since session 59 that launch compiles to 158
-# registers uncapped (local Triton 3.6 sm_90 SASS), room for 3 programs of 4
-# warps: Mixtral B=1 at 3 takes split 6 (384 programs for 396 places) instead
-# of 4 (256 for 264). Not yet measured on a GPU: 0 until one pays.
+# launch's K split and carveout count (0: resident_programs). It compiles to
+# 158 registers (Triton 3.6), room for 3 of 4 warps: Mixtral B=1 split 6 (384
+# programs, 396 places) against 4. Level on the H100: layer 4 / 2 / 8 bits /
+# mixed 86.0 / 57.5 / 144.5 / 90.8 us against 85.9 / 58.3 / 143.9 / 90.5, end
+# to end 4-bit 246.2 against 246.1 tok/s (s64_call_h100.json); Qwen1.5-MoE at
+# 6 level but 8-bit (27.3 against 28.1 us). Off.
 ONE_TOKEN_DOWN_PROGRAMS = 0
 # down_group_cost: relative time per weight group of each view (1..5 resident
 # fields: 2 / 3 / 4 / 6 / 8 bits) in the down launch, by which its programs
