@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in session 63, not run: B = 2-3, where choose_tiles takes the 8-token tensor-core tile (mean
+# Prepared in session 63; its layer rows ran in session 64 (tools/device/s64_call.sh, answer in
+# benchmarks/NOTES.md session 64: the CUDA-core tile loses wherever an expert holds two tokens).
+# Session 63's question: B = 2-3, where choose_tiles takes the 8-token tensor-core tile (mean
 # 1-1.5 tokens per expert) and the one-token CUDA-core tile ran 15-22 % faster at B=1 (s63_b1_tiles_h100.
 # json). Under random routing an expert often holds two tokens (at B=2 on Mixtral, 46 % of steps by count), which
 # the CUDA-core tile reads in two passes (Qwen B=4: +22 %, s63_small_h100.json). The layer, Mixtral then
