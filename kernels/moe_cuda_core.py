@@ -141,28 +141,31 @@ def class_multiplier(NF: tl.constexpr):
 
 
 @triton.jit
-def _dot_four_words(b0, b1, b2, b3, a0, a1, a2, a3, a4, a5, a6, a7, USE_ASM: tl.constexpr):
+def _dot_four_words(b0, b1, b2, b3, a0, a1, a2, a3, a4, a5, a6, a7):
     # int32: sum over code words b0..b3 and their four bytes i of byte i
     # (unsigned) times int16 i of b_j's activation pair (a_2j: int16 0-1,
     # a_2j+1: int16 2-3), as one dp2a chain.
-    if USE_ASM:
-        return tl.inline_asm_elementwise(
-            "{ .reg .s32 t; dp2a.lo.s32.u32 t, $5, $1, 0; dp2a.hi.s32.u32 t, $6, $1, t; "
-            "dp2a.lo.s32.u32 t, $7, $2, t; dp2a.hi.s32.u32 t, $8, $2, t; "
-            "dp2a.lo.s32.u32 t, $9, $3, t; dp2a.hi.s32.u32 t, $10, $3, t; "
-            "dp2a.lo.s32.u32 t, $11, $4, t; dp2a.hi.s32.u32 $0, $12, $4, t; }",
-            "=r,r,r,r,r,r,r,r,r,r,r,r,r", [b0, b1, b2, b3, a0, a1, a2, a3, a4, a5, a6, a7],
-            dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        return _dot_word(b0, a0, a1) + _dot_word(b1, a2, a3) + _dot_word(b2, a4, a5) + _dot_word(b3, a6, a7)
+    return tl.inline_asm_elementwise(
+        "{ .reg .s32 t; dp2a.lo.s32.u32 t, $5, $1, 0; dp2a.hi.s32.u32 t, $6, $1, t; "
+        "dp2a.lo.s32.u32 t, $7, $2, t; dp2a.hi.s32.u32 t, $8, $2, t; "
+        "dp2a.lo.s32.u32 t, $9, $3, t; dp2a.hi.s32.u32 t, $10, $3, t; "
+        "dp2a.lo.s32.u32 t, $11, $4, t; dp2a.hi.s32.u32 $0, $12, $4, t; }",
+        "=r,r,r,r,r,r,r,r,r,r,r,r,r", [b0, b1, b2, b3, a0, a1, a2, a3, a4, a5, a6, a7],
+        dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
-def _dot_word(b, a_lo, a_hi):
-    # dp2a.lo + dp2a.hi in plain integer ops (the interpreter has no PTX).
-    bi = b.to(tl.int32, bitcast=True)
-    lo = ((a_lo << 16) >> 16) * (bi & 0xFF) + (a_lo >> 16) * ((bi >> 8) & 0xFF)
-    return lo + ((a_hi << 16) >> 16) * ((bi >> 16) & 0xFF) + (a_hi >> 16) * ((bi >> 24) & 0xFF)
+def _dot_words_plain(codes, a, BN: tl.constexpr):
+    # _dot_four_words for every class at once in plain integer ops (the
+    # interpreter has no PTX): codes uint32 [BN, span, h, p, c2, w], a int32
+    # [span, h, p, c2, w, lohi] -> int32 [BN, span, h, p]. On whole tensors
+    # rather than word by word: the interpreter's time goes by the op.
+    places = tl.reshape(8 * tl.arange(0, 4), (1, 1, 1, 1, 1, 1, 4))
+    code_bytes = (tl.expand_dims(codes.to(tl.int32, bitcast=True), 6) >> places) & 0xFF  # [..., c2, w, byte]
+    # byte 2 lohi + half's activation: that half of word lohi
+    halves = tl.reshape(tl.join((a << 16) >> 16, a >> 16), (2, 2, 2, 2, 2, 4))  # [span, h, p, c2, w, byte]
+    prods = tl.reshape(code_bytes * halves[None], (BN, 2, 2, 2, 16))
+    return tl.sum(prods, axis=4)
 
 
 @triton.jit
@@ -194,15 +197,18 @@ def group_dot(f0, f1, f2, f3, f4, act, act_scale, NF: tl.constexpr, BN: tl.const
     codes = code_words(f0, f1, f2, f3, f4, NF, USE_ASM)  # [BN, c, h, p, w]
     # c = 2 span + c2; per class (span, h, p) the four words (c2, w) -> one chain
     codes = tl.permute(tl.reshape(codes, (BN, 2, 2, 2, 2, 2)), (0, 1, 3, 4, 2, 5))  # [BN, span, h, p, c2, w]
-    b0, b1, b2, b3 = _split_pair(codes)  # [BN, span, h, p]
     # Word (c, w, h, p, lohi) holds the int16 of weights 32c + 16w + 8h + 2i + p
     # for i = 2 lohi, 2 lohi + 1.
     a = tl.permute(tl.reshape(act, (2, 2, 2, 2, 2, 2)), (0, 3, 4, 1, 2, 5))  # [span, h, p, c2, w, lohi]
-    a_lo, a_hi = tl.split(a)
-    lo0, lo1, lo2, lo3 = _split_pair(a_lo)  # [span, h, p], same (c2, w) order as the codes
-    hi0, hi1, hi2, hi3 = _split_pair(a_hi)
-    part = _dot_four_words(b0, b1, b2, b3, lo0[None], hi0[None], lo1[None], hi1[None], lo2[None], hi2[None],
-                           lo3[None], hi3[None], USE_ASM)  # [BN, span, h, p] one sum per class
+    if USE_ASM:
+        b0, b1, b2, b3 = _split_pair(codes)  # [BN, span, h, p]
+        a_lo, a_hi = tl.split(a)
+        lo0, lo1, lo2, lo3 = _split_pair(a_lo)  # [span, h, p], same (c2, w) order as the codes
+        hi0, hi1, hi2, hi3 = _split_pair(a_hi)
+        part = _dot_four_words(b0, b1, b2, b3, lo0[None], hi0[None], lo1[None], hi1[None], lo2[None], hi2[None],
+                               lo3[None], hi3[None])  # [BN, span, h, p] one sum per class
+    else:
+        part = _dot_words_plain(codes, a, BN)
     if NF <= 3:
         part = part * class_multiplier(NF)
     merged = _sum_last(_sum_last(part))  # [BN, span] int32
