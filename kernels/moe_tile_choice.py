@@ -112,10 +112,8 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
     # One wave: a split that overfills the multiprocessors by a few programs
     # costs a whole second round (Mixtral B=1: 5 splits = 320 programs for 264
     # slots), so round down.
-    programs = resident_programs(maxnreg, num_warps)
     down_by_registers = one_token and tuning.one_token_down_programs > 0
-    if down_by_registers:
-        programs = tuning.one_token_down_programs
+    programs = tuning.one_token_down_programs if down_by_registers else resident_programs(maxnreg, num_warps)
     split = max(1, min(ffn // GROUP, programs * num_sms // tiles_down))
     apart = block_m != CUDA_CORE_TOKEN_TILE and num_tokens <= tuning.gate_up_apart_max_tokens
     tiles = MoeTiles(block_n_up=block_n_up, block_n_down=block_n, block_m=block_m, split_k=split,

@@ -102,9 +102,10 @@ ONE_TOKEN_ONE_LAUNCH = False
 # 43.5 to 40.6 us where every expert held one token (round robin) and to 49.5
 # (from 40.5) under random routing, where some hold two; Mixtral level to 2.8 %
 # slower. B = 2-3 (s64_call_h100.json, s64_followups_h100.json): Mixtral
-# -3.6 % at 2 tokens, 4 bits, round robin, but +47-109 % where the tokens share
-# experts (random); Qwen on 64 rows -8 to -9 % where no expert holds two tokens
-# and +23 % where two do (B=4), which at B=3 is 60 % of uniform draws.
+# -3.6 % at 2 tokens, 4 bits, round robin, but +45-109 % where the tokens share
+# experts (random); Qwen on 64 rows -7 to -9 % at 2-4 bits (8-bit -3 %) where no
+# expert holds two tokens and +23 % where two do (B=4), which at B=3 is 60 %
+# of uniform draws.
 CUDA_CORE_MAX_TOKENS = 1
 # one_token_split_up: the most K ranges of each one-token gate/up row tile
 # (MoeTiles.split_up); choose_tiles takes fewer where one wave of resident

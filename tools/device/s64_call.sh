@@ -3,8 +3,8 @@
 # (MoeTuning.one_token_down_programs: since session 59 it compiles to 158 registers, so 3 fit;
 # Mixtral B=1 split 6 = 384 programs for 396 places instead of 4 = 256 for 264), and Qwen1.5-MoE's
 # on 6 (2 warps); the layer, shipped and tuned alternating. (2) tools/device/b2_tiles_probe.sh's
-# layer rows with shorter budgets (B = 2-3, shipped / the one-token CUDA-core tile, round robin and
-# random routing). (3) Qwen1.5-MoE at B = 32-64 on the 8-token tile (mean 4.3 tokens an expert at
+# layer rows with shorter budgets (B = 2-3, shipped / the one-token CUDA-core tile; Mixtral round
+# robin and random routing, Qwen random only). (3) Qwen1.5-MoE at B = 32-64 on the 8-token tile (mean 4.3 tokens an expert at
 # B=64, just over MoeTuning.narrow_tile_max_mean's 4, so the shipped takes the 16-token tile), random
 # routing. (4) Where LIMIT leaves time, end to end B=1 with the down knob at 3 against the
 # shipped, rounds new old new old. First the split-6 case of the GPU one-token test. bench_moe --tune-only, us per layer.
