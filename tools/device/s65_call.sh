@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 65's device call. On an H200 (none since session 56): issue 5's end-to-end table with the
-# transformers peer in the same call (about 9 minutes on a fresh machine). On any other card: the
+# transformers peer in the same call (about 9 minutes on a fresh machine; the peer's bf16 weights,
+# 93 GB, fit only the H200, so call with needs_h200). On any other card: the
 # GPU-marked tests (and test_store's CUDA cases), which tests/conftest.py's new pytest_pyfunc_call
 # wrapper now runs too. Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and
 # tools/device/stage.sh:  bash tools/device/s65_call.sh <commit>
@@ -13,9 +14,10 @@ if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   exit 0
 fi
-rm -rf /tmp/runs
-e2e_run 400 table --bits 8,4,mixed26 --batches 1,4,16,32,64
+# The peer first (bf16 Mixtral-8x7B, 93 GB: the H200 only), then the engine's table.
 timeout 100 python3 benchmarks/e2e_peer_hf.py --batches 1,16 --steps 16 --commit "$C" \
   --out "${OUT:-/tmp}/e2e_peer.json" 2>&1 | tail -4
+rm -rf /tmp/runs
+e2e_run 400 table --bits 8,4,mixed26 --batches 1,4,16,32,64
 python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_table.json" | tail -16
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
