@@ -2,8 +2,8 @@
 # Session 65's device call. On an H200 (none since session 56): issue 5's end-to-end table with the
 # transformers peer in the same call (about 9 minutes on a fresh machine; the peer's bf16 weights,
 # 93 GB, fit only the H200, so call with needs_h200). On any other card: the GPU-marked tests under
-# $GPU_TESTS (default tests/kernels; a fresh H100 needs more than 520 s for all 52 GPU-marked tests,
-# most of it compiling, so give tests/dataplane tests/weights a second call), which
+# $GPU_TESTS (default tests/kernels; of the 52 GPU-marked tests a fresh H100 ran 20 in 520 s, most of
+# it compiling, and the same machine warm 29 in 330 s: give each folder, or file, its own call), which
 # tests/conftest.py's pytest_pyfunc_call wrapper now runs too. Usage, with carry
 # [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
 #   [GPU_TESTS="..."] bash tools/device/s65_call.sh <commit>
