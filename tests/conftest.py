@@ -46,8 +46,8 @@ if Path(kernels.__file__).resolve().parent != _PROJECT_KERNELS:
 # as soon as the first frame in it returns (gh-142183; 3.13.x and 3.14 keep one
 # spare chunk since March 2026). Code that calls many small functions right at
 # a chunk's end maps and unmaps a chunk on every call: Triton's interpreter did
-# so 275,000 times in one one-token kernel test, which took 22.7 s, 8 of them
-# in the kernel. Behind a frame too large for a 16 KiB chunk the test starts a
+# so 275,000 times in one one-token kernel test, which took 22.7 s, 8.1 of them
+# system time. Behind a frame too large for a 16 KiB chunk the test starts a
 # fresh chunk, and its own frames fill the room behind that frame, which no
 # chunk boundary crosses while the test runs (the same test: 12.2 s).
 # 3,100 locals are 24.8 KB of frame; with the 8,000 bytes CPython adds to a new
