@@ -19,7 +19,5 @@ fi
 # The peer first (bf16 Mixtral-8x7B, 93 GB: the H200 only), then the engine's table.
 timeout 100 python3 benchmarks/e2e_peer_hf.py --batches 1,16 --steps 16 --commit "$C" \
   --out "${OUT:-/tmp}/e2e_peer.json" 2>&1 | tail -4
-rm -rf /tmp/runs
-e2e_run 400 table --bits 8,4,mixed26 --batches 1,4,16,32,64
-python3 benchmarks/merge_runs.py /tmp/runs "${OUT:-/tmp}/e2e_table.json" | tail -16
+bash tools/device/h200_table.sh "$C"
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
