@@ -69,13 +69,16 @@ class Loop:
     counts: dict
 
 
-def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
-    return compile_jit(KERNELS[name], constexprs, num_warps, num_stages, maxnreg)
+def compile_kernel(name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None,
+                   pointer_types: dict | None = None):
+    return compile_jit(KERNELS[name], constexprs, num_warps, num_stages, maxnreg, pointer_types)
 
 
-def compile_jit(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
+def compile_jit(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None,
+                pointer_types: dict | None = None):
     """An sm_90 compile of any kernel with the weight launches' argument
-    conventions (pointer types by name, DIVISIBLE_INTS divisible by 16)."""
+    conventions (pointer types by name, DIVISIBLE_INTS divisible by 16);
+    pointer_types: argument name -> Triton type ("*fp16") where it differs."""
     constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}  # each kernel's own
     signature, attrs = {}, {}
     # The activation planes: int16 for the CUDA-core tile (MoeTiles.activation_dtype).
@@ -84,7 +87,8 @@ def compile_jit(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnr
         if arg in constexprs:
             signature[arg] = "constexpr"
         elif arg.endswith("_ptr"):
-            signature[arg] = planes if arg in FP16_POINTERS else "*fp32" if arg in FP32_POINTERS else "*i32"
+            signature[arg] = (pointer_types or {}).get(arg) or (
+                planes if arg in FP16_POINTERS else "*fp32" if arg in FP32_POINTERS else "*i32")
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[arg] = "i32"
@@ -154,6 +158,7 @@ def main() -> None:
     ap.add_argument("--interleave", action="store_true", help="gate_up: MoeTiles.gate_up_interleave")
     ap.add_argument("--split-up", type=int, default=1, help="gate_up: K ranges per row tile (MoeTiles.split_up)")
     ap.add_argument("--apart", action="store_true", help="gate_up: MoeTiles.gate_up_apart")
+    ap.add_argument("--sums-fp16", action="store_true", help="gate_up: MoeTiles.gate_up_sums_fp16 (gu in fp16)")
     ap.add_argument("--out", type=Path, help="also write the counts as JSON")
     args = ap.parse_args()
     tuning = MoeTuning()
@@ -169,7 +174,8 @@ def main() -> None:
     if args.kernel in ("down", "gate_up_down"):
         constexprs.update(HS_SUB=1, E_PAD=down_plan_width(args.experts), BALANCE=args.balance,
                           DOWN_COSTS=MoeTiles(balance_down=args.balance, down_zigzag=args.zigzag).down_cost_word)
-    compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg)
+    compiled = compile_kernel(args.kernel, constexprs, args.num_warps, args.num_stages, args.maxnreg,
+                              {"gu_ptr": "*fp16"} if args.sums_fp16 else None)
     sass, regs, stack = cubin_sass(compiled.asm["cubin"])
     loops = inner_loops(sass, ("IDP",) if args.block_m == CUDA_CORE_TOKEN_TILE else TENSOR_CORE)
     print(f"triton {triton.__version__}, {args.kernel}, {constexprs}")

@@ -1,11 +1,12 @@
 """SiLU(gate) * up into the down launch's activations (kernels/moe_mixed.py).
 
-The gate/up launch (kernels/moe_gate_up.py) stores each program's fp32
-partial sums in gu [pairs, SPLIT, 2, F]. h = SiLU(gate) * up, rounded to
-fp16, is then stored in sorted order as the down launch reads it: the three
-fp16 activation planes in the tile's slot order (weight_layout.plane_scales),
-or for the CUDA-core tile int16 per span of 64 rows with its scales
-(weight_layout.quantize_activations), with per-tile sums of h. Two callers:
+The gate/up launch (kernels/moe_gate_up.py) stores each program's partial
+sums in gu [pairs, SPLIT, 2, F], fp32 (fp16: MoeTiles.gate_up_sums_fp16).
+h = SiLU(gate) * up, rounded to fp16, is then stored in sorted order as the
+down launch reads it: the three fp16 activation planes in the tile's slot
+order (weight_layout.plane_scales), or for the CUDA-core tile int16 per span
+of 64 rows with its scales (weight_layout.quantize_activations), with
+per-tile sums of h. Two callers:
 
 * combine_h, inside the gate/up launch, by the last of a tile's 2 x SPLIT
   programs to arrive (the one-token tile);
@@ -67,16 +68,26 @@ def combine_h(gate, up, h_ptr, hq_scale_ptr, hsum_ptr, pos64, m0, n, col, tile, 
 
 
 @triton.jit
+def store_sums(at, acc, keep):
+    """Stores fp32 sums acc at `at` (mask keep) in gu's dtype: for fp16
+    (MoeTiles.gate_up_sums_fp16) clamped to its finite range first, since an
+    infinite gate would make SiLU(gate) NaN where fp32 gives h its clamp."""
+    if at.dtype.element_ty == tl.float16:
+        acc = tl.minimum(tl.maximum(acc, -_FP16_MAX_C), _FP16_MAX_C)
+    tl.store(at, acc.to(at.dtype.element_ty), mask=keep)
+
+
+@triton.jit
 def sum_parts(gu_ptr, pos64, n, F, keep, SPLIT: tl.constexpr):
-    """(gate, up) fp32 [BN, BM]: the SPLIT partial sums of each, added in K
+    """(gate, up) fp32 [BN, BM]: the SPLIT partial sums of each (fp32 or fp16), added in K
     order whichever program arrived last, so that h does not depend on the
     arrival order. From the L2 (.cg): other multiprocessors stored them."""
     at = gu_ptr + pos64[None, :] * (SPLIT * 2 * F) + n[:, None]
-    gate = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg")
-    up = tl.load(at + F, mask=keep, other=0.0, cache_modifier=".cg")
+    gate = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg").to(tl.float32)
+    up = tl.load(at + F, mask=keep, other=0.0, cache_modifier=".cg").to(tl.float32)
     for p in tl.static_range(1, SPLIT):
-        gate += tl.load(at + p * 2 * F, mask=keep, other=0.0, cache_modifier=".cg")
-        up += tl.load(at + (p * 2 + 1) * F, mask=keep, other=0.0, cache_modifier=".cg")
+        gate += tl.load(at + p * 2 * F, mask=keep, other=0.0, cache_modifier=".cg").to(tl.float32)
+        up += tl.load(at + (p * 2 + 1) * F, mask=keep, other=0.0, cache_modifier=".cg").to(tl.float32)
     return gate, up
 
 
@@ -133,7 +144,7 @@ def _moe_combine_kernel(
     active_ptr,  # [E] int32 experts with tokens
     num_active_ptr,  # [1] int32
     bf_ptr,  # [num_blocks] int32 resident field count per block
-    gu_ptr,  # [T * top_k, SPLIT, 2, F] fp32: the gate/up launch's partial sums
+    gu_ptr,  # [T * top_k, SPLIT, 2, F] fp32 or fp16: the gate/up launch's partial sums
     h_ptr,  # [3, T * top_k, F] fp16 out, as kernels/moe_gate_up._moe_gate_up_kernel's (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 out (BM 1)
     hsum_ptr,  # [T * top_k, F / min(BN, 128)] fp32 out

@@ -26,12 +26,12 @@ import triton
 import triton.language as tl
 
 from kernels.moe_block_matmul import block_matmul_any, rows_of_tile
-from kernels.moe_combine import combine_h, h_columns, run_combine, sum_parts
+from kernels.moe_combine import combine_h, h_columns, run_combine, store_sums, sum_parts
 from kernels.moe_cuda_core import int16_row_pointers
 from kernels.moe_paged import PROJS_PER_EXPERT, PagedWeights, slot_expert, token_class_bounds
 from kernels.moe_tiles import MoeTiles
 from kernels.moe_workspace import MoeWorkspace, check_h_planes, counts_shape, launch_by_token_class, \
-    settle_carveout
+    settle_carveout, sums_dtype
 from kernels.pdl import DEFAULT_PDL, PdlPolicy, pdl_options, wait_for_previous_grid
 
 @triton.jit
@@ -89,13 +89,13 @@ def _gate_up_tile(xp_ptr, xq_scale_ptr, xsum_ptr, sorted_ptr, arena_ptr, pt_blk,
     pos64 = pos.to(tl.int64)
     # gu [pairs, SPLIT, 2, F]: this program's partial sum
     mine = gu_ptr + ((pos64[None, :] * SPLIT + part) * 2 + which) * F + n[:, None]
-    tl.store(mine, acc, mask=keep)
+    store_sums(mine, acc, keep)
     if not APART:
         tl.debug_barrier()
         if tl.atomic_add(counter, 1, sem="acq_rel") == 2 * SPLIT - 1:
             if SPLIT == 1:
                 other = tl.load(gu_ptr + (pos64[None, :] * 2 + 1 - which) * F + n[:, None],
-                                mask=keep, other=0.0, cache_modifier=".cg")
+                                mask=keep, other=0.0, cache_modifier=".cg").to(tl.float32)
                 gate = tl.where(which == 0, acc, other)
                 up = tl.where(which == 0, other, acc)
             else:
@@ -124,7 +124,7 @@ def _moe_gate_up_kernel(
     arena_ptr,  # [num_pages * page_bytes / 4] int32 arena words
     pt_ptr,  # [num_blocks, 5, max_pages] int64 page table (offsets from the arena base)
     bf_ptr,  # [num_blocks] int32 resident field count per block
-    gu_ptr,  # [T * top_k, SPLIT, 2, F] fp32 scratch: gate / up pre-activations, per K range
+    gu_ptr,  # [T * top_k, SPLIT, 2, F] fp32 or fp16 scratch: gate / up pre-activations, per K range
     count_ptr,  # [E, F / BN, m_tiles] int32 arrivals per tile, zero between launches
     h_ptr,  # [3, T * top_k, F] fp16 out, sorted, in the slot order of BM: the planes (int16 [1, ...]: BM 1)
     hq_scale_ptr,  # [T * top_k, F / 64] fp32 out, scales of the int16 h (BM 1)
@@ -227,8 +227,8 @@ def run_gate_up(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
     if ws.counts.shape != counts_shape(t, top_k, ffn, num_experts, tiles):
         raise ValueError("workspace was allocated for other tiles")
     check_h_planes(ws, tiles)
-    if ws.gu.shape[1] != tiles.split_up:
-        raise ValueError("workspace was allocated for another gate/up split")
+    if ws.gu.shape[1] != tiles.split_up or ws.gu.dtype != sums_dtype(tiles):
+        raise ValueError("workspace was allocated for another gate/up split or sums dtype")
     launch_by_token_class(ws, tiles, tiles.gate_up_split_stages, lambda *tile_class: _launch_gate_up(
         ws, weights, layer, num_experts, top_k, ffn, tiles, log2p, pdl, *tile_class))
     if tiles.gate_up_apart:

@@ -211,6 +211,10 @@ WIDE_GATE_UP_SPLIT_STAGES = 4
 # the grid's programs past an expert's tiles (exiting at once) grow with the
 # token count.
 GATE_UP_APART_MAX_TOKENS = 64
+# gate_up_sums_fp16: the apart gate/up launch stores its sums in fp16
+# (clamped to its range) instead of fp32, halving what it writes and the
+# combine launch reads: 7.3 of 14.7 MB a layer at B=64 (Mixtral).
+GATE_UP_SUMS_FP16 = False
 # base_tile_gate_up_maxnreg: register cap of the apart gate/up launch
 # compiled for the 16-token tile alone (B = 32, and the base-tile launch of
 # B = 48-64's token-class split). Uncapped it takes 214 registers (2 programs
@@ -330,6 +334,8 @@ class MoeTuning:
     token-tile loop, a combine launch after it (MoeTiles.gate_up_apart;
     needs each token's top-k ids distinct); 0: never
     (GATE_UP_APART_MAX_TOKENS has the measurements).
+    gate_up_sums_fp16: those launches' partial sums in fp16, not fp32
+    (MoeTiles.gate_up_sums_fp16; GATE_UP_SUMS_FP16 has the measurements).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -353,10 +359,12 @@ class MoeTuning:
     wide_down_split_stages: int = WIDE_DOWN_SPLIT_STAGES
     tensor_core_rows: int = TENSOR_CORE_ROWS
     gate_up_apart_max_tokens: int = GATE_UP_APART_MAX_TOKENS
+    gate_up_sums_fp16: bool = GATE_UP_SUMS_FP16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
+        check_bool("gate_up_sums_fp16", self.gate_up_sums_fp16)
         for name, least in (("gate_up_interleave_max_tokens", 0), ("gate_up_apart_max_tokens", 0),
                             ("cuda_core_max_tokens", 1), ("one_token_down_programs", 0)):
             limit = getattr(self, name)

@@ -23,7 +23,8 @@ from kernels.weight_layout import GROUP
 @dataclass
 class MoeWorkspace:
     prep: MoePrep
-    gu: torch.Tensor  # [T * k, split_up, 2, F] fp32 gate / up pre-activations, per K range
+    # [T * k, split_up, 2, F] gate / up pre-activations, per K range, in sums_dtype(tiles)
+    gu: torch.Tensor
     counts: torch.Tensor  # [E, F / block_n_up, m_tiles] int32, zero between launches
     h: torch.Tensor  # [T * k, F] fp16, sorted, slot order (as prep.narrow_order): plane 0
     hsum: torch.Tensor  # [T * k, F / tiles.h_sum_rows] fp32
@@ -53,6 +54,11 @@ DOWN_PLAN_FIELDS = 5
 def down_plan_width(num_experts: int) -> int:
     """Expert slots one row of the down launch's plan holds (a power of two)."""
     return triton.next_power_of_2(max(num_experts, 16))
+
+
+def sums_dtype(tiles: MoeTiles) -> torch.dtype:
+    """dtype of MoeWorkspace.gu: fp16 with tiles.gate_up_sums_fp16, else fp32."""
+    return torch.float16 if tiles.gate_up_sums_fp16 else torch.float32
 
 
 def counts_shape(num_tokens: int, top_k: int, ffn: int, num_experts: int, tiles: MoeTiles) -> tuple[int, int, int]:
@@ -86,7 +92,7 @@ def alloc_workspace(num_tokens: int, top_k: int, hidden: int, ffn: int, num_expe
     return MoeWorkspace(
         prep=alloc_prep(num_tokens, top_k, hidden, num_experts, device, tiles.activation_dtype,
                         tiles.narrow_order),
-        gu=torch.empty(pairs, tiles.split_up, 2, ffn, dtype=torch.float32, device=device),
+        gu=torch.empty(pairs, tiles.split_up, 2, ffn, dtype=sums_dtype(tiles), device=device),
         counts=zeroed[:n_counts].view(shape), ready=zeroed[n_counts:],
         h=h[0], h_planes=h, hsum=torch.empty(pairs, ffn // tiles.h_sum_rows, dtype=torch.float32, device=device),
         hq_scale=torch.empty(pairs, act_scale_columns(dtype, ffn), dtype=torch.float32, device=device),

@@ -4,6 +4,8 @@ the combine launch making h, against the plain-torch reference, on every
 token tile kind, with experts over several tiles, both token classes and the
 one-token K split."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -29,17 +31,48 @@ def test_apart_over_several_token_tiles(device, t, block_m, wide, split):
                                                block_m_wide=wide, gate_up_split_stages=split, gate_up_apart=True))
 
 
+@pytest.mark.parametrize("block_m,wide,split", [(8, 0, 0), (16, 32, 2)])
+def test_apart_sums_in_fp16(device, block_m, wide, split):
+    # MoeTiles.gate_up_sums_fp16: the partial sums rounded to fp16 on their
+    # way through gu still give the reference's layer.
+    check_two_expert_layer(device, 40, MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=1,
+                                                block_m_wide=wide, gate_up_split_stages=split, gate_up_apart=True,
+                                                gate_up_sums_fp16=True))
+
+
+def test_fp16_sums_past_fp16_range_clamp_and_keep_h_finite(device):
+    # x of +-60000 drives gate / up pre-activations to ~1.3e5 (fp32 sums):
+    # in fp16 gu they are clamped to +-65504, not infinite (an infinite gate
+    # makes SiLU NaN), so every h plane stays finite, as the fp32 path's.
+    weights = random_moe(1, E, H, F, lambda l, e, p: [2, 5, 3][p], PAGE, device, seed=5)
+    torch.manual_seed(6)
+    t = 5
+    x = (torch.randn(t, H).sign() * 6e4).to(torch.float16).to(device)
+    ids = torch.tensor([[1, 3]] * t, device=device)
+    tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=8, split_k=1, gate_up_apart=True,
+                     gate_up_sums_fp16=True)
+    ws = alloc_workspace(t, 2, H, F, E, tiles, device)
+    assert ws.gu.dtype == torch.float16
+    moe_prepare(x, ids, E, ws.prep)
+    run_gate_up(ws, weights, 0, E, 2, F, tiles, PAGE.bit_length() - 1)
+    assert float(ws.gu[: 2 * t].float().abs().max()) == 65504.0
+    assert bool(torch.isfinite(ws.h_planes[:, : 2 * t]).all())
+    with pytest.raises(ValueError, match="sums dtype"):
+        run_gate_up(alloc_workspace(t, 2, H, F, E, replace(tiles, gate_up_sums_fp16=False), device), weights, 0, E,
+                    2, F, tiles, PAGE.bit_length() - 1)
+
+
 @pytest.mark.parametrize("bn_up,split_up", [(128, 1), (64, 2)])
 def test_apart_one_token_tile_mixed_bits(device, bn_up, split_up):
     # The CUDA-core tile (int16 h and its scales from the combine), every
     # view in one launch, with and without the one-token K split (its parts
-    # added by the combine).
+    # added by the combine; in fp16 there, MoeTiles.gate_up_sums_fp16).
     weights = random_moe(2, E, H, F, mixed_fields, PAGE, device, seed=3)
     torch.manual_seed(4)
     x, tw = torch.randn(6, H), torch.rand(6, 2)
     ids = torch.stack([torch.randperm(4)[:2] for _ in range(6)])
     tiles = MoeTiles(block_n_up=bn_up, block_n_down=128, block_m=1, split_k=2, split_up=split_up,
-                     gate_up_apart=True)
+                     gate_up_apart=True, gate_up_sums_fp16=split_up > 1)
     out = fused_moe_mixed(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F, tiles)
     ref = moe_mixed_reference(x.to(device), ids.to(device), tw.to(device), weights, 1, E, F)
     assert rel_err(out, ref) < 3e-3
@@ -94,6 +127,14 @@ def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
     assert choose_tiles(128, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_apart_max_tokens=128)).gate_up_apart
     with pytest.raises(ValueError, match="one_launch"):
         MoeTiles(block_m=1, block_n_up=128, block_n_down=128, one_launch=True, gate_up_apart=True)
+    # gate_up_sums_fp16: only where the launch is apart.
+    fp16 = MoeTuning(gate_up_sums_fp16=True)
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=fp16).gate_up_sums_fp16
+    assert not choose_tiles(1, 2, 8, 4096, 14336, tuning=fp16).gate_up_sums_fp16
+    assert not choose_tiles(16, 2, 8, 4096, 14336).gate_up_sums_fp16
+    for make in (MoeTuning, MoeTiles):
+        with pytest.raises(ValueError, match="gate_up_sums_fp16"):
+            make(gate_up_sums_fp16=1)
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="gate_up_apart_max_tokens"):
             MoeTuning(gate_up_apart_max_tokens=bad)
@@ -118,19 +159,20 @@ def test_gate_up_cap_reaches_the_base_tile_alone():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_m,wide,split,cap", [(8, 0, 0, None), (16, 32, 4, None), (1, 0, 0, None),
-                                                   (16, 32, 4, 168)])
-def test_gpu_apart_and_replay(block_m, wide, split, cap):
+@pytest.mark.parametrize("block_m,wide,split,cap,fp16", [(8, 0, 0, None, False), (16, 32, 4, None, False),
+                                                         (1, 0, 0, None, False), (16, 32, 4, 168, False),
+                                                         (16, 32, 4, None, True)])
+def test_gpu_apart_and_replay(block_m, wide, split, cap, fp16):
     # As choose_tiles builds the tiles at B = 16 (8-token tile), 48 (wide
     # tile, two gate/up launches; cap: the base tile's launch at 168
-    # registers) and 1, eagerly and replayed from a graph after the routing
-    # changes (experts over one tile) and block 0 demotes.
+    # registers; fp16: the sums in fp16) and 1, eagerly and replayed from a
+    # graph after the routing changes (experts over one tile) and block 0 demotes.
     gen = torch.Generator().manual_seed(15)
     t = {8: 16, 16: 48, 1: 1}[block_m]
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(t)]) for n in (8, 3))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=2, use_asm=True,
                      block_m_wide=wide, gate_up_split_stages=split, num_stages=4, gate_up_apart=True,
-                     gate_up_interleave=block_m == 8, gate_up_maxnreg=cap)
+                     gate_up_interleave=block_m == 8, gate_up_maxnreg=cap, gate_up_sums_fp16=fp16)
     check_eager_and_replay("cuda", tiles, ids, new_ids, seed=15, demote_first_block=True)
 
 
