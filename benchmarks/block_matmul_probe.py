@@ -154,12 +154,16 @@ def prepare(shape, batch: int, page_bytes: int, device: str, sms: int):
     from kernels.moe_align import moe_prepare
     from kernels.moe_mixed import alloc_workspace
     from kernels.moe_tile_choice import choose_tiles
+    from kernels.moe_tuning import MoeTuning
 
     weights = build_store(shape, 1, page_bytes, device)
     weights.block_fields.copy_(fields_config(shape, 1, "4"))
     ids, _ = routing(shape, batch, device)
     x = torch.randn(batch, shape.hidden, device=device, dtype=torch.bfloat16)
-    tiles = choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, use_asm=device == "cuda")
+    # fp32 sums (not the shipped fp16): the bare forms store fp32, and every
+    # form's sums are checked against the engine's to 1e-5.
+    tiles = choose_tiles(batch, shape.top_k, shape.experts, shape.hidden, shape.ffn, sms, use_asm=device == "cuda",
+                         tuning=MoeTuning(gate_up_sums_fp16=False))
     if tiles.block_m_wide or tiles.split_up > 1 or not tiles.gate_up_interleave or tiles.block_m == 1:
         raise ValueError(f"the probe mirrors the one-tile interleaved tensor-core gate/up launch; B={batch} "
                          f"gives {tiles}")

@@ -213,8 +213,15 @@ WIDE_GATE_UP_SPLIT_STAGES = 4
 GATE_UP_APART_MAX_TOKENS = 64
 # gate_up_sums_fp16: the apart gate/up launch stores its sums in fp16
 # (clamped to its range) instead of fp32, halving what it writes and the
-# combine launch reads: 7.3 of 14.7 MB a layer at B=64 (Mixtral).
-GATE_UP_SUMS_FP16 = False
+# combine launch reads (Mixtral B=64: 14.7 -> 7.3 MB a layer each way).
+# H100, Mixtral, round-robin routing, the layer, two rounds, us, fp32 ->
+# fp16: 4-bit B=16 289.9 / 290.5 -> 288.4 / 288.8, B=32 316.2 / 318.7 ->
+# 315.4 / 316.4, B=64 340.2 / 342.3 -> 338.1 / 338.4, 2-bit B=64 253.8 /
+# 254.1 -> 250.5 / 250.8, 8-bit B=64 553.2 / 553.0 -> 545.2 / 545.4; end to
+# end, one round, tok/s: 4-bit B=32 2703.0 -> 2723.0, B=64 4694.3 -> 4767.6;
+# mixed 2/6 2671.3 -> 2699.3, 4677.7 -> 4742.5
+# (benchmarks/results/s66_sums_fp16_h100.json).
+GATE_UP_SUMS_FP16 = True
 # base_tile_gate_up_maxnreg: register cap of the apart gate/up launch
 # compiled for the 16-token tile alone (B = 32, and the base-tile launch of
 # B = 48-64's token-class split). Uncapped it takes 214 registers (2 programs

@@ -127,11 +127,10 @@ def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
     assert choose_tiles(128, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_apart_max_tokens=128)).gate_up_apart
     with pytest.raises(ValueError, match="one_launch"):
         MoeTiles(block_m=1, block_n_up=128, block_n_down=128, one_launch=True, gate_up_apart=True)
-    # gate_up_sums_fp16: only where the launch is apart.
-    fp16 = MoeTuning(gate_up_sums_fp16=True)
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=fp16).gate_up_sums_fp16
-    assert not choose_tiles(1, 2, 8, 4096, 14336, tuning=fp16).gate_up_sums_fp16
-    assert not choose_tiles(16, 2, 8, 4096, 14336).gate_up_sums_fp16
+    # gate_up_sums_fp16 (shipped on): only where the launch is apart.
+    assert choose_tiles(16, 2, 8, 4096, 14336).gate_up_sums_fp16
+    assert not choose_tiles(1, 2, 8, 4096, 14336).gate_up_sums_fp16
+    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_sums_fp16=False)).gate_up_sums_fp16
     for make in (MoeTuning, MoeTiles):
         with pytest.raises(ValueError, match="gate_up_sums_fp16"):
             make(gate_up_sums_fp16=1)
