@@ -182,18 +182,19 @@ def run_forms(forms, shape, ws, weights, tiles, log2p: int) -> tuple[list, list]
                 for (name, stages), out in zip(forms, outs)]
     launch_probe("engine", 0, ws, weights, 0, shape.experts, shape.top_k, shape.ffn, tiles, log2p, outs[0])()
     gu = ws.gu[:, 0].float().clone()  # [pairs, 2, F]
-    h = ws.h.float().clone()  # [pairs, F]
+    plane = wl.view_plane(wl.fields_for_bits(4))  # the one h plane the combine launch stores for 4-bit blocks
+    h = ws.h_planes[plane].float().clone()  # [pairs, F]
     rows = []
     for (name, stages), launch, out in zip(forms, launches, outs):
         if name in ENGINE_FORMS or name == "apart1":
             ws.gu.zero_()  # so that a form that wrote nothing fails
         if name == "combine":
-            ws.h.zero_()
+            ws.h_planes[plane].zero_()
         launch()
         got = ws.gu[:, 0].float() if name in ENGINE_FORMS or name == "apart1" else out
         want = gu
         if name == "combine":  # its h against the engine's
-            got, want = ws.h.float(), h
+            got, want = ws.h_planes[plane].float(), h
         err = None if name == "engine" else ((got - want).norm() / want.norm()).item()
         rows.append(dict(form=name, stages=stages, rel_err_vs_engine=err, ms_rounds=[]))
     return launches, rows

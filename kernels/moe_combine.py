@@ -16,7 +16,9 @@ per-tile sums of h. Two callers:
   168 at the 8-token tile (local Triton 3.6 sm_90, benchmarks/sass_loops.py;
   without only one of them: 202 or 204), so 3 of its programs fit on a
   multiprocessor instead of 2 (the default for the tensor-core tiles up to
-  MoeTuning.gate_up_apart_max_tokens tokens).
+  MoeTuning.gate_up_apart_max_tokens tokens). It stores, of the three
+  planes, only the one that the expert's down view reads: a third of the
+  stores (Mixtral B=64: 3.7 of 11 MB a layer).
 """
 
 from __future__ import annotations
@@ -47,11 +49,15 @@ def h_columns(n, BM: tl.constexpr):
 
 @triton.jit
 def combine_h(gate, up, h_ptr, hq_scale_ptr, hsum_ptr, pos64, m0, n, col, tile, F, q_h, keep, valid,
-              BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr):
+              BN: tl.constexpr, BM: tl.constexpr, USE_ASM: tl.constexpr, nf_down=0, ONE_PLANE: tl.constexpr = False):
     """Stores h = SiLU(gate) * up of one tile: gate, up fp32 [BN, BM] (rows
     n, sorted positions pos64; keep [BN, BM] the elements to store, valid
     [BM] the tokens) as the down launch reads it; m0 the tile's first
-    position (BM 1: the one token), col = h_columns(n, BM)."""
+    position (BM 1: the one token), col = h_columns(n, BM). ONE_PLANE (BM >
+    1): only the plane that the expert's down block of nf_down fields reads
+    (weight_layout.view_plane), as the combine launch, which runs in the
+    same step as that down launch (block_fields change only between steps,
+    dataplane/weights/store.py); else all three."""
     h = gate / (1.0 + tl.exp(-gate)) * up
     h16 = tl.minimum(tl.maximum(h, -_FP16_MAX_C), _FP16_MAX_C).to(tl.float16)
     _store_h_sums(hsum_ptr, pos64, F, tile, tl.where(keep, h16.to(tl.float32), 0.0), valid, BN, BM)
@@ -62,6 +68,8 @@ def combine_h(gate, up, h_ptr, hq_scale_ptr, hsum_ptr, pos64, m0, n, col, tile, 
         tl.store(h_ptr + row * F + pair_position(n), tl.reshape(q, (BN,)))
         spans = tile * (BN // SPAN) + tl.arange(0, BN // SPAN)
         tl.store(hq_scale_ptr + row * (F // SPAN) + spans, tl.reshape(scale, (BN // SPAN,)))
+    elif ONE_PLANE:
+        _store_view_plane(h_ptr, q_h, pos64, F, col, h16, keep, nf_down, BM)
     else:
         tl.store(h_ptr + pos64[None, :] * F + col[:, None], h16, mask=keep)
         _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM, USE_ASM)
@@ -126,7 +134,25 @@ def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM: tl.constexpr,
 
 
 @triton.jit
-def _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN: tl.constexpr,
+def _store_view_plane(h_ptr, q_h, pos64, F, col, h16, keep, nf_down, BM: tl.constexpr):
+    # The one plane the down view of nf_down fields reads
+    # (weight_layout.view_plane: 2 for 1 field, 1 for 2-3, else 0), h16 times
+    # its 2^-p (as _store_scaled_planes). One branch per program: nf_down is
+    # the expert's.
+    at = pos64[None, :] * F + col[:, None]
+    if nf_down >= 4:
+        tl.store(h_ptr + at, h16, mask=keep)
+    elif nf_down >= 2:
+        vpos = tile_k_order(col % 128, BM)
+        tl.store(h_ptr + q_h + at, (h16.to(tl.float32) * plane_scale(vpos, 1)[:, None]).to(tl.float16), mask=keep)
+    else:
+        vpos = tile_k_order(col % 128, BM)
+        tl.store(h_ptr + 2 * q_h + at, (h16.to(tl.float32) * plane_scale(vpos, 2)[:, None]).to(tl.float16),
+                 mask=keep)
+
+
+@triton.jit
+def _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, nf_down, BN: tl.constexpr,
                         BM: tl.constexpr, USE_ASM: tl.constexpr, SPLIT: tl.constexpr):
     # Sorted positions [m0, m0 + BM) of an expert's range ending at `end`.
     pos = m0 + tl.arange(0, BM)
@@ -135,7 +161,7 @@ def _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile,
     pos64 = pos.to(tl.int64)
     gate, up = sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
     combine_h(gate, up, h_ptr, hq_scale_ptr, hsum_ptr, pos64, m0, n, h_columns(n, BM), tile, F, q_h, keep, valid,
-              BN, BM, USE_ASM)
+              BN, BM, USE_ASM, nf_down, True)
 
 
 @triton.jit(do_not_specialize=["block0"])
@@ -169,20 +195,21 @@ def _moe_combine_kernel(
             if BM_WIDE > BM:  # compile time
                 if end - start > BM:
                     for m0 in range(start, end, BM_WIDE):
-                        _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN,
+                        _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, nf_d, BN,
                                             BM_WIDE, USE_ASM, SPLIT)
                 else:
-                    _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, start, end, n, tile, F, q_h, BN,
-                                        BM, USE_ASM, SPLIT)
+                    _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, start, end, n, tile, F, q_h, nf_d,
+                                        BN, BM, USE_ASM, SPLIT)
             else:
                 for m0 in range(start, end, BM):
-                    _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, BN, BM,
+                    _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, nf_d, BN, BM,
                                         USE_ASM, SPLIT)
 
 
 def run_combine(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,
                 tiles: MoeTiles, pdl: PdlPolicy = DEFAULT_PDL) -> None:
-    """The combine launch: ws.h (its planes), ws.hq_scale, ws.hsum from the
+    """The combine launch: ws.h (of each expert the plane its down view
+    reads, weight_layout.view_plane), ws.hq_scale, ws.hsum from the
     partial sums ws.gu that a gate/up launch of tiles.gate_up_apart left
     (kernels/moe_gate_up.run_gate_up queues it). pdl: the policy of the
     decode step's small launches, not the weight launches' (PdlPolicy.

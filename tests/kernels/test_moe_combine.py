@@ -15,7 +15,9 @@ from kernels.moe_combine import run_combine
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference, run_gate_up
 from kernels.moe_tile_choice import choose_tiles
 from kernels.moe_tiles import MoeTiles
+from kernels.moe_paged import PROJ_DOWN
 from kernels.moe_tuning import MoeTuning
+from kernels.weight_layout import NUM_PLANES, view_plane
 from tests.kernels.mixed_layer import E, F, H, PAGE, check_eager_and_replay, check_two_expert_layer, mixed_fields, \
     rel_err
 from tests.kernels.paged_store import random_moe
@@ -43,7 +45,7 @@ def test_apart_sums_in_fp16(device, block_m, wide, split):
 def test_fp16_sums_past_fp16_range_clamp_and_keep_h_finite(device):
     # x of +-60000 drives gate / up pre-activations to ~1.3e5 (fp32 sums):
     # in fp16 gu they are clamped to +-65504, not infinite (an infinite gate
-    # makes SiLU NaN), so every h plane stays finite, as the fp32 path's.
+    # makes SiLU NaN), so h stays finite, as the fp32 path's.
     weights = random_moe(1, E, H, F, lambda l, e, p: [2, 5, 3][p], PAGE, device, seed=5)
     torch.manual_seed(6)
     t = 5
@@ -56,7 +58,7 @@ def test_fp16_sums_past_fp16_range_clamp_and_keep_h_finite(device):
     moe_prepare(x, ids, E, ws.prep)
     run_gate_up(ws, weights, 0, E, 2, F, tiles, PAGE.bit_length() - 1)
     assert float(ws.gu[: 2 * t].float().abs().max()) == 65504.0
-    assert bool(torch.isfinite(ws.h_planes[:, : 2 * t]).all())
+    assert bool(torch.isfinite(ws.h_planes[view_plane(3), : 2 * t]).all())  # the 3-field down view's plane
     with pytest.raises(ValueError, match="sums dtype"):
         run_gate_up(alloc_workspace(t, 2, H, F, E, replace(tiles, gate_up_sums_fp16=False), device), weights, 0, E,
                     2, F, tiles, PAGE.bit_length() - 1)
@@ -98,9 +100,14 @@ def test_chosen_tiles_take_apart_only_for_distinct_ids(device, monkeypatch, dist
 
 
 def test_combine_writes_what_the_in_launch_combine_writes(device):
-    # The same gate/up sums combined in the launch and by the combine launch:
-    # every h plane, scale and sum equal (the combine is the same function).
-    weights = random_moe(1, E, H, F, mixed_fields, PAGE, device, seed=7)
+    # The same gate/up sums combined in the launch (all three h planes) and by
+    # the combine launch (of each expert's rows only the plane its down view
+    # reads, weight_layout.view_plane): that plane and the sums equal, the
+    # other planes not written. Experts 0-3's down blocks hold 1 / 5 / 3 / 4
+    # fields: planes 2, 0, 1, 0.
+    down = [1, 5, 3, 4, 0]
+    weights = random_moe(1, E, H, F, lambda l, e, p: down[e] if p == PROJ_DOWN else mixed_fields(l, e, p), PAGE,
+                         device, seed=7)
     torch.manual_seed(8)
     t = 11
     x = torch.randn(t, H, device=device)
@@ -113,7 +120,17 @@ def test_combine_writes_what_the_in_launch_combine_writes(device):
     ws.h_planes.zero_()
     ws.hsum.zero_()
     run_combine(ws, weights, 0, E, 2, F, tiles)
-    assert torch.equal(ws.h_planes, want[0]) and torch.equal(ws.hsum, want[1])
+    assert torch.equal(ws.hsum, want[1])
+    offsets = ws.prep.offsets.tolist()
+    planes = set()
+    for e in range(4):
+        plane = view_plane(down[e])
+        rows = slice(offsets[e], offsets[e + 1])
+        planes.add(plane)
+        for p in range(NUM_PLANES):
+            got = ws.h_planes[p, rows]
+            assert torch.equal(got, want[0][p, rows]) if p == plane else not got.any(), (e, p)
+    assert planes == {0, 1, 2}
 
 
 def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
