@@ -16,9 +16,10 @@ per-tile sums of h. Two callers:
   168 at the 8-token tile (local Triton 3.6 sm_90, benchmarks/sass_loops.py;
   without only one of them: 202 or 204), so 3 of its programs fit on a
   multiprocessor instead of 2 (the default for the tensor-core tiles up to
-  MoeTuning.gate_up_apart_max_tokens tokens). It stores, of the three
-  planes, only the one that the expert's down view reads: a third of the
-  stores (Mixtral B=64: 3.7 of 11 MB a layer).
+  MoeTuning.gate_up_apart_max_tokens tokens). With
+  MoeTiles.combine_one_plane it stores, of the three planes, only the one
+  that the expert's down view reads: a third of the stores (Mixtral B=64:
+  3.7 of 11 MB a layer).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def _store_view_plane(h_ptr, q_h, pos64, F, col, h16, keep, nf_down, BM: tl.cons
 
 @triton.jit
 def _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, nf_down, BN: tl.constexpr,
-                        BM: tl.constexpr, USE_ASM: tl.constexpr, SPLIT: tl.constexpr):
+                        BM: tl.constexpr, USE_ASM: tl.constexpr, SPLIT: tl.constexpr, ONE_PLANE: tl.constexpr):
     # Sorted positions [m0, m0 + BM) of an expert's range ending at `end`.
     pos = m0 + tl.arange(0, BM)
     valid = pos < end
@@ -161,7 +162,7 @@ def _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile,
     pos64 = pos.to(tl.int64)
     gate, up = sum_parts(gu_ptr, pos64, n, F, keep, SPLIT)
     combine_h(gate, up, h_ptr, hq_scale_ptr, hsum_ptr, pos64, m0, n, h_columns(n, BM), tile, F, q_h, keep, valid,
-              BN, BM, USE_ASM, nf_down, True)
+              BN, BM, USE_ASM, nf_down, ONE_PLANE)
 
 
 @triton.jit(do_not_specialize=["block0"])
@@ -178,6 +179,7 @@ def _moe_combine_kernel(
     q_h,  # elements from one plane of h to the next
     BN: tl.constexpr, BM: tl.constexpr, BM_WIDE: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
     SPLIT: tl.constexpr,
+    ONE_PLANE: tl.constexpr,  # only the plane of each expert's down view (MoeTiles.combine_one_plane)
 ):
     # Program (slot, row tile): the expert's token tiles, of BM, or of
     # BM_WIDE where it holds more than BM tokens (as the gate/up launch took
@@ -196,20 +198,21 @@ def _moe_combine_kernel(
                 if end - start > BM:
                     for m0 in range(start, end, BM_WIDE):
                         _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, nf_d, BN,
-                                            BM_WIDE, USE_ASM, SPLIT)
+                                            BM_WIDE, USE_ASM, SPLIT, ONE_PLANE)
                 else:
                     _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, start, end, n, tile, F, q_h, nf_d,
-                                        BN, BM, USE_ASM, SPLIT)
+                                        BN, BM, USE_ASM, SPLIT, ONE_PLANE)
             else:
                 for m0 in range(start, end, BM):
                     _combine_token_tile(gu_ptr, h_ptr, hq_scale_ptr, hsum_ptr, m0, end, n, tile, F, q_h, nf_d, BN, BM,
-                                        USE_ASM, SPLIT)
+                                        USE_ASM, SPLIT, ONE_PLANE)
 
 
 def run_combine(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts: int, top_k: int, ffn: int,
                 tiles: MoeTiles, pdl: PdlPolicy = DEFAULT_PDL) -> None:
-    """The combine launch: ws.h (of each expert the plane its down view
-    reads, weight_layout.view_plane), ws.hq_scale, ws.hsum from the
+    """The combine launch: ws.h (its planes; with tiles.combine_one_plane of
+    each expert the plane its down view reads, weight_layout.view_plane),
+    ws.hq_scale, ws.hsum from the
     partial sums ws.gu that a gate/up launch of tiles.gate_up_apart left
     (kernels/moe_gate_up.run_gate_up queues it). pdl: the policy of the
     decode step's small launches, not the weight launches' (PdlPolicy.
@@ -221,5 +224,6 @@ def run_combine(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
         ws.prep.offsets, ws.prep.active, ws.prep.num_active, weights.block_fields, ws.gu, ws.h, ws.hq_scale,
         ws.hsum, layer * num_experts * PROJS_PER_EXPERT, num_experts, ffn, ws.h.numel(),
         BN=tiles.block_n_up, BM=tiles.block_m, BM_WIDE=tiles.block_m_wide, USE_ASM=tiles.use_asm,
-        SPLIT=tiles.split_up, num_warps=COMBINE_WARPS, **pdl_options(ws.h.device, t, pdl))
+        SPLIT=tiles.split_up, ONE_PLANE=tiles.combine_one_plane, num_warps=COMBINE_WARPS,
+        **pdl_options(ws.h.device, t, pdl))
 

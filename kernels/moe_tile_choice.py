@@ -128,6 +128,7 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, hidden: int, ffn
                      gate_up_apart=apart,
                      gate_up_maxnreg=tuning.base_tile_gate_up_maxnreg if apart and block_m == BASE_TOKEN_TILE else None,
                      gate_up_sums_fp16=apart and tuning.gate_up_sums_fp16,
+                     combine_one_plane=apart and tuning.combine_one_plane,
                      down_by_registers=down_by_registers)
     if tuning.one_token_one_launch and tiles.fits_one_launch:
         return replace(tiles, one_launch=True, gate_up_apart=False)

@@ -155,7 +155,8 @@ class MoeTiles:
     (choose_tiles' one-token split with MoeTuning.one_token_down_programs).
     gate_up_sums_fp16: the gate/up launch stores its partial sums (gu) in
     fp16, clamped to its finite range, instead of fp32; the combine adds
-    them in fp32.
+    them in fp32. combine_one_plane: the combine launch stores only the h
+    plane that each expert's down view reads (weight_layout.view_plane).
     """
 
     block_n_up: int = 128
@@ -181,6 +182,7 @@ class MoeTiles:
     gate_up_maxnreg: int | None = None
     down_by_registers: bool = False
     gate_up_sums_fp16: bool = False
+    combine_one_plane: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
@@ -188,7 +190,8 @@ class MoeTiles:
         check_bool("gate_up_interleave", self.gate_up_interleave)
         check_bool("gate_up_apart", self.gate_up_apart)
         check_bool("down_by_registers", self.down_by_registers)
-        check_bool("gate_up_sums_fp16", self.gate_up_sums_fp16)
+        for name in ("gate_up_sums_fp16", "combine_one_plane"):
+            check_bool(name, getattr(self, name))
         cap = self.gate_up_maxnreg
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
                                 or not 0 < cap <= MAX_REGISTERS_PER_THREAD):

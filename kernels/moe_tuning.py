@@ -222,6 +222,10 @@ GATE_UP_APART_MAX_TOKENS = 64
 # mixed 2/6 2671.3 -> 2699.3, 4677.7 -> 4742.5
 # (benchmarks/results/s66_sums_fp16_h100.json).
 GATE_UP_SUMS_FP16 = True
+# combine_one_plane: the combine launch stores, of h's three planes, only
+# the one the expert's down view reads (a third of its h stores; Mixtral
+# B=64: 3.7 of 11 MB a layer).
+COMBINE_ONE_PLANE = True
 # base_tile_gate_up_maxnreg: register cap of the apart gate/up launch
 # compiled for the 16-token tile alone (B = 32, and the base-tile launch of
 # B = 48-64's token-class split). Uncapped it takes 214 registers (2 programs
@@ -343,6 +347,8 @@ class MoeTuning:
     (GATE_UP_APART_MAX_TOKENS has the measurements).
     gate_up_sums_fp16: those launches' partial sums in fp16, not fp32
     (MoeTiles.gate_up_sums_fp16; GATE_UP_SUMS_FP16 has the measurements).
+    combine_one_plane: their combine launch stores only the h plane of each
+    expert's down view (MoeTiles.combine_one_plane; COMBINE_ONE_PLANE).
     """
 
     one_token_stages: int = ONE_TOKEN_STAGES
@@ -367,11 +373,13 @@ class MoeTuning:
     tensor_core_rows: int = TENSOR_CORE_ROWS
     gate_up_apart_max_tokens: int = GATE_UP_APART_MAX_TOKENS
     gate_up_sums_fp16: bool = GATE_UP_SUMS_FP16
+    combine_one_plane: bool = COMBINE_ONE_PLANE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "down_group_cost", check_down_group_cost(self.down_group_cost))
         check_down_zigzag(self.down_zigzag)
-        check_bool("gate_up_sums_fp16", self.gate_up_sums_fp16)
+        for name in ("gate_up_sums_fp16", "combine_one_plane"):
+            check_bool(name, getattr(self, name))
         for name, least in (("gate_up_interleave_max_tokens", 0), ("gate_up_apart_max_tokens", 0),
                             ("cuda_core_max_tokens", 1), ("one_token_down_programs", 0)):
             limit = getattr(self, name)

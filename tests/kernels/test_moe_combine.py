@@ -101,9 +101,10 @@ def test_chosen_tiles_take_apart_only_for_distinct_ids(device, monkeypatch, dist
 
 def test_combine_writes_what_the_in_launch_combine_writes(device):
     # The same gate/up sums combined in the launch (all three h planes) and by
-    # the combine launch (of each expert's rows only the plane its down view
-    # reads, weight_layout.view_plane): that plane and the sums equal, the
-    # other planes not written. Experts 0-3's down blocks hold 1 / 5 / 3 / 4
+    # the combine launch: all planes equal, and with combine_one_plane (of
+    # each expert's rows only the plane its down view reads,
+    # weight_layout.view_plane) that plane and the sums equal, the other
+    # planes not written. Experts 0-3's down blocks hold 1 / 5 / 3 / 4
     # fields: planes 2, 0, 1, 0.
     down = [1, 5, 3, 4, 0]
     weights = random_moe(1, E, H, F, lambda l, e, p: down[e] if p == PROJ_DOWN else mixed_fields(l, e, p), PAGE,
@@ -120,6 +121,10 @@ def test_combine_writes_what_the_in_launch_combine_writes(device):
     ws.h_planes.zero_()
     ws.hsum.zero_()
     run_combine(ws, weights, 0, E, 2, F, tiles)
+    assert torch.equal(ws.h_planes, want[0]) and torch.equal(ws.hsum, want[1])
+    ws.h_planes.zero_()
+    ws.hsum.zero_()
+    run_combine(ws, weights, 0, E, 2, F, replace(tiles, combine_one_plane=True))
     assert torch.equal(ws.hsum, want[1])
     offsets = ws.prep.offsets.tolist()
     planes = set()
@@ -148,9 +153,14 @@ def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
     assert choose_tiles(16, 2, 8, 4096, 14336).gate_up_sums_fp16
     assert not choose_tiles(1, 2, 8, 4096, 14336).gate_up_sums_fp16
     assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_sums_fp16=False)).gate_up_sums_fp16
+    # combine_one_plane (shipped on): likewise.
+    assert choose_tiles(16, 2, 8, 4096, 14336).combine_one_plane
+    assert not choose_tiles(1, 2, 8, 4096, 14336).combine_one_plane
+    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(combine_one_plane=False)).combine_one_plane
     for make in (MoeTuning, MoeTiles):
-        with pytest.raises(ValueError, match="gate_up_sums_fp16"):
-            make(gate_up_sums_fp16=1)
+        for name in ("gate_up_sums_fp16", "combine_one_plane"):
+            with pytest.raises(ValueError, match=name):
+                make(**{name: 1})
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="gate_up_apart_max_tokens"):
             MoeTuning(gate_up_apart_max_tokens=bad)

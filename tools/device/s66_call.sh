@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Session 66's device call. MODE=table (the default on an H200): issue 5's end-to-end table with the
+# Session 66's device calls. MODE=table (the default on an H200): issue 5's end-to-end table with the
 # transformers peer first (tools/device/s65_call.sh's H200 branch; call with needs_h200, the peer's
-# bf16 weights are 93 GB). MODE=ab (the default elsewhere): MoeTuning.gate_up_sums_fp16 against the
-# shipped fp32 sums, its GPU test first (tools/device/tuning_ab.sh: the layer at $CASES, then end to
-# end 4-bit and mixed 2/6 at B = 32 / 64). Usage, with carry [".carry", "pagedweight", ".whl"] after
-# `make proto` and tools/device/stage.sh:  [MODE=table|ab] bash tools/device/s66_call.sh <commit>
+# bf16 weights are 93 GB). MODE=sums (ran once, s66_sums_fp16_h100.json): MoeTuning.gate_up_sums_fp16
+# against fp32 sums, its GPU test first. MODE=planes (the default elsewhere): the shipped
+# MoeTuning.combine_one_plane against all three h planes, no tests. Both A/B modes run
+# tools/device/tuning_ab.sh: the layer at $CASES (A B A B in one process), then end to end 4-bit and
+# mixed 2/6 at B = 32 / 64 where LIMIT leaves time. Usage, with carry [".carry", "pagedweight", ".whl"]
+# after `make proto` and tools/device/stage.sh:
+#   [MODE=table|sums|planes] [LIMIT=seconds] bash tools/device/s66_call.sh <commit>
 C=$1
 H200=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -c H200)
-MODE=${MODE:-$([[ $H200 -gt 0 ]] && echo table || echo ab)}
+MODE=${MODE:-$([[ $H200 -gt 0 ]] && echo table || echo planes)}
 if [[ $MODE == table && $H200 -gt 0 ]]; then
   exec bash tools/device/s65_call.sh "$C"
 fi
-TESTS=True CASES=${CASES:-16:4,32:4,64:4,64:2,64:8} LIMIT=${LIMIT:-550} \
-  exec bash tools/device/tuning_ab.sh "$C" '{"gate_up_sums_fp16":true}' --gate-up-sums-fp16
+export CASES=${CASES:-16:4,32:4,64:4,64:2,64:8} LIMIT=${LIMIT:-550}
+if [[ $MODE == sums ]]; then
+  TESTS=True exec bash tools/device/tuning_ab.sh "$C" '{"gate_up_sums_fp16":true}' --gate-up-sums-fp16
+fi
+exec bash tools/device/tuning_ab.sh "$C" '{"combine_one_plane":false}' --no-combine-one-plane
