@@ -224,8 +224,10 @@ GATE_UP_APART_MAX_TOKENS = 64
 GATE_UP_SUMS_FP16 = True
 # combine_one_plane: the combine launch stores, of h's three planes, only
 # the one the expert's down view reads (a third of its h stores; Mixtral
-# B=64: 3.7 of 11 MB a layer).
-COMBINE_ONE_PLANE = True
+# B=64: 3.7 of 11 MB a layer). Off until measured: built and tested in
+# session 66 after its device time was spent (no card started for its A/B,
+# tools/device/s66_call.sh MODE=planes).
+COMBINE_ONE_PLANE = False
 # base_tile_gate_up_maxnreg: register cap of the apart gate/up launch
 # compiled for the 16-token tile alone (B = 32, and the base-tile launch of
 # B = 48-64's token-class split). Uncapped it takes 214 registers (2 programs

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernels.moe_mixed import alloc_workspace, fused_moe_mixed, moe_mixed_reference
+from kernels.moe_paged import PROJ_DOWN
 from tests.kernels.paged_store import random_moe
 
 H, F, E = 256, 384, 5
@@ -46,11 +47,12 @@ def check_two_expert_layer(device, t: int, tiles) -> None:
 
 
 def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block=False, workspace=None,
-                           ffn=1408):
+                           ffn=1408, demote_first_down=False):
     """The layer (1024 x ffn, 8 experts, mixed bits) against the fp32
     reference eagerly, then (on CUDA) replayed from a graph after the routing
-    changes in place to new_ids and, optionally, block 0 drops to one field:
-    the graph reads the tables, so neither needs a re-capture."""
+    changes in place to new_ids and, optionally, block 0 (demote_first_block)
+    or expert 0's down block (demote_first_down) drops to one field: the
+    graph reads the tables, so neither needs a re-capture."""
     hidden, experts = 1024, 8
     weights = random_moe(1, experts, hidden, ffn, lambda l, e, p: 1 + (e * 3 + p) % 5, 1 << 16, device)
     torch.manual_seed(seed)
@@ -70,6 +72,8 @@ def check_eager_and_replay(device, tiles, ids, new_ids, seed, demote_first_block
     ids.copy_(new_ids.to(device=device, dtype=torch.int32))
     if demote_first_block:
         weights.block_fields[0] = 1
+    if demote_first_down:
+        weights.block_fields[PROJ_DOWN] = 1  # expert 0's down block: 3 fields -> 1, another h plane
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(ws.prep.out, moe_mixed_reference(x, ids, tw, weights, 0, experts, ffn)) < 3e-3

@@ -153,10 +153,11 @@ def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
     assert choose_tiles(16, 2, 8, 4096, 14336).gate_up_sums_fp16
     assert not choose_tiles(1, 2, 8, 4096, 14336).gate_up_sums_fp16
     assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_sums_fp16=False)).gate_up_sums_fp16
-    # combine_one_plane (shipped on): likewise.
-    assert choose_tiles(16, 2, 8, 4096, 14336).combine_one_plane
-    assert not choose_tiles(1, 2, 8, 4096, 14336).combine_one_plane
-    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(combine_one_plane=False)).combine_one_plane
+    # combine_one_plane (shipped off until measured): likewise.
+    one_plane = MoeTuning(combine_one_plane=True)
+    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=one_plane).combine_one_plane
+    assert not choose_tiles(1, 2, 8, 4096, 14336, tuning=one_plane).combine_one_plane
+    assert not choose_tiles(16, 2, 8, 4096, 14336).combine_one_plane
     for make in (MoeTuning, MoeTiles):
         for name in ("gate_up_sums_fp16", "combine_one_plane"):
             with pytest.raises(ValueError, match=name):
@@ -185,21 +186,24 @@ def test_gate_up_cap_reaches_the_base_tile_alone():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_m,wide,split,cap,fp16", [(8, 0, 0, None, False), (16, 32, 4, None, False),
-                                                         (1, 0, 0, None, False), (16, 32, 4, 168, False),
-                                                         (16, 32, 4, None, True)])
-def test_gpu_apart_and_replay(block_m, wide, split, cap, fp16):
+@pytest.mark.parametrize("block_m,wide,split,cap,fp16,one_plane", [
+    (8, 0, 0, None, False, False), (16, 32, 4, None, False, False), (1, 0, 0, None, False, False),
+    (16, 32, 4, 168, False, False), (16, 32, 4, None, True, False), (8, 0, 0, None, True, True)])
+def test_gpu_apart_and_replay(block_m, wide, split, cap, fp16, one_plane):
     # As choose_tiles builds the tiles at B = 16 (8-token tile), 48 (wide
     # tile, two gate/up launches; cap: the base tile's launch at 168
-    # registers; fp16: the sums in fp16) and 1, eagerly and replayed from a
-    # graph after the routing changes (experts over one tile) and block 0 demotes.
+    # registers; fp16: the sums in fp16; one_plane: the combine's one h
+    # plane, which must follow block 0's demotion at the replay) and 1,
+    # eagerly and replayed from a graph after the routing changes (experts
+    # over one tile) and block 0 demotes.
     gen = torch.Generator().manual_seed(15)
     t = {8: 16, 16: 48, 1: 1}[block_m]
     ids, new_ids = (torch.stack([torch.randperm(n, generator=gen)[:2] for _ in range(t)]) for n in (8, 3))
     tiles = MoeTiles(block_n_up=128, block_n_down=128, block_m=block_m, split_k=2, use_asm=True,
                      block_m_wide=wide, gate_up_split_stages=split, num_stages=4, gate_up_apart=True,
-                     gate_up_interleave=block_m == 8, gate_up_maxnreg=cap, gate_up_sums_fp16=fp16)
-    check_eager_and_replay("cuda", tiles, ids, new_ids, seed=15, demote_first_block=True)
+                     gate_up_interleave=block_m == 8, gate_up_maxnreg=cap, gate_up_sums_fp16=fp16,
+                     combine_one_plane=one_plane)
+    check_eager_and_replay("cuda", tiles, ids, new_ids, seed=15, demote_first_block=True, demote_first_down=one_plane)
 
 
 def test_apart_token_tiles_cover_an_expert_of_every_token():

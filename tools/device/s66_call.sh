@@ -2,8 +2,9 @@
 # Session 66's device calls. MODE=table (the default on an H200): issue 5's end-to-end table with the
 # transformers peer first (tools/device/s65_call.sh's H200 branch; call with needs_h200, the peer's
 # bf16 weights are 93 GB). MODE=sums (ran once, s66_sums_fp16_h100.json): MoeTuning.gate_up_sums_fp16
-# against fp32 sums, its GPU test first. MODE=planes (the default elsewhere): the shipped
-# MoeTuning.combine_one_plane against all three h planes, no tests. Both A/B modes run
+# against fp32 sums, its GPU test first. MODE=planes (the default elsewhere; not yet run): the shipped
+# combine launch (all three h planes) against MoeTuning.combine_one_plane, its GPU tests first
+# (test_moe_combine's GPU cases cover the launch's planes). Both A/B modes run
 # tools/device/tuning_ab.sh: the layer at $CASES (A B A B in one process), then end to end 4-bit and
 # mixed 2/6 at B = 32 / 64 where LIMIT leaves time. Usage, with carry [".carry", "pagedweight", ".whl"]
 # after `make proto` and tools/device/stage.sh:
@@ -18,4 +19,4 @@ export CASES=${CASES:-16:4,32:4,64:4,64:2,64:8} LIMIT=${LIMIT:-550}
 if [[ $MODE == sums ]]; then
   TESTS=True exec bash tools/device/tuning_ab.sh "$C" '{"gate_up_sums_fp16":true}' --gate-up-sums-fp16
 fi
-exec bash tools/device/tuning_ab.sh "$C" '{"combine_one_plane":false}' --no-combine-one-plane
+TESTS=gpu exec bash tools/device/tuning_ab.sh "$C" '{"combine_one_plane":true}' --combine-one-plane
