@@ -88,9 +88,10 @@ def store_sums(at, acc, keep):
 
 @triton.jit
 def sum_parts(gu_ptr, pos64, n, F, keep, SPLIT: tl.constexpr):
-    """(gate, up) fp32 [BN, BM]: the SPLIT partial sums of each (fp32 or fp16), added in K
-    order whichever program arrived last, so that h does not depend on the
-    arrival order. From the L2 (.cg): other multiprocessors stored them."""
+    """(gate, up) fp32 [BN, BM]: the SPLIT partial sums of each (stored in
+    fp32 or fp16), added in fp32 in K order whichever program arrived last,
+    so that h does not depend on the arrival order. From the L2 (.cg): other
+    multiprocessors stored them."""
     at = gu_ptr + pos64[None, :] * (SPLIT * 2 * F) + n[:, None]
     gate = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg").to(tl.float32)
     up = tl.load(at + F, mask=keep, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -212,11 +213,10 @@ def run_combine(ws: MoeWorkspace, weights: PagedWeights, layer: int, num_experts
                 tiles: MoeTiles, pdl: PdlPolicy = DEFAULT_PDL) -> None:
     """The combine launch: ws.h (its planes; with tiles.combine_one_plane of
     each expert the plane its down view reads, weight_layout.view_plane),
-    ws.hq_scale, ws.hsum from the
-    partial sums ws.gu that a gate/up launch of tiles.gate_up_apart left
-    (kernels/moe_gate_up.run_gate_up queues it). pdl: the policy of the
-    decode step's small launches, not the weight launches' (PdlPolicy.
-    moe_weights): its waiting programs are small."""
+    ws.hq_scale, ws.hsum from the partial sums ws.gu that a gate/up launch
+    of tiles.gate_up_apart left (kernels/moe_gate_up.run_gate_up queues
+    it). pdl: the policy of the decode step's small launches, not the weight
+    launches' (PdlPolicy.moe_weights): its waiting programs are small."""
     t = ws.prep.xp.shape[0]
     slots = min(num_experts, t * top_k)
     grid = (slots, ffn // tiles.block_n_up)
