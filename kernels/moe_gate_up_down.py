@@ -23,7 +23,7 @@ wait. The last down program to finish hands the counters back zeroed (the
 ArrivalCounters contract).
 
 Measured slower than the two launches (-1.6 % end to end at 4 bits B=1,
-kernels/moe_tuning.py ONE_TOKEN_ONE_LAUNCH), hence off by default. The
+kernels/moe_tuning_one_token.py ONE_TOKEN_ONE_LAUNCH), hence off by default. The
 ticket's round trip at every program's start costs about 0.8 % of that (a
 program-id-order probe without it: -0.9 %). Where the rest goes (the
 waits, the down programs' done count, the L2-only activation reads) and why
