@@ -182,7 +182,7 @@ def run_forms(forms, shape, ws, weights, tiles, log2p: int) -> tuple[list, list]
                 for (name, stages), out in zip(forms, outs)]
     launch_probe("engine", 0, ws, weights, 0, shape.experts, shape.top_k, shape.ffn, tiles, log2p, outs[0])()
     gu = ws.gu[:, 0].float().clone()  # [pairs, 2, F]
-    plane = wl.view_plane(wl.fields_for_bits(4))  # the one h plane the combine launch stores for 4-bit blocks
+    plane = wl.view_plane(wl.fields_for_bits(4))  # the h plane 4-bit down blocks read (combine_one_plane's only one)
     h = ws.h_planes[plane].float().clone()  # [pairs, F]
     rows = []
     for (name, stages), launch, out in zip(forms, launches, outs):

@@ -129,28 +129,29 @@ def _store_scaled_planes(h_ptr, q_h, pos64, F, col, h16, keep, BM: tl.constexpr,
                                         is_pure=False, pack=1)
     at = pos64[None, :] * F + col[:, None]
     vpos = tile_k_order(col % 128, BM)
-    h1 = (h16.to(tl.float32) * plane_scale(vpos, 1)[:, None]).to(tl.float16)
-    tl.store(h_ptr + q_h + at, h1, mask=keep)
-    h2 = (h16.to(tl.float32) * plane_scale(vpos, 2)[:, None]).to(tl.float16)
-    tl.store(h_ptr + 2 * q_h + at, h2, mask=keep)
+    tl.store(h_ptr + q_h + at, _scaled_plane(h16, vpos, 1), mask=keep)
+    tl.store(h_ptr + 2 * q_h + at, _scaled_plane(h16, vpos, 2), mask=keep)
+
+
+@triton.jit
+def _scaled_plane(h16, vpos, PLANE: tl.constexpr):
+    # fp16 [BN, BM]: h16 times the 2^-p of plane PLANE at each row's virtual
+    # position vpos [BN] (plane_scale).
+    return (h16.to(tl.float32) * plane_scale(vpos, PLANE)[:, None]).to(tl.float16)
 
 
 @triton.jit
 def _store_view_plane(h_ptr, q_h, pos64, F, col, h16, keep, nf_down, BM: tl.constexpr):
     # The one plane the down view of nf_down fields reads
-    # (weight_layout.view_plane: 2 for 1 field, 1 for 2-3, else 0), h16 times
-    # its 2^-p (as _store_scaled_planes). One branch per program: nf_down is
-    # the expert's.
+    # (weight_layout.view_plane: 2 for 1 field, 1 for 2-3, else 0). One
+    # branch per program: nf_down is the expert's.
     at = pos64[None, :] * F + col[:, None]
     if nf_down >= 4:
         tl.store(h_ptr + at, h16, mask=keep)
     elif nf_down >= 2:
-        vpos = tile_k_order(col % 128, BM)
-        tl.store(h_ptr + q_h + at, (h16.to(tl.float32) * plane_scale(vpos, 1)[:, None]).to(tl.float16), mask=keep)
+        tl.store(h_ptr + q_h + at, _scaled_plane(h16, tile_k_order(col % 128, BM), 1), mask=keep)
     else:
-        vpos = tile_k_order(col % 128, BM)
-        tl.store(h_ptr + 2 * q_h + at, (h16.to(tl.float32) * plane_scale(vpos, 2)[:, None]).to(tl.float16),
-                 mask=keep)
+        tl.store(h_ptr + 2 * q_h + at, _scaled_plane(h16, tile_k_order(col % 128, BM), 2), mask=keep)
 
 
 @triton.jit
