@@ -33,6 +33,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 UNIFORM_BITS = ("8", "6", "4", "3", "2")
 # unit sizes: the fit runs in MB and us, bandwidths print in GB/s
 _MB = 1e6
@@ -64,11 +66,8 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     two distinct xs."""
     if len(xs) != len(ys) or len(set(xs)) < 2:
         raise ValueError("a line needs at least two distinct byte counts")
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return my - slope * mx, slope
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(intercept), float(slope)
 
 
 def fit_layers(table: dict) -> list[LayerFit]:
