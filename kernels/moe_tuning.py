@@ -160,10 +160,14 @@ GATE_UP_APART_MAX_TOKENS = 64
 GATE_UP_SUMS_FP16 = True
 # combine_one_plane: the combine launch stores, of h's three planes, only
 # the one the expert's down view reads (a third of its h stores; Mixtral
-# B=64: 3.7 of 11 MB a layer). Off until measured: built and tested in
-# session 66 after its device time was spent (no card started for its A/B,
-# tools/device/s66_call.sh MODE=planes).
-COMBINE_ONE_PLANE = False
+# B=64: 3.7 of 11 MB a layer). H100, Mixtral, round-robin routing, the
+# layer, two rounds, us, all planes -> one plane: 4-bit B=16 280.4 / 280.6
+# -> 279.5 / 279.6, B=32 307.1 / 308.5 -> 303.1 / 304.0, B=64 329.2 / 330.3
+# -> 323.0 / 322.8, 2-bit B=64 248.1 / 248.2 -> 240.4 / 240.7, 8-bit B=64
+# 530.5 / 530.3 -> 521.6 / 521.6; end to end, one round, tok/s: 4-bit B=32
+# 2781.2 -> 2815.2, B=64 4853.5 -> 4928.0; mixed 2/6 2756.7 -> 2786.5,
+# 4832.9 -> 4890.3 (benchmarks/results/s68_one_plane_h100.json).
+COMBINE_ONE_PLANE = True
 # base_tile_gate_up_maxnreg: register cap of the apart gate/up launch
 # compiled for the 16-token tile alone (B = 32, and the base-tile launch of
 # B = 48-64's token-class split). Uncapped it takes 214 registers (2 programs

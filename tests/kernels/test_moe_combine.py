@@ -153,11 +153,11 @@ def test_apart_is_chosen_for_tensor_core_tiles_up_to_its_token_bound():
     assert choose_tiles(16, 2, 8, 4096, 14336).gate_up_sums_fp16
     assert not choose_tiles(1, 2, 8, 4096, 14336).gate_up_sums_fp16
     assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=MoeTuning(gate_up_sums_fp16=False)).gate_up_sums_fp16
-    # combine_one_plane (shipped off until measured): likewise.
-    one_plane = MoeTuning(combine_one_plane=True)
-    assert choose_tiles(16, 2, 8, 4096, 14336, tuning=one_plane).combine_one_plane
-    assert not choose_tiles(1, 2, 8, 4096, 14336, tuning=one_plane).combine_one_plane
-    assert not choose_tiles(16, 2, 8, 4096, 14336).combine_one_plane
+    # combine_one_plane (shipped on): likewise.
+    all_planes = MoeTuning(combine_one_plane=False)
+    assert choose_tiles(16, 2, 8, 4096, 14336).combine_one_plane
+    assert not choose_tiles(1, 2, 8, 4096, 14336).combine_one_plane
+    assert not choose_tiles(16, 2, 8, 4096, 14336, tuning=all_planes).combine_one_plane
     for make in (MoeTuning, MoeTiles):
         for name in ("gate_up_sums_fp16", "combine_one_plane"):
             with pytest.raises(ValueError, match=name):
