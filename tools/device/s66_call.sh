@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Session 66's device calls. MODE=table (the default on an H200): issue 5's end-to-end table with the
 # transformers peer first (tools/device/s65_call.sh's H200 branch; call with needs_h200, the peer's
-# bf16 weights are 93 GB). MODE=planes (the default elsewhere; not yet run): the shipped combine
-# launch (all three h planes) against MoeTuning.combine_one_plane, test_moe_combine's GPU cases first,
-# by tools/device/tuning_ab.sh: the layer at $CASES (A B A B in one process), then end to end 4-bit and
-# mixed 2/6 at B = 32 / 64 where LIMIT leaves time. (The fp16 sums' A/B, s66_sums_fp16_h100.json, ran
-# the same way at 693e27a: TESTS=True, tuning '{"gate_up_sums_fp16":true}', --gate-up-sums-fp16.)
+# bf16 weights are 93 GB). MODE=planes (the default elsewhere): all three h planes against
+# MoeTuning.combine_one_plane by tools/device/tuning_ab.sh, test_moe_combine's GPU cases first, then
+# the layer at $CASES (A B A B in one process), then end to end 4-bit and mixed 2/6 at B = 32 / 64
+# where LIMIT leaves time. It ran in session 68 at 561e942 (s68_one_plane_h100.json) and one plane is
+# the default since, so at a later head it compares one plane with itself. (The fp16 sums' A/B,
+# s66_sums_fp16_h100.json, ran the same way at 693e27a: TESTS=True, tuning
+# '{"gate_up_sums_fp16":true}', --gate-up-sums-fp16.)
 # Usage, with carry [".carry", "pagedweight", ".whl"] after `make proto` and tools/device/stage.sh:
 #   [MODE=table|planes] [LIMIT=seconds] bash tools/device/s66_call.sh <commit>
 C=$1
