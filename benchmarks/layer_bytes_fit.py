@@ -61,6 +61,12 @@ class LayerFit:
         return self.marginal_GBps / self.copy_GBps if self.copy_GBps else None
 
 
+def row_bytes(row: dict) -> int:
+    """The bytes a bench_moe row must move, as its pct_hbm counts them: the
+    weights' and the activations' (act_bytes; 0 where a row lacks it)."""
+    return row["weight_bytes"] + row.get("act_bytes", 0)
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """(intercept, slope) of the least-squares line through (xs, ys); needs
     two distinct xs."""
@@ -84,14 +90,14 @@ def fit_layers(table: dict) -> list[LayerFit]:
             groups.setdefault((row["model"], row["batch"]), []).append(row)
     fits = []
     for (model, batch), rows in groups.items():
-        if len({r["weight_bytes"] for r in rows}) < 2:
+        if len({row_bytes(r) for r in rows}) < 2:
             continue
-        xs = [r["weight_bytes"] / _MB for r in rows]
+        xs = [row_bytes(r) / _MB for r in rows]
         ys = [r["time_us"] for r in rows]
         fixed, us_per_mb = fit_line(xs, ys)
         residual = max(abs(y - (fixed + us_per_mb * x)) for x, y in zip(xs, ys))
         marginal = (_MB / _GB) / (us_per_mb / _US_PER_S) if us_per_mb > 0 else float("inf")
-        excess = {r["bits"]: r["time_us"] - r["weight_bytes"] / (copy * _GB) * _US_PER_S for r in rows} if copy else {}
+        excess = {r["bits"]: r["time_us"] - row_bytes(r) / (copy * _GB) * _US_PER_S for r in rows} if copy else {}
         fits.append(LayerFit(model, batch, len(rows), fixed, marginal, residual, copy, excess))
     return fits
 

@@ -46,6 +46,17 @@ def test_the_excess_is_each_rows_time_less_its_bytes_at_the_copy():
         assert m.excess_us[bits] == pytest.approx(expected)
 
 
+def test_the_bytes_are_the_weights_and_the_activations_as_the_table_counts_them():
+    # bench_moe's pct_hbm counts weight_bytes + act_bytes; so does the excess.
+    table = _table()
+    for row in table["layer"]["moe"]:
+        if row.get("batch") == 16:
+            row["act_bytes"] = 2_000_000
+    m = {(f.model, f.batch): f for f in fit_layers(table)}["m", 16]
+    expected = 40.0 + 700.0 / 2500.0 * 1e3 - 702.0 / COPY_GBPS * 1e3
+    assert m.excess_us["8"] == pytest.approx(expected)
+
+
 def test_a_table_without_a_copy_has_no_excess_or_ratio():
     table = _table()
     del table["layer"]["copy_GBps"]
